@@ -1,0 +1,165 @@
+"""The measurement every backend shares: one step at one batch size, tracked, OOM-safe.
+
+`Backend.measure(batch_size)` builds the model and optimizer state once (they stay resident
+between probes, as in training), runs one step under the memory tracker, catches an OOM, cleans
+up so the next probe starts from the same baseline, and returns a `Measurement`. Subclasses say
+only where tensors live and how the device reports its own peak. This module knows nothing about
+which batch sizes are tried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from memorymark.measurement import Measurement
+from memorymark.oom import StepError, is_oom, one_line
+from memorymark.tracker import MemoryTracker
+from memorymark.workload import Workload
+
+
+class Backend:
+    """Turns a batch size into a Measurement. Subclasses set `name`, `measured`, `device`."""
+
+    name = "base"
+    measured = False
+    device = "cpu"
+
+    def __init__(
+        self, workload: Workload, *, capacity_bytes: int, budget_bytes: int | None = None
+    ) -> None:
+        self.workload = workload
+        self.capacity_bytes = capacity_bytes
+        """Bytes the step may use on the target GPU: what the fast strategy predicts against."""
+        self.budget_bytes = budget_bytes
+        """Live bytes past which the tracker raises an OOM (None: only the device's own limit)."""
+        self._model: nn.Module | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._tracker: MemoryTracker | None = None
+        self._failed_tracker: MemoryTracker | None = None
+        """The tracker of a preparation that ran out of memory: its peak is what was reached."""
+
+    # -- what subclasses provide -------------------------------------------------------------
+    def _step_context(self) -> contextlib.AbstractContextManager[object]:
+        """Entered around building and stepping (the simulation's fake mode)."""
+        return contextlib.nullcontext()
+
+    def _build_model(self) -> nn.Module:
+        with torch.device(self.device):
+            return self.workload.build_model()
+
+    def _reset_device_peak(self) -> None:
+        """Start the device's own peak counters afresh (CUDA); nothing for tracked backends."""
+
+    def _device_peak(self) -> tuple[int, int | None] | None:
+        """(allocated, reserved) peak bytes as the device reports them, or None to use the tracker."""
+        return None
+
+    def _synchronize(self) -> None:
+        """Wait for queued kernels, so the step's seconds are real."""
+
+    def _empty_cache(self) -> None:
+        """Return cached blocks to the device after an OOM."""
+
+    # -- the shared measurement ----------------------------------------------------------------
+    def measure(self, batch_size: int) -> Measurement:
+        """Run one step at `batch_size` and report its peak, or the OOM it hit."""
+        if batch_size < 1:
+            raise ValueError(f"batch size must be at least 1 (got {batch_size})")
+        error = None
+        seconds = 0.0
+        try:
+            tracker = self._prepare()
+            tracker.reset_peak()
+            self._reset_device_peak()
+            start = time.perf_counter()
+            with self._step_context(), tracker:
+                self.workload.run_step(
+                    self._model, self._optimizer, batch_size, self.device, self._on_phase
+                )
+            self._synchronize()
+            seconds = time.perf_counter() - start
+        except Exception as exc:  # noqa: BLE001 - everything that is not an OOM is re-raised
+            if not is_oom(exc):
+                raise StepError(
+                    f"the training step failed at batch {batch_size}: "
+                    f"{type(exc).__name__}: {one_line(exc)}"
+                ) from exc
+            error = one_line(exc)
+        finally:
+            self._after_step()
+        return self._result(batch_size, error, seconds)
+
+    def release(self) -> None:
+        """Free the model, optimizer state and cached memory (the sweep calls this at the end)."""
+        self._model = self._optimizer = self._tracker = None
+        gc.collect()
+        self._empty_cache()
+
+    def _prepare(self) -> MemoryTracker:
+        if self._tracker is not None:
+            return self._tracker
+        model = self._build_model()
+        optimizer = self.workload.build_optimizer(model)
+        tracker = self._failed_tracker = MemoryTracker(self.budget_bytes)
+        # Weights and optimizer state alone may exceed the budget: that is an OOM at any batch.
+        tracker.track_all([*model.parameters(), *model.buffers()], "parameters")
+        tracker.phase_category = "optimizer_state"
+        with self._step_context(), tracker:
+            self.workload.prime_optimizer(model, optimizer)
+        self._failed_tracker = None
+        if optimizer is not None:
+            tracker.track_all(list(optimizer.state.values()), "optimizer_state")
+        for p in model.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._label_gradient)
+        self._model, self._optimizer, self._tracker = model, optimizer, tracker
+        return tracker
+
+    def _label_gradient(self, param: torch.Tensor) -> None:
+        if self._tracker is not None and param.grad is not None:
+            self._tracker.track(param.grad, "gradients")
+
+    def _on_phase(self, category: str) -> None:
+        if self._tracker is not None:
+            self._tracker.phase_category = category
+
+    def _after_step(self) -> None:
+        # A failed step's traceback held its activations; by now it is gone, so collect the
+        # cycles it left and hand cached blocks back, as accelerate's release_memory does.
+        if self._model is not None:
+            self._model.zero_grad(set_to_none=True)
+        gc.collect()
+        self._empty_cache()
+
+    def _result(self, batch_size: int, error: str | None, seconds: float) -> Measurement:
+        tracker = self._tracker or self._failed_tracker
+        tracked_peak = tracker.peak_bytes if tracker is not None else 0
+        device_peak = self._device_peak()
+        peak, reserved = device_peak if device_peak is not None else (tracked_peak, None)
+        fits = error is None
+        return Measurement(
+            batch_size=batch_size,
+            fits=fits,
+            peak_bytes=peak,
+            reserved_bytes=reserved,
+            breakdown=tracker.peak_breakdown() if fits and tracker is not None else None,
+            step_seconds=seconds if fits and self.measured else None,
+            backend=self.name,
+            measured=self.measured,
+            error=error,
+            timeline=tuple(tracker.timeline) if fits and tracker is not None else (),
+        )
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Backend]:
+        """Use the backend and release it on the way out, however the block ends."""
+        try:
+            yield self
+        finally:
+            self.release()

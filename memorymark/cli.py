@@ -1,0 +1,143 @@
+"""`python -m memorymark`: the command line, a thin layer over the engine.
+
+Each command parses flags into `Settings`/`Costs`, calls the engine, and prints either a readable
+table (with a line per probe as it lands) or, with --json, one JSON object and nothing else.
+Library errors become one line on stderr and a non-zero exit; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from memorymark import gpus, models, settings as settings_mod
+from memorymark.settings import Costs, Settings
+
+EXIT_BAD_INPUT = 2
+EXIT_STEP_FAILED = 1
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse prints the whole usage block; one line and a pointer to --help is kinder.
+        self.exit(EXIT_BAD_INPUT, f"memorymark: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
+def _add_workload_flags(p: argparse.ArgumentParser) -> None:
+    d = Settings()
+    p.add_argument("model", help=f"a catalog model: {', '.join(models.model_keys())}")
+    p.add_argument("--task", help="sequence-classification, causal-lm or image-classification")
+    p.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per sample (text)")
+    p.add_argument("--image-size", type=int, default=d.image_size, help="pixels per side (images)")
+    p.add_argument("--optimizer", default=d.optimizer, help="adamw, sgd (momentum) or none")
+    p.add_argument("--mode", default=d.mode, help="train (dropout on) or eval")
+    p.add_argument("--loss", default=d.loss, help="task (from labels) or logits-mean")
+    p.add_argument("--protocol", choices=settings_mod.PROTOCOLS,
+                   help="inference-style = eval + logits.mean() + no optimizer (what simpler "
+                        "tools measure); full = train + task loss + adamw")
+    p.add_argument("--gpu", help="a catalog GPU to simulate or check (see `memorymark gpus`)")
+    p.add_argument("--gpu-memory", type=float, metavar="GIB",
+                   help="total memory of a GPU not in the catalog, in GiB as PyTorch reports it")
+    p.add_argument("--backend", default=d.backend, help="auto, cuda, mps, sim or cpu")
+    p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every command (the README lists each of its options)."""
+    parser = _Parser(prog="memorymark", description="Find the largest batch size that trains.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    d = Settings()
+
+    analyze = sub.add_parser("analyze", help="sweep batch sizes and report the optimal one",
+                             epilog="example: memorymark analyze bert --gpu a10 --current-batch 16")
+    _add_workload_flags(analyze)
+    analyze.add_argument("--strategy", default=d.strategy, help="fast (default) or linear")
+    analyze.add_argument("--step", type=_positive_int, default=d.step, help="batch granularity")
+    analyze.add_argument("--current-batch", type=_positive_int, default=d.current_batch,
+                         help="the batch size you train with today")
+    analyze.add_argument("--max-batch", type=_positive_int, default=d.max_batch,
+                         help="never try a larger batch")
+    analyze.add_argument("--price", type=float, metavar="USD_PER_HOUR",
+                         help="price of one GPU-hour (default: the GPU catalog's)")
+    analyze.add_argument("--hours-per-run", type=float, default=Costs().hours_per_run)
+    analyze.add_argument("--runs-per-year", type=float, default=Costs().runs_per_year)
+
+    measure = sub.add_parser("measure", help="measure one training step at one batch size",
+                             epilog="example: memorymark measure gpt2 --batch-size 8 --json")
+    _add_workload_flags(measure)
+    measure.add_argument("--batch-size", type=_positive_int, required=True)
+    measure.add_argument("--forward-only", action="store_true",
+                         help="only the forward pass, under no_grad")
+
+    proof = sub.add_parser("validate-backward",
+                           help="forward-only vs forward+backward vs the full training step",
+                           epilog="example: memorymark validate-backward bert --batch-size 16")
+    _add_workload_flags(proof)
+    proof.add_argument("--batch-size", type=_positive_int, default=16)
+    proof.add_argument("--sweeps", action="store_true",
+                       help="also find the max batch each protocol would recommend")
+
+    for name, what in (("models", "the built-in models"), ("gpus", "the GPU catalog")):
+        listing = sub.add_parser(name, help=f"list {what}", epilog=f"example: memorymark {name}")
+        listing.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """The Settings that parsed flags describe (validation errors raise ValueError)."""
+    fields = {
+        "model": args.model, "task": args.task, "seq_len": args.seq_len,
+        "image_size": args.image_size, "optimizer": args.optimizer, "mode": args.mode,
+        "loss": args.loss, "gpu": args.gpu, "gpu_memory_gib": args.gpu_memory,
+        "backend": args.backend,
+    }
+    for name in ("strategy", "step", "current_batch", "max_batch", "forward_only"):
+        if hasattr(args, name):
+            fields[name] = getattr(args, name)
+    settings = Settings(**fields)
+    return settings.with_protocol(args.protocol) if args.protocol else settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the process exit status."""
+    from memorymark import commands  # the engine (and torch) load only for a real command
+
+    args = build_parser().parse_args(argv)
+    try:
+        return commands.run(args)
+    except ValueError as exc:  # bad settings, unknown model or GPU
+        return _fail(str(exc), EXIT_BAD_INPUT)
+    except commands.StepError as exc:
+        return _fail(str(exc), EXIT_STEP_FAILED)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"memorymark: error: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr)
+    return status
+
+
+def print_json(data: Any) -> None:
+    """One JSON object on stdout."""
+    print(json.dumps(data, indent=2))
+
+
+def gpu_table() -> list[dict[str, Any]]:
+    """The GPU catalog as rows (for `gpus`)."""
+    return [
+        {"name": g.name, "total_gb": round(g.total_gib, 2), "usable_gb": round(g.usable_gib, 2),
+         "usd_per_hour": g.usd_per_hour, "bf16_tflops": g.bf16_tflops,
+         "bandwidth_gb_per_s": round(g.memory_bandwidth_bytes_per_s / 1e9), "aliases": g.aliases}
+        for g in gpus.CATALOG
+    ]

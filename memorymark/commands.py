@@ -1,0 +1,123 @@
+"""What each CLI command does once its flags are parsed: call the engine, print the answer.
+
+Human output goes line by line as probes land; --json prints one object at the end and nothing
+else. Split from `cli.py` so that `--help` and flag errors answer without importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from memorymark import cli, models
+from memorymark.analysis import Analysis, measure
+from memorymark.measurement import Measurement
+from memorymark.oom import StepError
+from memorymark.proof import prove_backward
+from memorymark.report import Report, gib
+from memorymark.settings import Costs
+
+__all__ = ["StepError", "run"]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch one parsed command; returns the exit status."""
+    if args.command == "models":
+        return _models(args)
+    if args.command == "gpus":
+        return _gpus(args)
+    settings = cli.settings_from_args(args)
+    if args.command == "measure":
+        m = measure(settings, args.batch_size)
+        if args.json:
+            cli.print_json(m.to_dict())
+        else:
+            _print_measurement(m)
+        return 0
+    if args.command == "validate-backward":
+        proof = prove_backward(settings, args.batch_size, sweeps=args.sweeps)
+        if args.json:
+            cli.print_json(proof.to_dict())
+        else:
+            for r in proof.results:
+                extra = "" if r.max_batch is None else f"   max batch {r.max_batch}"
+                print(f"{r.label:<42} {gib(r.peak_bytes):8.3f} GiB{extra}")
+            print(f"forward+backward / forward-only = {proof.ratio:.2f}x  {proof.verdict}"
+                  f"  (PASS is 2.0-3.0x; memory {proof.memory_source})")
+        return 0
+    costs = Costs(usd_per_hour=args.price, hours_per_run=args.hours_per_run,
+                  runs_per_year=args.runs_per_year)
+    analysis = Analysis(settings)
+    if not args.json:
+        print(f"{settings.model} on {analysis.gpu.name} ({analysis.backend_name}, "
+              f"{'measured' if analysis.backend.measured else 'simulated'}): usable "
+              f"{analysis.gpu.usable_gib:.2f} of {analysis.gpu.total_gib:.2f} GiB")
+    for m in analysis.stream():
+        if not args.json:
+            _print_probe(m, analysis.gpu.usable_bytes)
+    report = analysis.report(costs)
+    if args.json:
+        cli.print_json(report.to_dict())
+    else:
+        _print_report(report)
+    return 0
+
+
+def _print_probe(m: Measurement, usable_bytes: int) -> None:
+    status = "fits" if m.fits else "OOM "
+    share = 100 * m.peak_bytes / usable_bytes
+    print(f"  batch {m.batch_size:>6}  {status}  peak {gib(m.peak_bytes):8.3f} GiB  ({share:5.1f}%)",
+          flush=True)
+
+
+def _print_measurement(m: Measurement) -> None:
+    source = "measured" if m.measured else "simulated"
+    print(f"batch {m.batch_size}: {'fits' if m.fits else 'out of memory'}, "
+          f"peak {gib(m.peak_bytes):.3f} GiB ({source}, {m.backend})")
+    if m.breakdown:
+        for name, n_bytes in m.breakdown.to_dict().items():
+            print(f"  {name:<16} {gib(n_bytes):8.3f} GiB")
+    if m.error:
+        print(f"  {m.error}")
+
+
+def _print_report(r: Report) -> None:
+    d = r.to_dict()
+    print()
+    print(r.verdict())
+    print(f"  optimal batch size   {d['optimal_batch_size']}  ({d['optimal_memory_gb']} GiB, "
+          f"{r.memory_source})")
+    print(f"  current batch size   {d['current_batch_size']}  ({d['current_memory_gb']} GiB)")
+    print(f"  waste                {d['waste_gb']} GiB  ({d['waste_percent']}% of usable)")
+    print(f"  batch ratio          {d['speedup']}x  (optimal / current batch; throughput not "
+          f"measured)")
+    print(f"  annual savings       ${d['cost_savings_annual']:,.0f}  at ${r.usd_per_hour:.2f}/h, "
+          f"{r.costs.hours_per_run:g} h/run, {r.costs.runs_per_year:g} runs/year")
+    print(f"  {d['probes']} probes in {d['elapsed_seconds']:.1f} s")
+
+
+def _models(args: argparse.Namespace) -> int:
+    rows = [
+        {"key": e.key, "name": e.display_name, "default_task": e.default_task,
+         "tasks": list(e.tasks), "parameters": models.parameter_count(e),
+         "max_positions": e.max_positions}
+        for e in models.CATALOG
+    ]
+    if args.json:
+        cli.print_json(rows)
+        return 0
+    for row in rows:
+        print(f"{row['key']:<12} {row['name']:<34} {row['parameters'] / 1e6:8.1f}M  "
+              f"{row['default_task']}")
+    return 0
+
+
+def _gpus(args: argparse.Namespace) -> int:
+    rows = cli.gpu_table()
+    if args.json:
+        cli.print_json(rows)
+        return 0
+    print(f"{'GPU':<12} {'total GiB':>9} {'usable GiB':>10} {'$/hour':>7} {'bf16 TFLOP/s':>12}")
+    for row in rows:
+        print(f"{row['name']:<12} {row['total_gb']:>9} {row['usable_gb']:>10} "
+              f"{row['usd_per_hour']:>7} {row['bf16_tflops']:>12}")
+    return 0

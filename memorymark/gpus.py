@@ -1,0 +1,334 @@
+"""The GPU catalog: what each GPU holds, costs and computes, and how much of it PyTorch can use.
+
+Owns the `GPU` record, the built-in `CATALOG`, name lookup (`find_gpu`), GPUs outside the catalog
+(`custom_gpu`, `detected_gpu`) and the overhead estimates (CUDA context, cuBLAS workspaces,
+allocator slack) that turn a device's total memory into the bytes a training step may use.
+
+Must not know torch: the UI and report code import it, so it never imports torch or touches a
+device; `detected_gpu` is handed a real device's properties by the code that asked torch. Nor
+does it know workloads, search strategies or how anything is displayed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass, replace
+
+GIB = 2**30
+MIB = 2**20
+
+# --- Memory PyTorch cannot hand to tensors --------------------------------------------------
+# CUDA context, with lazy module loading (CUDA_MODULE_LOADING=LAZY, which PyTorch sets by default
+# since 1.13: pytorch/pytorch#86509). Measured points: #86509 (Oct 2022) shows 287,047,680 B used
+# after init plus one small tensor (666,632,192 B with eager loading); ptrblck says "~300MB"
+# (pytorch/pytorch#107667, Aug 2023) and "around 400MB" (#109888, Sep 2023). Part of the context
+# is the per-thread stack reserve, SMs x resident threads x 1 KiB: "216MB on A100 (108SMs)"
+# (arcs-skku/EMDC_llvm#13), i.e. ~40 MiB on a T4, ~264 MiB on an H100, ~296 MiB on a B200; and a
+# training step lazily loads more cuBLAS/cuDNN/elementwise kernels than a bare init. Hence these
+# per-architecture estimates: unverified here, not measured on every GPU; a real device's run
+# measures its own peak. "other" (e.g. Volta, unknown) is treated like Ampere.
+_CONTEXT_BYTES = {
+    "turing": 300 * MIB,
+    "ampere": 400 * MIB,
+    "ada": 400 * MIB,
+    "hopper": 512 * MIB,
+    "blackwell": 600 * MIB,
+    "other": 400 * MIB,
+}
+# cuBLAS workspace, from pytorch/pytorch aten/src/ATen/cuda/CublasHandlePool.cpp at commit
+# 26a39059: parseChosenWorkspaceSize defaults to ":4096:2:16:8", i.e. 4096*1024*2 + 16*1024*8 B,
+# and to 4096*8*1024 B (32 MiB) when major == 9 && minor == 0; later revisions ("32MiB for Hopper
+# and Blackwell") extend 32 MiB to majors 9-12 and rework the caching, not the sizes.
+_CUBLAS_WORKSPACE_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
+_CUBLAS_WORKSPACE_LARGE_BYTES = 4096 * 8 * 1024
+# cuBLASLt workspace, same file: parseCUDABlasLtWorkspaceSize defaults to 1024 KiB ("default size
+# in KiB according to #73328") and is allocated separately unless TORCH_CUBLASLT_UNIFIED_WORKSPACE.
+_CUBLASLT_WORKSPACE_BYTES = 1024 * 1024
+# Workspaces are kept per (cuBLAS handle, stream) and handles are per CPU thread (thread-local
+# PoolWindow, same file); autograd runs CUDA backward on its own device thread, so a training step
+# holds two sets: the forward thread's and the backward thread's.
+_WORKSPACE_SETS = 2
+# Allocator slack: PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp) carves blocks
+# from 2 MiB segments (kSmallBuffer) and 20 MiB ones (kLargeBuffer), rounding large requests to
+# 2 MiB (kRoundLarge), so reserved-but-unallocated memory is never zero. Public OOM reports show
+# it at 0.4% (331 MiB of 79.11 GiB, vllm-project/vllm#27508) to 2.3% (912 MiB of 39.50 GiB,
+# TianheWu/CoSeR#10) of capacity; 3% of total is a deliberate, slightly conservative allowance.
+FRAGMENTATION_FRACTION = 0.03
+
+# A custom GPU bigger than this is a typo (the largest single GPUs hold under 300 GB in 2026).
+MAX_CUSTOM_GIB = 2048.0
+# Defaults for a GPU outside the catalog: round placeholders, deliberately not any real card;
+# the user overrides them (UI slider / CLI flag).
+DEFAULT_USD_PER_HOUR = 1.0
+DEFAULT_BF16_TFLOPS = 100.0
+DEFAULT_BANDWIDTH_BYTES_PER_S = 1e12
+# Compute capability assumed for a GPU we know nothing about: Ampere's, the middle of the range,
+# so it gets Ampere's context and workspace estimates.
+UNKNOWN_COMPUTE_CAPABILITY = (8, 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GPU:
+    """One GPU model: its memory as PyTorch sees it, default price and peak rates."""
+
+    name: str
+    """Display name, e.g. "A10", "A100 80GB"."""
+    total_bytes: int
+    """`torch.cuda.get_device_properties(0).total_memory`, not the marketing figure."""
+    usd_per_hour: float
+    """Default on-demand price of one GPU; the user overrides it."""
+    bf16_tflops: float
+    """Peak dense bf16 tensor-core TFLOP/s, no sparsity (fp16 on GPUs without bf16 units)."""
+    memory_bandwidth_bytes_per_s: float
+    compute_capability: tuple[int, int]
+    aliases: tuple[str, ...] = ()
+    measured: bool = False
+    """True only for the GPU detected on this machine at run time."""
+
+    def __post_init__(self) -> None:
+        if not self.name.strip():
+            raise ValueError("GPU name must not be empty")
+        if self.total_bytes <= 0:
+            raise ValueError(f"{self.name}: total_bytes must be > 0, got {self.total_bytes}")
+        for field, value in (
+            ("usd_per_hour", self.usd_per_hour),
+            ("bf16_tflops", self.bf16_tflops),
+            ("memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s),
+        ):
+            if not math.isfinite(value) or value < 0 or (value == 0 and field != "usd_per_hour"):
+                raise ValueError(f"{self.name}: {field} must be a positive number, got {value}")
+        if len(self.compute_capability) != 2:
+            raise ValueError(f"{self.name}: compute_capability must be (major, minor)")
+        if self.usable_bytes <= 0:
+            raise ValueError(
+                f"{self.name}: {self.total_gib:.2f} GiB is too small to hold the CUDA context and "
+                "workspaces"
+            )
+
+    @property
+    def arch(self) -> str:
+        """Architecture family from the compute capability."""
+        major, minor = self.compute_capability
+        if (major, minor) == (7, 5):
+            return "turing"
+        if major == 8:
+            return "ada" if minor == 9 else "ampere"
+        if major == 9:
+            return "hopper"
+        if major in (10, 11, 12):
+            return "blackwell"
+        return "other"
+
+    @property
+    def context_bytes(self) -> int:
+        """CUDA context plus lazily loaded kernels (an estimate per architecture)."""
+        return _CONTEXT_BYTES[self.arch]
+
+    @property
+    def workspace_bytes(self) -> int:
+        """cuBLAS + cuBLASLt workspaces PyTorch allocates for a training step."""
+        large = self.arch in ("hopper", "blackwell")
+        cublas = _CUBLAS_WORKSPACE_LARGE_BYTES if large else _CUBLAS_WORKSPACE_BYTES
+        return _WORKSPACE_SETS * (cublas + _CUBLASLT_WORKSPACE_BYTES)
+
+    @property
+    def fragmentation_bytes(self) -> int:
+        """Allowance for the caching allocator's reserved-but-unusable memory."""
+        return int(self.total_bytes * FRAGMENTATION_FRACTION)
+
+    @property
+    def usable_bytes(self) -> int:
+        """What tensors of a training step may occupy."""
+        overhead = self.context_bytes + self.workspace_bytes + self.fragmentation_bytes
+        return self.total_bytes - overhead
+
+    @property
+    def total_gib(self) -> float:
+        return self.total_bytes / GIB
+
+    @property
+    def usable_gib(self) -> float:
+        return self.usable_bytes / GIB
+
+
+# --- The catalog ------------------------------------------------------------------------------
+# total_bytes: what PyTorch (cudaGetDeviceProperties) reported on a named machine. It moves by
+# up to ~0.5% with the driver, and nvidia-smi's "MiB" total is larger on newer drivers (T4:
+# 15360 vs 15095, H100: 81559 vs 81090, H200: 143771 vs 143156), so nvidia-smi is not used.
+#   T4        15095 MiB  torch, driver 550.54.15, Colab, Jan 2026: mryab/efficient-dl-systems
+#                        week01_intro/seminar.ipynb @ e632aa89 ("total_memory=15095MB")
+#   L4        23583784960 B  deviceQuery, driver 12.2: bottlerocket-os/bottlerocket-kernel-kit#139
+#   A10       23609475072 B  device query, driver 12.2: aalanwyr/face2cuda step2cuda/README.md
+#   A10G      22587 MiB  torch 2.15 dev + cu130: TorchCodec docs, CUDA decoding tutorial (an
+#                        older AWS log prints 22723MB; the newer, smaller figure is used)
+#   RTX 4090  24563 MiB  "23.988 GiB" total in pc2/GPUInspector.jl#11 (Oct 2022); a public
+#                        torch log prints total_memory=24563MB. A card driving a display has less.
+#   L40S      45589 MiB  torch, driver 550.54.14: blog "Understanding GPU utilization strategies
+#                        in Kubernetes" (2024-06-11); its OOM line says 44.52 GiB, consistent
+#   A100 40GB 42298834944 B  deviceQuery A100-SXM4-40GB, driver 12.2:
+#                        bottlerocket-os/bottlerocket#3873
+#   A100 80GB 81049 MiB  mixbench "Total global mem: 81049 MB", A100 80GB PCIe, driver 12.3:
+#                        ekondis/mixbench#47; PyTorch OOMs beside nvidia-smi 81920MiB say 79.15 GiB
+#   H100 80GB 81090 MiB  torch on 8x "NVIDIA H100 80GB HBM3": Stanford CS336 (spring 2025)
+#                        lecture 6 notes; a torch 2.7/cu12.8 log prints 81089MB; OOMs: 79.19 GiB
+#   H200      143156 MiB torch on Modal: ai-bot-pro/achatbot
+#                        deploy/modal/src/llm/vllm/vlm/skywork_r1v.py
+#   V100 16GB 16160 MiB  torch 1.8 + cu101 (YOLOv5 Colab tutorial output); an old driver, so
+#                        unverified for current ones
+# usd_per_hour: on-demand list prices, a default only (the UI slider / CLI flag overrides it).
+#   Modal, as listed May 2026 (techbytes.app "Serverless GPU Pricing Matrix", verified 2026-05-07):
+#     T4 0.5904, L4 0.7992, L40S 1.9512, A100 80GB 2.4984, H100 3.9492. Lambda, same page:
+#     A10 0.86, A100 40GB 1.48. AWS g5.xlarge (1x A10G) 1.006, us-east-2, Apr 2024 (`sky show-gpus`
+#     in skypilot-org/skypilot#3430). RunPod RTX 4090 0.60 on-demand, Mar 2026 (deploybase.ai
+#     "RunPod GPU Pricing"). RunPod serverless H200 $0.00155/s = 5.58/h (docs.runpod.io/serverless/
+#     pricing, 2025-26). Baseten V100 16GB 3.67, Aug 2023
+#     (the-full-stack/the-full-stack-website#84).
+# bf16_tflops (dense) and bandwidth: NVIDIA datasheets, sparsity figures halved: T4 (65 FP16, no
+# bf16 tensor cores; 320 GB/s), L4 (121, 300 GB/s), A10 (125, 600 GB/s), L40S (362.05, 864 GB/s),
+# A100 (312; 1555 GB/s 40GB SXM, 2039 GB/s 80GB SXM), H100 SXM (989.5, 3.35 TB/s), H200 (989.5,
+# 4.8 TB/s), V100 SXM2 (125 FP16, no bf16; 900 GB/s); RTX 4090: Ada Lovelace architecture
+# whitepaper (165.2 with FP32 accumulate, 1008 GB/s). A10G: no NVIDIA datasheet; 70 and 600 GB/s
+# from Baseten's "NVIDIA A10 vs A10G" (unverified; a public log measured 67.1 TFLOPS cuBLAS).
+CATALOG: tuple[GPU, ...] = (
+    GPU(name="T4", total_bytes=15095 * MIB, usd_per_hour=0.5904, bf16_tflops=65.0,
+        memory_bandwidth_bytes_per_s=320e9, compute_capability=(7, 5),
+        aliases=("Tesla T4", "NVIDIA T4")),
+    GPU(name="L4", total_bytes=23583784960, usd_per_hour=0.7992, bf16_tflops=121.0,
+        memory_bandwidth_bytes_per_s=300e9, compute_capability=(8, 9), aliases=("NVIDIA L4",)),
+    GPU(name="A10", total_bytes=23609475072, usd_per_hour=0.86, bf16_tflops=125.0,
+        memory_bandwidth_bytes_per_s=600e9, compute_capability=(8, 6), aliases=("NVIDIA A10",)),
+    GPU(name="A10G", total_bytes=22587 * MIB, usd_per_hour=1.006, bf16_tflops=70.0,
+        memory_bandwidth_bytes_per_s=600e9, compute_capability=(8, 6), aliases=("NVIDIA A10G",)),
+    GPU(name="RTX 4090", total_bytes=24563 * MIB, usd_per_hour=0.60, bf16_tflops=165.2,
+        memory_bandwidth_bytes_per_s=1008e9, compute_capability=(8, 9),
+        aliases=("4090", "GeForce RTX 4090", "NVIDIA GeForce RTX 4090")),
+    GPU(name="L40S", total_bytes=45589 * MIB, usd_per_hour=1.9512, bf16_tflops=362.05,
+        memory_bandwidth_bytes_per_s=864e9, compute_capability=(8, 9), aliases=("NVIDIA L40S",)),
+    GPU(name="A100 40GB", total_bytes=42298834944, usd_per_hour=1.48, bf16_tflops=312.0,
+        memory_bandwidth_bytes_per_s=1555e9, compute_capability=(8, 0),
+        aliases=("A100-SXM4-40GB", "A100-PCIE-40GB", "A100 PCIe 40GB")),
+    GPU(name="A100 80GB", total_bytes=81049 * MIB, usd_per_hour=2.4984, bf16_tflops=312.0,
+        memory_bandwidth_bytes_per_s=2039e9, compute_capability=(8, 0),
+        aliases=("A100-SXM4-80GB", "A100 80GB PCIe", "A100-PCIE-80GB")),
+    GPU(name="H100 80GB", total_bytes=81090 * MIB, usd_per_hour=3.9492, bf16_tflops=989.5,
+        memory_bandwidth_bytes_per_s=3.35e12, compute_capability=(9, 0),
+        aliases=("H100", "H100 SXM", "H100 80GB HBM3", "H100-SXM5-80GB")),
+    GPU(name="H200", total_bytes=143156 * MIB, usd_per_hour=5.58, bf16_tflops=989.5,
+        memory_bandwidth_bytes_per_s=4.8e12, compute_capability=(9, 0),
+        aliases=("NVIDIA H200", "H200 141GB")),
+    GPU(name="V100 16GB", total_bytes=16160 * MIB, usd_per_hour=3.67, bf16_tflops=125.0,
+        memory_bandwidth_bytes_per_s=900e9, compute_capability=(7, 0),
+        aliases=("V100-SXM2-16GB", "V100-PCIE-16GB")),
+)  # fmt: skip
+
+
+class UnknownGPUError(ValueError):
+    """A GPU name the catalog does not know; the message is one line, for the CLI and the UI."""
+
+    def __init__(self, name: str, suggestions: list[str] | None = None) -> None:
+        self.name = name
+        self.suggestions = suggestions or []
+        quoted = [repr(s) for s in self.suggestions]
+        maybe = " or ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
+        hint = f" did you mean {maybe}?" if maybe else ""
+        known = ", ".join(gpu_names())
+        super().__init__(f"unknown GPU {name!r};{hint} known: {known} (or pass --gpu-memory GIB)")
+
+
+def _key(name: str) -> str:
+    """Lower case, no spaces, dashes or underscores, and no leading vendor words that device
+    names carry but users leave out ("NVIDIA GeForce RTX 4090", "Tesla T4")."""
+    key = re.sub(r"[\s\-_]+", "", name.lower())
+    return re.sub(r"^(?:nvidia|geforce|tesla)+", "", key) or key
+
+
+def _index() -> dict[str, GPU]:
+    index: dict[str, GPU] = {}
+    for gpu in CATALOG:
+        for label in (gpu.name, *gpu.aliases):
+            index.setdefault(_key(label), gpu)
+    return index
+
+
+_INDEX = _index()
+
+
+def _suggest(key: str, limit: int = 4, cutoff: float = 0.5) -> list[str]:
+    """Catalog names whose best label starts with `key` or is close to it (difflib ratio)."""
+    best: dict[str, float] = {}
+    for label, gpu in _INDEX.items():
+        prefix = len(key) >= 2 and label.startswith(key)  # "a100" -> both A100s, first
+        score = 2.0 if prefix else difflib.SequenceMatcher(None, key, label).ratio()
+        if score >= cutoff and score > best.get(gpu.name, 0.0):
+            best[gpu.name] = score
+    return sorted(best, key=lambda n: -best[n])[:limit]
+
+
+def find_gpu(name: str) -> GPU:
+    """The catalog GPU called `name` or one of its aliases, ignoring case and separators."""
+    key = _key(name)
+    if key in _INDEX:
+        return _INDEX[key]
+    raise UnknownGPUError(name, _suggest(key))
+
+
+def gpu_names() -> list[str]:
+    """Display names of the catalog, in catalog order."""
+    return [gpu.name for gpu in CATALOG]
+
+
+def custom_gpu(
+    total_gib: float,
+    *,
+    name: str | None = None,
+    usd_per_hour: float = DEFAULT_USD_PER_HOUR,
+    bf16_tflops: float = DEFAULT_BF16_TFLOPS,
+    memory_bandwidth_bytes_per_s: float = DEFAULT_BANDWIDTH_BYTES_PER_S,
+) -> GPU:
+    """A GPU outside the catalog with `total_gib` GiB as PyTorch reports total_memory.
+
+    Its compute capability is unknown, so it is treated as Ampere (8, 0) for the overheads.
+    """
+    if not math.isfinite(total_gib) or total_gib <= 0 or total_gib > MAX_CUSTOM_GIB:
+        raise ValueError(
+            f"GPU memory must be between 0 and {MAX_CUSTOM_GIB:g} GiB, got {total_gib}"
+        )
+    return GPU(
+        name=name or f"Custom {total_gib:g} GiB",
+        total_bytes=int(total_gib * GIB),
+        usd_per_hour=usd_per_hour,
+        bf16_tflops=bf16_tflops,
+        memory_bandwidth_bytes_per_s=memory_bandwidth_bytes_per_s,
+        compute_capability=UNKNOWN_COMPUTE_CAPABILITY,
+    )
+
+
+def detected_gpu(name: str, total_bytes: int, compute_capability: tuple[int, int]) -> GPU:
+    """The GPU on this machine, from the properties torch reported (passed in, never queried here).
+
+    A device the catalog knows keeps the catalog's display name, price and peak rates; its memory
+    and compute capability are the device's own. An unknown device gets the custom defaults.
+    """
+    major, minor = compute_capability
+    try:
+        known = find_gpu(name)
+    except UnknownGPUError:
+        return GPU(
+            name=name,
+            total_bytes=total_bytes,
+            usd_per_hour=DEFAULT_USD_PER_HOUR,
+            bf16_tflops=DEFAULT_BF16_TFLOPS,
+            memory_bandwidth_bytes_per_s=DEFAULT_BANDWIDTH_BYTES_PER_S,
+            compute_capability=(int(major), int(minor)),
+            measured=True,
+        )
+    aliases = known.aliases if name in known.aliases else (*known.aliases, name)
+    return replace(
+        known,
+        total_bytes=total_bytes,
+        compute_capability=(int(major), int(minor)),
+        aliases=aliases,
+        measured=True,
+    )

@@ -1,0 +1,78 @@
+"""One batch size's result: a frozen record the sweep yields and the report reads.
+
+A Measurement never holds a tensor, so it can cross threads, be cached and be serialised.
+An OOM is a Measurement with `fits=False`, not an exception. This module knows nothing about
+how the numbers were taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporary")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Breakdown:
+    """Live bytes by kind at the moment of the peak."""
+
+    parameters: int = 0
+    """Weights and buffers (batch-norm statistics)."""
+    gradients: int = 0
+    """Parameter gradients (.grad)."""
+    optimizer_state: int = 0
+    """AdamW's two moments, SGD's momentum buffer."""
+    activations: int = 0
+    """Everything the forward pass created that is still alive: inputs, saved activations, masks."""
+    temporary: int = 0
+    """Backward and optimizer intermediates that are not gradients or state."""
+
+    @property
+    def total(self) -> int:
+        """The sum of every kind, equal to the peak it was taken at."""
+        return sum(self.to_dict().values())
+
+    def to_dict(self) -> dict[str, int]:
+        """Bytes by category, in a fixed order."""
+        return {name: getattr(self, name) for name in CATEGORIES}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measurement:
+    """One full training step (or the step the settings describe) at one batch size."""
+
+    batch_size: int
+    fits: bool
+    """False when the step ran out of memory (on the GPU, or past the simulated budget)."""
+    peak_bytes: int
+    """Peak allocated bytes of the step; for an OOM, the peak reached before it failed."""
+    backend: str
+    """cuda, mps, cpu or sim."""
+    measured: bool
+    """True when the bytes come from real hardware; False when simulated on fake tensors."""
+    reserved_bytes: int | None = None
+    """Peak bytes the caching allocator reserved (CUDA only)."""
+    breakdown: Breakdown | None = None
+    """Live bytes by kind at the peak (None for an OOM)."""
+    step_seconds: float | None = None
+    """Wall-clock seconds of the step on real hardware; None when simulated."""
+    error: str | None = None
+    """One line saying why the step failed."""
+    timeline: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    """Live bytes after each operator of the step: what the fast strategy extrapolates."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `measure --json` record (GiB values are 2**30 bytes)."""
+        return {
+            "batch_size": self.batch_size,
+            "success": self.fits,
+            "peak_bytes": self.peak_bytes,
+            "memory_gb": round(self.peak_bytes / 2**30, 4),
+            "reserved_bytes": self.reserved_bytes,
+            "breakdown": self.breakdown.to_dict() if self.breakdown else None,
+            "step_seconds": self.step_seconds,
+            "backend": self.backend,
+            "memory_source": "measured" if self.measured else "simulated",
+            "error": self.error,
+        }

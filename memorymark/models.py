@@ -1,0 +1,158 @@
+"""The built-in model catalog, and building a catalog model from its shipped architecture config.
+
+Every model is built from a config.json shipped in `memorymark/configs/` with random weights:
+memory does not depend on weight values, and no hub is reachable at run time. This module knows
+nothing about devices, fake tensors or measurement; callers choose where the model is built
+(`torch.device("meta")` for simulation, a real device otherwise).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+SEQUENCE_CLASSIFICATION = "sequence-classification"
+CAUSAL_LM = "causal-lm"
+IMAGE_CLASSIFICATION = "image-classification"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelEntry:
+    """One catalog model: where its config lives and what it can be trained for."""
+
+    key: str
+    display_name: str
+    config_file: str
+    tasks: tuple[str, ...]
+    default_task: str
+    max_positions: int | None = None
+    """The longest sequence the model's position embeddings allow; None for image models."""
+    num_labels: int = 2
+    """Classes of the classification head (sequence classification: 2, as a typical fine-tune)."""
+
+    @property
+    def input_kind(self) -> str:
+        """text (takes token ids and a sequence length) or image (takes pixels and a size)."""
+        return "image" if IMAGE_CLASSIFICATION in self.tasks else "text"
+
+
+CATALOG: tuple[ModelEntry, ...] = (
+    ModelEntry(
+        key="bert",
+        display_name="BERT-base (uncased)",
+        config_file="bert-base-uncased.json",
+        tasks=(SEQUENCE_CLASSIFICATION,),
+        default_task=SEQUENCE_CLASSIFICATION,
+        max_positions=512,
+    ),
+    ModelEntry(
+        key="gpt2",
+        display_name="GPT-2 124M",
+        config_file="gpt2.json",
+        tasks=(CAUSAL_LM, SEQUENCE_CLASSIFICATION),
+        default_task=CAUSAL_LM,
+        max_positions=1024,
+    ),
+    ModelEntry(
+        key="resnet",
+        display_name="ResNet-50",
+        config_file="resnet-50.json",
+        tasks=(IMAGE_CLASSIFICATION,),
+        default_task=IMAGE_CLASSIFICATION,
+        num_labels=1000,
+    ),
+    # Tiny models: seconds to measure for real on a CPU; the test suite and quick demos use them.
+    ModelEntry(
+        key="tiny-bert",
+        display_name="Tiny BERT (2 layers, for tests)",
+        config_file="tiny-bert.json",
+        tasks=(SEQUENCE_CLASSIFICATION,),
+        default_task=SEQUENCE_CLASSIFICATION,
+        max_positions=128,
+    ),
+    ModelEntry(
+        key="tiny-gpt2",
+        display_name="Tiny GPT-2 (2 layers, for tests)",
+        config_file="tiny-gpt2.json",
+        tasks=(CAUSAL_LM, SEQUENCE_CLASSIFICATION),
+        default_task=CAUSAL_LM,
+        max_positions=128,
+    ),
+    ModelEntry(
+        key="tiny-resnet",
+        display_name="Tiny ResNet (2 stages, for tests)",
+        config_file="tiny-resnet.json",
+        tasks=(IMAGE_CLASSIFICATION,),
+        default_task=IMAGE_CLASSIFICATION,
+        num_labels=10,
+    ),
+)
+
+
+class UnknownModelError(ValueError):
+    """A model name that is not in the catalog."""
+
+
+def find_model(key: str) -> ModelEntry:
+    """The catalog entry for `key` (case-insensitive), or UnknownModelError naming the choices."""
+    wanted = key.strip().lower()
+    for entry in CATALOG:
+        if entry.key == wanted:
+            return entry
+    keys = [e.key for e in CATALOG]
+    close = difflib.get_close_matches(wanted, keys, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise UnknownModelError(
+        f"unknown model {key!r}; {hint}known: {', '.join(keys)} (see `memorymark models`)"
+    )
+
+
+def model_keys() -> list[str]:
+    """Catalog keys, in catalog order."""
+    return [e.key for e in CATALOG]
+
+
+@cache
+def _config_dict(config_file: str) -> dict[str, Any]:
+    data = json.loads((CONFIG_DIR / config_file).read_text())
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def build_model(entry: ModelEntry, task: str) -> nn.Module:
+    """A randomly initialised model for `task`, on whatever device is current (meta, cpu, cuda)."""
+    import transformers
+
+    config_data = dict(_config_dict(entry.config_file))
+    model_type = config_data.pop("model_type")
+    config = transformers.AutoConfig.for_model(model_type, **config_data)
+    # No KV cache: training never reads it, and it would keep every layer's keys alive.
+    config.use_cache = False
+    if task in (SEQUENCE_CLASSIFICATION, IMAGE_CLASSIFICATION):
+        config.num_labels = entry.num_labels
+    if task == SEQUENCE_CLASSIFICATION and getattr(config, "pad_token_id", None) is None:
+        # GPT-2 has no pad token; classification heads need one to find each sequence's end.
+        config.pad_token_id = config.eos_token_id
+    auto_class = {
+        SEQUENCE_CLASSIFICATION: transformers.AutoModelForSequenceClassification,
+        CAUSAL_LM: transformers.AutoModelForCausalLM,
+        IMAGE_CLASSIFICATION: transformers.AutoModelForImageClassification,
+    }[task]
+    return auto_class.from_config(config)
+
+
+def parameter_count(entry: ModelEntry, task: str | None = None) -> int:
+    """Parameters of the model, counted on the meta device (no memory, well under a second)."""
+    import torch
+
+    with torch.device("meta"):
+        model = build_model(entry, task or entry.default_task)
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,112 @@
+"""The backward-pass proof: why a forward-only (or inference-style) number crashes training.
+
+For one model and batch size it measures four steps side by side: forward only (no_grad, eval),
+forward+backward (eval, logits.mean(), no optimizer: the prototype's protocol and what simpler
+tools measure), the full step with the optimizer in eval mode, and the full step in train mode
+(what training really runs). This module composes settings and the engine; it measures nothing
+itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from memorymark.analysis import Analysis, measure
+from memorymark.settings import Settings
+
+# The ratio forward+backward / forward-only that a correct backward measurement shows for typical
+# models (the prototype's check): activations saved for backward plus gradients roughly double
+# to triple the forward's peak. Below 1.2x the backward pass was almost certainly not measured.
+PASS_RANGE = (2.0, 3.0)
+FAIL_BELOW = 1.2
+
+PROTOCOLS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("forward_only", "Forward only (no_grad, eval)",
+     {"forward_only": True, "mode": "eval", "loss": "logits-mean", "optimizer": "none"}),
+    ("forward_backward", "Forward + backward (eval, no optimizer)",
+     {"forward_only": False, "mode": "eval", "loss": "logits-mean", "optimizer": "none"}),
+    ("full_step_eval", "Full step with optimizer (eval mode)",
+     {"forward_only": False, "mode": "eval", "loss": "task"}),
+    ("full_step", "Full step with optimizer (train mode)",
+     {"forward_only": False, "mode": "train", "loss": "task"}),
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProtocolResult:
+    """One protocol's peak at the chosen batch, and the max batch it would recommend."""
+
+    key: str
+    label: str
+    peak_bytes: int
+    fits: bool
+    max_batch: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackwardProof:
+    """Peaks of the four protocols at one batch size, with the prototype's verdict."""
+
+    batch_size: int
+    memory_source: str
+    results: tuple[ProtocolResult, ...]
+
+    def peak(self, key: str) -> int:
+        """The peak bytes of one protocol."""
+        return next(r.peak_bytes for r in self.results if r.key == key)
+
+    @property
+    def ratio(self) -> float:
+        """forward+backward peak / forward-only peak."""
+        return round(self.peak("forward_backward") / self.peak("forward_only"), 3)
+
+    @property
+    def verdict(self) -> str:
+        """PASS when the ratio is 2.0-3.0x, FAIL below 1.2x, WARN otherwise."""
+        if PASS_RANGE[0] <= self.ratio <= PASS_RANGE[1]:
+            return "PASS"
+        return "FAIL" if self.ratio < FAIL_BELOW else "WARN"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `validate-backward --json` object."""
+        return {
+            "batch_size": self.batch_size,
+            "forward_only_bytes": self.peak("forward_only"),
+            "forward_backward_bytes": self.peak("forward_backward"),
+            "full_step_eval_bytes": self.peak("full_step_eval"),
+            "full_step_bytes": self.peak("full_step"),
+            "ratio": self.ratio,
+            "verdict": self.verdict,
+            "memory_source": self.memory_source,
+            "max_batch": {r.key: r.max_batch for r in self.results},
+        }
+
+
+def protocol_settings(settings: Settings, key: str) -> Settings:
+    """`settings` changed to run one of the four protocols."""
+    overrides = next(o for k, _, o in PROTOCOLS if k == key)
+    optimizer = settings.optimizer if settings.optimizer != "none" else "adamw"
+    return replace(settings, **{"optimizer": optimizer, **overrides})
+
+
+def prove_backward(settings: Settings, batch_size: int, *, sweeps: bool = False) -> BackwardProof:
+    """Measure the four protocols at `batch_size`; with `sweeps`, also each one's max batch."""
+    results = []
+    source = "simulated"
+    for key, label, _ in PROTOCOLS:
+        variant = protocol_settings(settings, key)
+        m = measure(variant, batch_size)
+        source = "measured" if m.measured else "simulated"
+        max_batch = None
+        if sweeps:
+            analysis = Analysis(replace(variant, current_batch=batch_size))
+            for _ in analysis.stream():
+                pass
+            best = analysis.report().optimal
+            max_batch = best.batch_size if best else 0
+        results.append(
+            ProtocolResult(key=key, label=label, peak_bytes=m.peak_bytes, fits=m.fits,
+                           max_batch=max_batch)
+        )
+    return BackwardProof(batch_size=batch_size, memory_source=source, results=tuple(results))

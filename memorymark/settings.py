@@ -1,0 +1,208 @@
+"""Everything a user can choose, validated once, in two frozen dataclasses.
+
+`Settings` says what is trained, how, on which GPU and how the batch sizes are searched;
+`Costs` holds the price inputs that only the report uses (so a price slider never re-runs a sweep).
+Both round-trip to JSON-able dicts and to URL query parameters. This module knows the names of the
+built-in models (to validate them) but never builds one, and never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from memorymark import models
+
+OPTIMIZERS = ("adamw", "sgd", "none")
+MODES = ("train", "eval")
+LOSSES = ("task", "logits-mean")
+BACKENDS = ("auto", "cuda", "mps", "sim", "cpu")
+STRATEGIES = ("fast", "linear")
+PROTOCOLS = ("full", "inference-style")
+
+# The largest batch any sweep tries: past it a "fits" answer is capped, and says so.
+DEFAULT_MAX_BATCH = 4096
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)} (got {value!r})")
+
+
+def _at_least(name: str, value: float, low: float) -> None:
+    if value < low:
+        raise ValueError(f"{name} must be at least {low:g} (got {value:g})")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """One analysis: the training step to measure, where, and how to search batch sizes."""
+
+    model: str = "bert"
+    """A key of the built-in model catalog (`memorymark models`)."""
+    task: str | None = None
+    """sequence-classification, causal-lm or image-classification; None takes the model's default."""
+    seq_len: int = 128
+    """Tokens per sample, for text models."""
+    image_size: int = 224
+    """Height and width in pixels, for image models."""
+    optimizer: str = "adamw"
+    """adamw, sgd (with momentum 0.9) or none (no optimizer state, no step)."""
+    mode: str = "train"
+    """train (dropout on, batch-norm statistics updated) or eval."""
+    loss: str = "task"
+    """task (the model's own loss from labels) or logits-mean (what inference-style tools use)."""
+    forward_only: bool = False
+    """Run the forward pass under no_grad and nothing else (used by the backward-pass proof)."""
+    gpu: str | None = None
+    """A catalog GPU name or alias; None means the GPU in this machine, else an A10."""
+    gpu_memory_gib: float | None = None
+    """Total memory of a GPU that is not in the catalog, in GiB as PyTorch reports it."""
+    backend: str = "auto"
+    """auto (cuda, else mps, else sim), cuda, mps, sim (fake tensors) or cpu (real, tracked)."""
+    strategy: str = "fast"
+    """fast (trace, predict, verify, bisect) or linear (step, 2*step, ... until the first OOM)."""
+    step: int = 8
+    """Batch-size granularity of the search."""
+    current_batch: int = 16
+    """The batch size the user trains with today."""
+    max_batch: int = DEFAULT_MAX_BATCH
+    """The search never tries a larger batch."""
+
+    def __post_init__(self) -> None:
+        entry = models.find_model(self.model)
+        if self.task is not None and self.task not in entry.tasks:
+            raise ValueError(
+                f"model {self.model!r} supports tasks {', '.join(entry.tasks)} (got {self.task!r})"
+            )
+        _at_least("seq_len", self.seq_len, 1)
+        if entry.max_positions is not None and self.seq_len > entry.max_positions:
+            raise ValueError(
+                f"seq_len {self.seq_len} exceeds {self.model}'s {entry.max_positions} positions"
+            )
+        _at_least("image_size", self.image_size, 8)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("mode", self.mode, MODES)
+        _choice("loss", self.loss, LOSSES)
+        _choice("backend", self.backend, BACKENDS)
+        _choice("strategy", self.strategy, STRATEGIES)
+        _at_least("step", self.step, 1)
+        _at_least("current_batch", self.current_batch, 1)
+        _at_least("max_batch", self.max_batch, 1)
+        if self.gpu_memory_gib is not None:
+            _at_least("gpu_memory_gib", self.gpu_memory_gib, 1)
+
+    @property
+    def resolved_task(self) -> str:
+        """The task this run trains: the chosen one or the model's default."""
+        return self.task or models.find_model(self.model).default_task
+
+    @property
+    def protocol(self) -> str:
+        """inference-style when the step is what forward-only tools measure, else full."""
+        inference = (self.mode, self.loss, self.optimizer) == ("eval", "logits-mean", "none")
+        return "inference-style" if inference else "full"
+
+    def with_protocol(self, protocol: str) -> Settings:
+        """Apply a protocol shortcut: inference-style = eval + logits.mean() + no optimizer."""
+        _choice("protocol", protocol, PROTOCOLS)
+        if protocol == "inference-style":
+            return replace(self, mode="eval", loss="logits-mean", optimizer="none")
+        return replace(self, mode="train", loss="task", optimizer="adamw")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of every field (the inverse of `from_dict`)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Settings:
+        """Build from a dict such as `to_dict` writes; unknown keys are an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown setting {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        return cls(**dict(data))
+
+    def to_query(self) -> dict[str, str]:
+        """URL query parameters for the fields that differ from the defaults."""
+        return _to_query(self, Settings())
+
+    @classmethod
+    def from_query(cls, params: Mapping[str, str]) -> Settings:
+        """Parse URL query parameters (strings); unknown keys are ignored, bad values raise."""
+        return cls(**_parse_query(cls, params))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Costs:
+    """What a training run costs: the report's inputs, never the sweep's."""
+
+    usd_per_hour: float | None = None
+    """Price of one GPU-hour; None takes the GPU catalog's default."""
+    hours_per_run: float = 2.0
+    """Wall-clock hours of one training run at the current batch size."""
+    runs_per_year: float = 100.0
+    """Training runs per year."""
+
+    def __post_init__(self) -> None:
+        if self.usd_per_hour is not None:
+            _at_least("usd_per_hour", self.usd_per_hour, 0)
+        _at_least("hours_per_run", self.hours_per_run, 0)
+        _at_least("runs_per_year", self.runs_per_year, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of every field."""
+        return dataclasses.asdict(self)
+
+    def to_query(self) -> dict[str, str]:
+        """URL query parameters for the fields that differ from the defaults."""
+        return _to_query(self, Costs())
+
+    @classmethod
+    def from_query(cls, params: Mapping[str, str]) -> Costs:
+        """Parse URL query parameters (strings); unknown keys are ignored, bad values raise."""
+        return cls(**_parse_query(cls, params))
+
+
+def _to_query(obj: Any, default: Any) -> dict[str, str]:
+    out = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if value != getattr(default, f.name):
+            out[f.name] = str(value).lower() if isinstance(value, bool) else str(value)
+    return out
+
+
+def _parse_query(cls: type, params: Mapping[str, str]) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    parsed: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in params:
+            continue
+        raw = str(params[f.name])
+        kind = hints[f.name]
+        try:
+            parsed[f.name] = _parse_value(raw, kind)
+        except ValueError:
+            raise ValueError(f"bad value for {f.name}: {raw!r}") from None
+    return parsed
+
+
+def _parse_value(raw: str, kind: Any) -> Any:
+    args = typing.get_args(kind)
+    if args and type(None) in args:
+        if raw in ("", "None", "none", "null"):
+            return None
+        kind = next(a for a in args if a is not type(None))
+    if kind is bool:
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(raw)
+        return raw.lower() in ("true", "1")
+    if kind is int:
+        return int(raw)
+    if kind is float:
+        return float(raw)
+    return raw

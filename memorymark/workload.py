@@ -1,0 +1,128 @@
+"""What one training step is: the model, its batch, its loss, its optimizer, run once.
+
+A Workload turns `Settings` into a model, an optimizer and a batch of the right shape, and runs
+one step exactly as a training script does: `model.train()`, forward with labels, the task's loss,
+`backward()`, `optimizer.step()`, `zero_grad(set_to_none=True)`. It knows nothing about how memory
+is measured; the caller passes `on_phase` to hear when forward, backward and the optimizer start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from memorymark import cuda_rules, models
+from memorymark.settings import Settings
+
+# Phases the step reports through `on_phase`, named for the category of what each one allocates.
+FORWARD = "activations"
+BACKWARD = "temporary"
+OPTIMIZER = "temporary"
+
+Phase = Callable[[str], None]
+
+
+def _no_phase(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The training step `settings` describe, independent of device and measurement."""
+
+    settings: Settings
+
+    @property
+    def entry(self) -> models.ModelEntry:
+        """The catalog entry of the model being trained."""
+        return models.find_model(self.settings.model)
+
+    @property
+    def task(self) -> str:
+        """The task the step trains."""
+        return self.settings.resolved_task
+
+    def build_model(self) -> nn.Module:
+        """The model with random weights, on the current default device (meta, cpu, cuda)."""
+        return models.build_model(self.entry, self.task)
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
+        """The optimizer the settings ask for, implemented the way CUDA picks by default."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        name = self.settings.optimizer
+        if name == "none" or self.settings.forward_only:
+            return None
+        kwargs = cuda_rules.optimizer_kwargs(name)
+        if name == "adamw":
+            return torch.optim.AdamW(params, lr=1e-4, **kwargs)
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, **kwargs)
+
+    def make_batch(self, batch_size: int, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """Model inputs with labels; values are zeros because memory does not depend on them."""
+        s = self.settings
+        if self.entry.input_kind == "image":
+            shape = (batch_size, 3, s.image_size, s.image_size)
+            batch = {"pixel_values": torch.zeros(shape, device=device)}
+        else:
+            # No attention_mask: without padding it changes nothing, and transformers would
+            # otherwise materialise a full mask it treats as real data.
+            ids = torch.zeros((batch_size, s.seq_len), dtype=torch.long, device=device)
+            batch = {"input_ids": ids}
+        if s.loss == "task":
+            if self.task == models.CAUSAL_LM:
+                batch["labels"] = batch["input_ids"]
+            else:
+                batch["labels"] = torch.zeros(batch_size, dtype=torch.long, device=device)
+        return batch
+
+    def prime_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        """Create the optimizer's state (AdamW's moments, SGD's momentum) with zero gradients.
+
+        Every real step after the first carries this state, so each measured step must too.
+        """
+        if optimizer is None:
+            return
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def run_step(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        batch_size: int,
+        device: torch.device | str,
+        on_phase: Phase = _no_phase,
+    ) -> None:
+        """Run one step at `batch_size`; raises the device's OOM error if it does not fit."""
+        s = self.settings
+        model.train(s.mode == "train")
+        on_phase(FORWARD)
+        batch = self.make_batch(batch_size, device)
+        if s.forward_only:
+            with torch.no_grad():
+                model(**batch)
+            return
+        try:
+            loss = self._loss(model(**batch))
+            del batch
+            on_phase(BACKWARD)
+            loss.backward()
+            del loss
+            if optimizer is not None:
+                on_phase(OPTIMIZER)
+                optimizer.step()
+        finally:
+            # set_to_none frees the gradients, as training loops do; after an OOM it also drops
+            # the partial gradients so the next probe starts from the same baseline.
+            model.zero_grad(set_to_none=True)
+
+    def _loss(self, outputs: object) -> torch.Tensor:
+        if self.settings.loss == "logits-mean":
+            return outputs.logits.mean()
+        return outputs.loss

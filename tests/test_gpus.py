@@ -1,0 +1,214 @@
+"""The GPU catalog: lookup, overheads, custom and detected GPUs. CPU-only and fast."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memorymark import gpus
+from memorymark.gpus import GIB, MIB, UnknownGPUError, custom_gpu, detected_gpu, find_gpu
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("a10", "A10"),
+        ("A100-80GB", "A100 80GB"),
+        ("a100_80gb", "A100 80GB"),
+        ("h100", "H100 80GB"),
+        ("NVIDIA A10G", "A10G"),
+        ("Tesla T4", "T4"),
+        ("NVIDIA H100 80GB HBM3", "H100 80GB"),
+        ("NVIDIA A100-SXM4-80GB", "A100 80GB"),
+        ("NVIDIA A100-SXM4-40GB", "A100 40GB"),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA H200", "H200"),
+        ("Tesla V100-SXM2-16GB", "V100 16GB"),
+    ],
+)
+def test_find_gpu_resolves_display_names_aliases_and_torch_device_names(name, expected):
+    assert find_gpu(name).name == expected
+
+
+def test_find_gpu_ignores_case_spaces_dashes_and_underscores():
+    assert find_gpu("  a100 - 80 gb ") is find_gpu("A100_80GB") is find_gpu("a10080gb")
+    assert find_gpu("rtx-4090") is find_gpu("RTX 4090") is find_gpu("4090")
+
+
+def test_find_gpu_returns_the_figures_chosen_for_the_catalog():
+    assert find_gpu("a10").total_bytes == 23_609_475_072
+    assert find_gpu("t4").total_bytes == 15095 * MIB
+    assert find_gpu("h100").total_bytes == 81090 * MIB
+    assert find_gpu("h200").memory_bandwidth_bytes_per_s == 4.8e12
+    assert find_gpu("a100 80gb").bf16_tflops == 312.0
+    assert find_gpu("a10").compute_capability == (8, 6)
+
+
+def test_unknown_gpu_message_is_one_line_and_suggests_the_close_name():
+    with pytest.raises(UnknownGPUError) as caught:
+        find_gpu("h1OO")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("unknown GPU 'h1OO';")
+    assert "'H100 80GB'" in message
+    assert message.endswith("(or pass --gpu-memory GIB)")
+    assert caught.value.suggestions[0] == "H100 80GB"
+
+
+def test_unknown_gpu_suggests_a100s_for_a_typo_and_for_the_ambiguous_bare_name():
+    with pytest.raises(UnknownGPUError) as typo:
+        find_gpu("A1000")
+    with pytest.raises(UnknownGPUError) as bare:
+        find_gpu("a100")
+    assert typo.value.suggestions[:2] == ["A100 40GB", "A100 80GB"]
+    assert bare.value.suggestions[:2] == ["A100 40GB", "A100 80GB"]
+
+
+def test_unknown_gpu_without_close_names_lists_the_catalog():
+    with pytest.raises(UnknownGPUError, match="did you mean") as caught:
+        find_gpu("B200")
+    with pytest.raises(UnknownGPUError) as nothing_close:
+        find_gpu("x")
+    assert "did you mean" not in str(nothing_close.value)
+    assert "known: " + ", ".join(gpus.gpu_names()) in str(nothing_close.value)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_gpu_names_cover_the_required_gpus_in_catalog_order():
+    names = gpus.gpu_names()
+    assert names == [g.name for g in gpus.CATALOG]
+    for required in ("T4", "L4", "A10", "A10G", "RTX 4090", "A100 40GB", "A100 80GB"):
+        assert required in names
+    assert {"H100 80GB", "H200", "L40S", "V100 16GB"} <= set(names)
+    assert len(set(names)) == len(names)
+
+
+@pytest.mark.parametrize("gpu", gpus.CATALOG, ids=lambda g: g.name)
+def test_every_catalog_entry_is_complete_and_loses_some_memory_to_overheads(gpu):
+    assert gpu.usd_per_hour > 0
+    assert gpu.bf16_tflops > 0 and gpu.memory_bandwidth_bytes_per_s > 0
+    assert len(gpu.compute_capability) == 2 and gpu.arch != ""
+    assert gpu.context_bytes > 0 and gpu.workspace_bytes > 0 and gpu.fragmentation_bytes > 0
+    assert gpu.usable_bytes == (
+        gpu.total_bytes - gpu.context_bytes - gpu.workspace_bytes - gpu.fragmentation_bytes
+    )
+    assert 0.9 * gpu.total_bytes < gpu.usable_bytes < gpu.total_bytes
+    assert gpu.measured is False
+    assert find_gpu(gpu.name) is gpu
+
+
+def test_total_is_what_pytorch_reports_not_the_marketing_figure():
+    # An "80GB" card reports about 79.2 GiB to PyTorch; a "16GB" T4 about 14.7 GiB.
+    assert find_gpu("h100").total_gib == pytest.approx(79.19, abs=0.01)
+    assert find_gpu("t4").total_gib == pytest.approx(14.74, abs=0.01)
+    assert find_gpu("a100 80gb").total_gib < 80
+
+
+def test_architecture_follows_compute_capability():
+    assert [find_gpu(n).arch for n in ("t4", "a10", "a100 40gb", "l4", "h100", "v100 16gb")] == [
+        "turing",
+        "ampere",
+        "ampere",
+        "ada",
+        "hopper",
+        "other",
+    ]
+    assert detected_gpu("NVIDIA B200", 180 * GIB, (10, 0)).arch == "blackwell"
+
+
+def test_hopper_workspace_is_larger_than_amperes_by_pytorch_defaults():
+    ampere, hopper = find_gpu("a100 80gb"), find_gpu("h100")
+    # CublasHandlePool.cpp: ":4096:2:16:8" (8 MiB + 128 KiB) vs 32 MiB on sm90, plus 1 MiB of
+    # cuBLASLt workspace, for the forward and the autograd thread's handle.
+    assert ampere.workspace_bytes == 2 * (4096 * 1024 * 2 + 16 * 1024 * 8 + MIB)
+    assert hopper.workspace_bytes == 2 * (32 * MIB + MIB)
+    assert hopper.workspace_bytes > ampere.workspace_bytes
+    assert hopper.context_bytes > ampere.context_bytes
+
+
+def test_fragmentation_is_the_documented_fraction_of_total():
+    gpu = find_gpu("a10")
+    assert gpu.fragmentation_bytes == int(gpu.total_bytes * gpus.FRAGMENTATION_FRACTION)
+    assert gpus.FRAGMENTATION_FRACTION == 0.03
+
+
+def test_custom_gpu_has_the_memory_asked_for_and_amperes_overheads():
+    gpu = custom_gpu(24)
+    assert gpu.total_bytes == 24 * GIB
+    assert gpu.name == "Custom 24 GiB"
+    assert gpu.compute_capability == (8, 0) and gpu.arch == "ampere"
+    assert gpu.usable_bytes == 24 * GIB - 400 * MIB - find_gpu("a10").workspace_bytes - int(
+        24 * GIB * 0.03
+    )
+    assert gpu.measured is False
+
+
+def test_custom_gpu_takes_name_price_and_rates():
+    gpu = custom_gpu(
+        11.5, name="My card", usd_per_hour=0.2, bf16_tflops=50, memory_bandwidth_bytes_per_s=5e11
+    )
+    assert (gpu.name, gpu.usd_per_hour, gpu.bf16_tflops) == ("My card", 0.2, 50)
+    assert gpu.total_bytes == int(11.5 * GIB)
+
+
+@pytest.mark.parametrize("total_gib", [0, -1, float("nan"), float("inf"), 5000, 0.1])
+def test_custom_gpu_rejects_nonsense_memory(total_gib):
+    with pytest.raises(ValueError):
+        custom_gpu(total_gib)
+
+
+def test_custom_gpu_rejects_bad_rates():
+    with pytest.raises(ValueError, match="bf16_tflops"):
+        custom_gpu(24, bf16_tflops=0)
+    with pytest.raises(ValueError, match="usd_per_hour"):
+        custom_gpu(24, usd_per_hour=-1)
+    assert custom_gpu(24, usd_per_hour=0).usd_per_hour == 0  # an owned GPU costs nothing per hour
+
+
+def test_detected_gpu_keeps_catalog_name_and_rates_with_the_devices_own_memory():
+    reported = 22723 * MIB  # an A10G under an older driver reports more than the catalog figure
+    gpu = detected_gpu("NVIDIA A10G", reported, (8, 6))
+    catalog = find_gpu("a10g")
+    assert gpu.measured is True
+    assert gpu.name == "A10G" == catalog.name
+    assert gpu.total_bytes == reported
+    assert (gpu.usd_per_hour, gpu.bf16_tflops) == (catalog.usd_per_hour, catalog.bf16_tflops)
+    assert gpu.memory_bandwidth_bytes_per_s == catalog.memory_bandwidth_bytes_per_s
+    assert catalog.measured is False and catalog.total_bytes == 22587 * MIB  # catalog untouched
+
+
+def test_detected_gpu_adds_the_device_name_as_an_alias():
+    gpu = detected_gpu("NVIDIA H100 80GB HBM3", 81089 * MIB, (9, 0))
+    assert gpu.name == "H100 80GB"
+    assert "NVIDIA H100 80GB HBM3" in gpu.aliases
+    assert gpu.workspace_bytes == find_gpu("h100").workspace_bytes
+
+
+def test_detected_unknown_gpu_keeps_its_own_name_and_default_rates():
+    gpu = detected_gpu("NVIDIA A100-SXM4-80GB MIG 3g.40gb", 42144366592, (8, 0))
+    assert gpu.name == "NVIDIA A100-SXM4-80GB MIG 3g.40gb"
+    assert gpu.measured is True
+    assert gpu.total_bytes == 42144366592
+    assert gpu.bf16_tflops == gpus.DEFAULT_BF16_TFLOPS
+    assert gpu.usd_per_hour == gpus.DEFAULT_USD_PER_HOUR
+
+
+def test_gpu_is_frozen_and_validated():
+    gpu = find_gpu("t4")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        gpu.total_bytes = 1  # type: ignore[misc]
+    with pytest.raises(ValueError, match="total_bytes"):
+        dataclasses.replace(gpu, total_bytes=0)
+    with pytest.raises(ValueError, match="too small"):
+        dataclasses.replace(gpu, total_bytes=100 * MIB)
+
+
+def test_importing_the_catalog_does_not_import_torch():
+    code = "import sys, memorymark.gpus; sys.exit('torch' in sys.modules)"
+    root = Path(__file__).resolve().parents[1]
+    assert subprocess.run([sys.executable, "-c", code], cwd=root, check=False).returncode == 0
