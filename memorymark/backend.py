@@ -57,7 +57,7 @@ class Backend:
         """Start the device's own peak counters afresh (CUDA); nothing for tracked backends."""
 
     def _device_peak(self) -> tuple[int, int | None] | None:
-        """(allocated, reserved) peak bytes as the device reports them, or None to use the tracker."""
+        """(allocated, reserved) peak bytes from the device, or None to use the tracker's."""
         return None
 
     def _synchronize(self) -> None:

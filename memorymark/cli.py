@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from memorymark import gpus, models, settings as settings_mod
+from memorymark import gpus, models
+from memorymark import settings as settings_mod
 from memorymark.settings import Costs, Settings
 
 EXIT_BAD_INPUT = 2
@@ -42,12 +43,19 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", default=d.optimizer, help="adamw, sgd (momentum) or none")
     p.add_argument("--mode", default=d.mode, help="train (dropout on) or eval")
     p.add_argument("--loss", default=d.loss, help="task (from labels) or logits-mean")
-    p.add_argument("--protocol", choices=settings_mod.PROTOCOLS,
-                   help="inference-style = eval + logits.mean() + no optimizer (what simpler "
-                        "tools measure); full = train + task loss + adamw")
+    p.add_argument(
+        "--protocol",
+        choices=settings_mod.PROTOCOLS,
+        help="inference-style = eval + logits.mean() + no optimizer (what simpler "
+        "tools measure); full = train + task loss + adamw",
+    )
     p.add_argument("--gpu", help="a catalog GPU to simulate or check (see `memorymark gpus`)")
-    p.add_argument("--gpu-memory", type=float, metavar="GIB",
-                   help="total memory of a GPU not in the catalog, in GiB as PyTorch reports it")
+    p.add_argument(
+        "--gpu-memory",
+        type=float,
+        metavar="GIB",
+        help="total memory of a GPU not in the catalog, in GiB as PyTorch reports it",
+    )
     p.add_argument("--backend", default=d.backend, help="auto, cuda, mps, sim or cpu")
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
 
@@ -58,34 +66,55 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     d = Settings()
 
-    analyze = sub.add_parser("analyze", help="sweep batch sizes and report the optimal one",
-                             epilog="example: memorymark analyze bert --gpu a10 --current-batch 16")
+    analyze = sub.add_parser(
+        "analyze",
+        help="sweep batch sizes and report the optimal one",
+        epilog="example: memorymark analyze bert --gpu a10 --current-batch 16",
+    )
     _add_workload_flags(analyze)
     analyze.add_argument("--strategy", default=d.strategy, help="fast (default) or linear")
     analyze.add_argument("--step", type=_positive_int, default=d.step, help="batch granularity")
-    analyze.add_argument("--current-batch", type=_positive_int, default=d.current_batch,
-                         help="the batch size you train with today")
-    analyze.add_argument("--max-batch", type=_positive_int, default=d.max_batch,
-                         help="never try a larger batch")
-    analyze.add_argument("--price", type=float, metavar="USD_PER_HOUR",
-                         help="price of one GPU-hour (default: the GPU catalog's)")
+    analyze.add_argument(
+        "--current-batch",
+        type=_positive_int,
+        default=d.current_batch,
+        help="the batch size you train with today",
+    )
+    analyze.add_argument(
+        "--max-batch", type=_positive_int, default=d.max_batch, help="never try a larger batch"
+    )
+    analyze.add_argument(
+        "--price",
+        type=float,
+        metavar="USD_PER_HOUR",
+        help="price of one GPU-hour (default: the GPU catalog's)",
+    )
     analyze.add_argument("--hours-per-run", type=float, default=Costs().hours_per_run)
     analyze.add_argument("--runs-per-year", type=float, default=Costs().runs_per_year)
 
-    measure = sub.add_parser("measure", help="measure one training step at one batch size",
-                             epilog="example: memorymark measure gpt2 --batch-size 8 --json")
+    measure = sub.add_parser(
+        "measure",
+        help="measure one training step at one batch size",
+        epilog="example: memorymark measure gpt2 --batch-size 8 --json",
+    )
     _add_workload_flags(measure)
     measure.add_argument("--batch-size", type=_positive_int, required=True)
-    measure.add_argument("--forward-only", action="store_true",
-                         help="only the forward pass, under no_grad")
+    measure.add_argument(
+        "--forward-only", action="store_true", help="only the forward pass, under no_grad"
+    )
 
-    proof = sub.add_parser("validate-backward",
-                           help="forward-only vs forward+backward vs the full training step",
-                           epilog="example: memorymark validate-backward bert --batch-size 16")
+    proof = sub.add_parser(
+        "validate-backward",
+        help="forward-only vs forward+backward vs the full training step",
+        epilog="example: memorymark validate-backward bert --batch-size 16",
+    )
     _add_workload_flags(proof)
     proof.add_argument("--batch-size", type=_positive_int, default=16)
-    proof.add_argument("--sweeps", action="store_true",
-                       help="also find the max batch each protocol would recommend")
+    proof.add_argument(
+        "--sweeps",
+        action="store_true",
+        help="also find the max batch each protocol would recommend",
+    )
 
     for name, what in (("models", "the built-in models"), ("gpus", "the GPU catalog")):
         listing = sub.add_parser(name, help=f"list {what}", epilog=f"example: memorymark {name}")
@@ -96,9 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """The Settings that parsed flags describe (validation errors raise ValueError)."""
     fields = {
-        "model": args.model, "task": args.task, "seq_len": args.seq_len,
-        "image_size": args.image_size, "optimizer": args.optimizer, "mode": args.mode,
-        "loss": args.loss, "gpu": args.gpu, "gpu_memory_gib": args.gpu_memory,
+        "model": args.model,
+        "task": args.task,
+        "seq_len": args.seq_len,
+        "image_size": args.image_size,
+        "optimizer": args.optimizer,
+        "mode": args.mode,
+        "loss": args.loss,
+        "gpu": args.gpu,
+        "gpu_memory_gib": args.gpu_memory,
         "backend": args.backend,
     }
     for name in ("strategy", "step", "current_batch", "max_batch", "forward_only"):
@@ -136,8 +171,14 @@ def print_json(data: Any) -> None:
 def gpu_table() -> list[dict[str, Any]]:
     """The GPU catalog as rows (for `gpus`)."""
     return [
-        {"name": g.name, "total_gb": round(g.total_gib, 2), "usable_gb": round(g.usable_gib, 2),
-         "usd_per_hour": g.usd_per_hour, "bf16_tflops": g.bf16_tflops,
-         "bandwidth_gb_per_s": round(g.memory_bandwidth_bytes_per_s / 1e9), "aliases": g.aliases}
+        {
+            "name": g.name,
+            "total_gb": round(g.total_gib, 2),
+            "usable_gb": round(g.usable_gib, 2),
+            "usd_per_hour": g.usd_per_hour,
+            "bf16_tflops": g.bf16_tflops,
+            "bandwidth_gb_per_s": round(g.memory_bandwidth_bytes_per_s / 1e9),
+            "aliases": g.aliases,
+        }
         for g in gpus.CATALOG
     ]

@@ -41,16 +41,21 @@ def run(args: argparse.Namespace) -> int:
             for r in proof.results:
                 extra = "" if r.max_batch is None else f"   max batch {r.max_batch}"
                 print(f"{r.label:<42} {gib(r.peak_bytes):8.3f} GiB{extra}")
-            print(f"forward+backward / forward-only = {proof.ratio:.2f}x  {proof.verdict}"
-                  f"  (PASS is 2.0-3.0x; memory {proof.memory_source})")
+            print(
+                f"forward+backward / forward-only = {proof.ratio:.2f}x  {proof.verdict}"
+                f"  (PASS is 2.0-3.0x; memory {proof.memory_source})"
+            )
         return 0
-    costs = Costs(usd_per_hour=args.price, hours_per_run=args.hours_per_run,
-                  runs_per_year=args.runs_per_year)
+    costs = Costs(
+        usd_per_hour=args.price, hours_per_run=args.hours_per_run, runs_per_year=args.runs_per_year
+    )
     analysis = Analysis(settings)
     if not args.json:
-        print(f"{settings.model} on {analysis.gpu.name} ({analysis.backend_name}, "
-              f"{'measured' if analysis.backend.measured else 'simulated'}): usable "
-              f"{analysis.gpu.usable_gib:.2f} of {analysis.gpu.total_gib:.2f} GiB")
+        print(
+            f"{settings.model} on {analysis.gpu.name} ({analysis.backend_name}, "
+            f"{'measured' if analysis.backend.measured else 'simulated'}): usable "
+            f"{analysis.gpu.usable_gib:.2f} of {analysis.gpu.total_gib:.2f} GiB"
+        )
     for m in analysis.stream():
         if not args.json:
             _print_probe(m, analysis.gpu.usable_bytes)
@@ -65,14 +70,18 @@ def run(args: argparse.Namespace) -> int:
 def _print_probe(m: Measurement, usable_bytes: int) -> None:
     status = "fits" if m.fits else "OOM "
     share = 100 * m.peak_bytes / usable_bytes
-    print(f"  batch {m.batch_size:>6}  {status}  peak {gib(m.peak_bytes):8.3f} GiB  ({share:5.1f}%)",
-          flush=True)
+    print(
+        f"  batch {m.batch_size:>6}  {status}  peak {gib(m.peak_bytes):8.3f} GiB  ({share:5.1f}%)",
+        flush=True,
+    )
 
 
 def _print_measurement(m: Measurement) -> None:
     source = "measured" if m.measured else "simulated"
-    print(f"batch {m.batch_size}: {'fits' if m.fits else 'out of memory'}, "
-          f"peak {gib(m.peak_bytes):.3f} GiB ({source}, {m.backend})")
+    print(
+        f"batch {m.batch_size}: {'fits' if m.fits else 'out of memory'}, "
+        f"peak {gib(m.peak_bytes):.3f} GiB ({source}, {m.backend})"
+    )
     if m.breakdown:
         for name, n_bytes in m.breakdown.to_dict().items():
             print(f"  {name:<16} {gib(n_bytes):8.3f} GiB")
@@ -84,30 +93,43 @@ def _print_report(r: Report) -> None:
     d = r.to_dict()
     print()
     print(r.verdict())
-    print(f"  optimal batch size   {d['optimal_batch_size']}  ({d['optimal_memory_gb']} GiB, "
-          f"{r.memory_source})")
+    print(
+        f"  optimal batch size   {d['optimal_batch_size']}  ({d['optimal_memory_gb']} GiB, "
+        f"{r.memory_source})"
+    )
     print(f"  current batch size   {d['current_batch_size']}  ({d['current_memory_gb']} GiB)")
     print(f"  waste                {d['waste_gb']} GiB  ({d['waste_percent']}% of usable)")
-    print(f"  batch ratio          {d['speedup']}x  (optimal / current batch; throughput not "
-          f"measured)")
-    print(f"  annual savings       ${d['cost_savings_annual']:,.0f}  at ${r.usd_per_hour:.2f}/h, "
-          f"{r.costs.hours_per_run:g} h/run, {r.costs.runs_per_year:g} runs/year")
+    print(
+        f"  batch ratio          {d['speedup']}x  (optimal / current batch; throughput not "
+        f"measured)"
+    )
+    print(
+        f"  annual savings       ${d['cost_savings_annual']:,.0f}  at ${r.usd_per_hour:.2f}/h, "
+        f"{r.costs.hours_per_run:g} h/run, {r.costs.runs_per_year:g} runs/year"
+    )
     print(f"  {d['probes']} probes in {d['elapsed_seconds']:.1f} s")
 
 
 def _models(args: argparse.Namespace) -> int:
     rows = [
-        {"key": e.key, "name": e.display_name, "default_task": e.default_task,
-         "tasks": list(e.tasks), "parameters": models.parameter_count(e),
-         "max_positions": e.max_positions}
+        {
+            "key": e.key,
+            "name": e.display_name,
+            "default_task": e.default_task,
+            "tasks": list(e.tasks),
+            "parameters": models.parameter_count(e),
+            "max_positions": e.max_positions,
+        }
         for e in models.CATALOG
     ]
     if args.json:
         cli.print_json(rows)
         return 0
     for row in rows:
-        print(f"{row['key']:<12} {row['name']:<34} {row['parameters'] / 1e6:8.1f}M  "
-              f"{row['default_task']}")
+        print(
+            f"{row['key']:<12} {row['name']:<34} {row['parameters'] / 1e6:8.1f}M  "
+            f"{row['default_task']}"
+        )
     return 0
 
 
@@ -118,6 +140,8 @@ def _gpus(args: argparse.Namespace) -> int:
         return 0
     print(f"{'GPU':<12} {'total GiB':>9} {'usable GiB':>10} {'$/hour':>7} {'bf16 TFLOP/s':>12}")
     for row in rows:
-        print(f"{row['name']:<12} {row['total_gb']:>9} {row['usable_gb']:>10} "
-              f"{row['usd_per_hour']:>7} {row['bf16_tflops']:>12}")
+        print(
+            f"{row['name']:<12} {row['total_gb']:>9} {row['usable_gb']:>10} "
+            f"{row['usd_per_hour']:>7} {row['bf16_tflops']:>12}"
+        )
     return 0

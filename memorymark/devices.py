@@ -104,11 +104,15 @@ def resolve_gpu(settings: Settings, backend_name: str, cuda: ModuleType = torch.
     """The GPU whose memory the run is measured or simulated against."""
     if backend_name == "cuda":
         if not cuda_available(cuda):
-            raise ValueError("backend cuda asked for, but PyTorch sees no CUDA GPU; use --backend sim")
+            raise ValueError(
+                "backend cuda asked for, but PyTorch sees no CUDA GPU; use --backend sim"
+            )
         return detect_cuda_gpu(cuda)
     if backend_name == "mps":
         if not mps_available():
-            raise ValueError("backend mps asked for, but PyTorch sees no Apple GPU; use --backend sim")
+            raise ValueError(
+                "backend mps asked for, but PyTorch sees no Apple GPU; use --backend sim"
+            )
         total = int(torch.mps.recommended_max_memory())
         return gpus.custom_gpu(total / gpus.GIB, name="Apple GPU (MPS)")
     if settings.gpu_memory_gib is not None:
@@ -116,8 +120,13 @@ def resolve_gpu(settings: Settings, backend_name: str, cuda: ModuleType = torch.
     if settings.gpu is not None:
         return gpus.find_gpu(settings.gpu)
     if cuda_available(cuda):
-        return gpus.find_gpu(detect_cuda_gpu(cuda).name)
+        return detect_cuda_gpu(cuda)
     return gpus.find_gpu(DEFAULT_SIMULATED_GPU)
+
+
+def local_gpu(cuda: ModuleType = torch.cuda) -> gpus.GPU | None:
+    """The CUDA GPU in this machine, or None (the app offers it as the "measured" choice)."""
+    return detect_cuda_gpu(cuda) if cuda_available(cuda) else None
 
 
 # The GPU simulated when none is named and none is present: the most common cloud fine-tuning GPU.

@@ -22,14 +22,26 @@ PASS_RANGE = (2.0, 3.0)
 FAIL_BELOW = 1.2
 
 PROTOCOLS: tuple[tuple[str, str, dict[str, Any]], ...] = (
-    ("forward_only", "Forward only (no_grad, eval)",
-     {"forward_only": True, "mode": "eval", "loss": "logits-mean", "optimizer": "none"}),
-    ("forward_backward", "Forward + backward (eval, no optimizer)",
-     {"forward_only": False, "mode": "eval", "loss": "logits-mean", "optimizer": "none"}),
-    ("full_step_eval", "Full step with optimizer (eval mode)",
-     {"forward_only": False, "mode": "eval", "loss": "task"}),
-    ("full_step", "Full step with optimizer (train mode)",
-     {"forward_only": False, "mode": "train", "loss": "task"}),
+    (
+        "forward_only",
+        "Forward only (no_grad, eval)",
+        {"forward_only": True, "mode": "eval", "loss": "logits-mean", "optimizer": "none"},
+    ),
+    (
+        "forward_backward",
+        "Forward + backward (eval, no optimizer)",
+        {"forward_only": False, "mode": "eval", "loss": "logits-mean", "optimizer": "none"},
+    ),
+    (
+        "full_step_eval",
+        "Full step with optimizer (eval mode)",
+        {"forward_only": False, "mode": "eval", "loss": "task"},
+    ),
+    (
+        "full_step",
+        "Full step with optimizer (train mode)",
+        {"forward_only": False, "mode": "train", "loss": "task"},
+    ),
 )
 
 
@@ -106,7 +118,8 @@ def prove_backward(settings: Settings, batch_size: int, *, sweeps: bool = False)
             best = analysis.report().optimal
             max_batch = best.batch_size if best else 0
         results.append(
-            ProtocolResult(key=key, label=label, peak_bytes=m.peak_bytes, fits=m.fits,
-                           max_batch=max_batch)
+            ProtocolResult(
+                key=key, label=label, peak_bytes=m.peak_bytes, fits=m.fits, max_batch=max_batch
+            )
         )
     return BackwardProof(batch_size=batch_size, memory_source=source, results=tuple(results))

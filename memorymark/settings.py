@@ -44,7 +44,7 @@ class Settings:
     model: str = "bert"
     """A key of the built-in model catalog (`memorymark models`)."""
     task: str | None = None
-    """sequence-classification, causal-lm or image-classification; None takes the model's default."""
+    """sequence-classification, causal-lm or image-classification; None: the model's default."""
     seq_len: int = 128
     """Tokens per sample, for text models."""
     image_size: int = 224

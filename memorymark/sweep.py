@@ -108,8 +108,9 @@ class FastStrategy(Strategy):
         if not self._fits(second):
             yield from self._bisect(first, second)
             return
-        guess = self._snap(predict_max_batch(self.results[first], self.results[second],
-                                             self.capacity_bytes))
+        guess = self._snap(
+            predict_max_batch(self.results[first], self.results[second], self.capacity_bytes)
+        )
         yield from self._search(second, guess)
 
     def _snap(self, batch: float) -> int:
@@ -182,8 +183,9 @@ def sweep(
     """Yield one Measurement per batch size tried, in the order tried.
 
     `also` lists batch sizes the report needs measured too (the user's current batch); they are
-    measured after the search unless the search already did, or a smaller batch did not fit. The backend is released however
-    the consumer stops: use `contextlib.closing(sweep(...))` to stop early.
+    measured after the search unless the search already did, or a smaller batch did not fit.
+    The backend is released however the consumer stops: use `contextlib.closing(sweep(...))`
+    to stop early.
     """
     try:
         for batch_size in strategy.propose():
@@ -207,7 +209,5 @@ def best_fit(measurements: list[Measurement]) -> Measurement | None:
     """The largest batch measured as fitting below every batch measured as not fitting."""
     failures = [m.batch_size for m in measurements if not m.fits]
     ceiling = min(failures, default=None)
-    fits = [
-        m for m in measurements if m.fits and (ceiling is None or m.batch_size < ceiling)
-    ]
+    fits = [m for m in measurements if m.fits and (ceiling is None or m.batch_size < ceiling)]
     return max(fits, key=lambda m: m.batch_size, default=None)

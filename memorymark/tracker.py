@@ -23,7 +23,6 @@ from torch.utils._pytree import tree_leaves
 
 from memorymark.measurement import CATEGORIES, Breakdown
 
-
 _DEVICE_QUERY = torch.ops.prim.device.default
 
 
@@ -35,7 +34,9 @@ class _Record:
         self.category = category
 
 
-def simulated_oom(requested_bytes: int, live_bytes: int, budget_bytes: int) -> torch.OutOfMemoryError:
+def simulated_oom(
+    requested_bytes: int, live_bytes: int, budget_bytes: int
+) -> torch.OutOfMemoryError:
     """The error a byte budget raises: the same type as a CUDA OOM, so one handler serves both."""
     gib = 2**30
     return torch.OutOfMemoryError(

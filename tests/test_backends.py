@@ -1,0 +1,183 @@
+"""Backends: the simulation equals real CPU execution, OOM is a result, and cleanup is complete."""
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from memorymark import gpus
+from memorymark.devices import CpuBackend, DeviceBackend, open_backend, resolve_backend_name
+from memorymark.oom import StepError
+from memorymark.settings import Settings
+from memorymark.sim import SimBackend
+from memorymark.workload import Workload
+
+BIG = 8 * 2**30
+
+TINY = [
+    Settings(model="tiny-bert", seq_len=32),
+    Settings(model="tiny-gpt2", seq_len=32),
+    Settings(model="tiny-gpt2", seq_len=32, task="sequence-classification"),
+    Settings(model="tiny-resnet", image_size=32),
+    Settings(model="tiny-bert", seq_len=32, optimizer="sgd"),
+    Settings(model="tiny-bert", seq_len=32).with_protocol("inference-style"),
+]
+
+
+@pytest.mark.parametrize("settings", TINY, ids=lambda s: f"{s.model}-{s.task}-{s.optimizer}")
+def test_sim_equals_real_cpu_execution(settings):
+    sim = SimBackend(Workload(settings), capacity_bytes=BIG).measure(4)
+    cpu = CpuBackend(Workload(settings), capacity_bytes=BIG).measure(4)
+    assert sim.fits and cpu.fits
+    assert sim.peak_bytes == cpu.peak_bytes
+    assert sim.breakdown == cpu.breakdown
+    assert sim.breakdown.total == sim.peak_bytes
+
+
+def _param_bytes(settings):
+    model = Workload(settings).build_model()
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def test_adamw_keeps_two_moments_and_sgd_one_buffer(tiny_bert):
+    param_bytes = _param_bytes(tiny_bert)
+    n_tensors = len(list(Workload(tiny_bert).build_model().parameters()))
+    adamw = SimBackend(Workload(tiny_bert), capacity_bytes=BIG).measure(2).breakdown
+    sgd_settings = replace(tiny_bert, optimizer="sgd")
+    sgd = SimBackend(Workload(sgd_settings), capacity_bytes=BIG).measure(2).breakdown
+    none = (
+        SimBackend(Workload(replace(tiny_bert, optimizer="none")), capacity_bytes=BIG)
+        .measure(2)
+        .breakdown
+    )
+    # AdamW: exp_avg + exp_avg_sq per parameter, plus a 4-byte step count per tensor.
+    assert adamw.optimizer_state == 2 * param_bytes + 4 * n_tensors
+    assert sgd.optimizer_state == param_bytes
+    assert none.optimizer_state == 0
+    assert adamw.parameters == sgd.parameters
+
+
+def test_peak_grows_with_batch_and_activations_dominate_at_large_batch(tiny_bert):
+    backend = SimBackend(Workload(tiny_bert), capacity_bytes=BIG)
+    small, large = backend.measure(2), backend.measure(64)
+    assert large.peak_bytes > small.peak_bytes
+    assert large.breakdown.activations > large.breakdown.parameters
+
+
+def test_budget_oom_is_a_result_and_the_next_probe_starts_from_the_same_baseline(tiny_bert):
+    first = SimBackend(Workload(tiny_bert), capacity_bytes=BIG).measure(8)
+    backend = SimBackend(Workload(tiny_bert), capacity_bytes=first.peak_bytes)
+    before = backend.measure(8)
+    oom = backend.measure(64)
+    after = backend.measure(8)
+    assert before.fits and after.fits
+    assert not oom.fits and "simulated out of memory" in oom.error
+    assert oom.breakdown is None
+    assert after.peak_bytes == before.peak_bytes == first.peak_bytes
+    assert (
+        backend._tracker.live_bytes
+        == backend._tracker.peak_breakdown().parameters
+        + (backend._tracker.live_by_category["optimizer_state"])
+    )
+
+
+def test_weights_that_alone_exceed_the_budget_fail_at_any_batch(tiny_bert):
+    m = SimBackend(Workload(tiny_bert), capacity_bytes=10_000).measure(1)
+    assert not m.fits
+    assert "simulated out of memory" in m.error
+
+
+def test_inference_style_peak_is_far_below_the_full_training_step():
+    full = Settings(model="tiny-bert", seq_len=32)
+    inference = full.with_protocol("inference-style")
+    full_peak = SimBackend(Workload(full), capacity_bytes=BIG).measure(4).peak_bytes
+    inf_peak = SimBackend(Workload(inference), capacity_bytes=BIG).measure(4).peak_bytes
+    assert inf_peak < 0.75 * full_peak
+
+
+def test_a_bug_in_the_step_is_not_an_oom(tiny_bert, monkeypatch):
+    backend = SimBackend(Workload(tiny_bert), capacity_bytes=BIG)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("shape mismatch in layer 3")
+
+    monkeypatch.setattr(Workload, "run_step", broken)
+    with pytest.raises(StepError, match="failed at batch 4: RuntimeError: shape mismatch"):
+        backend.measure(4)
+
+
+class FakeCuda(SimpleNamespace):
+    """torch.cuda's memory API on CPU: the CUDA backend's logic runs without a GPU."""
+
+    def __init__(self, oom_above: int | None = None):
+        super().__init__(calls=[], oom_above=oom_above)
+
+    def is_available(self):
+        return True
+
+    def get_device_properties(self, index):
+        return SimpleNamespace(name="NVIDIA A10", total_memory=23609475072, major=8, minor=6)
+
+    def reset_peak_memory_stats(self):
+        self.calls.append("reset")
+
+    def max_memory_allocated(self):
+        return 1234
+
+    def max_memory_reserved(self):
+        return 4096
+
+    def synchronize(self):
+        self.calls.append("sync")
+
+    def empty_cache(self):
+        self.calls.append("empty_cache")
+
+
+def test_cuda_backend_reads_the_device_peak_and_cleans_up_after_oom(tiny_bert):
+    cuda = FakeCuda()
+    backend = DeviceBackend(
+        Workload(tiny_bert), capacity_bytes=BIG, name="cpu", device_module=cuda, peak_stats=True
+    )
+    m = backend.measure(2)
+    assert (m.peak_bytes, m.reserved_bytes, m.measured) == (1234, 4096, True)
+    assert m.step_seconds is not None and m.step_seconds > 0
+    assert cuda.calls[:2] == ["reset", "sync"]
+    assert "empty_cache" in cuda.calls
+    assert m.breakdown.total > 0  # the tracker still splits the peak
+
+
+def test_cuda_oom_is_caught_and_other_errors_are_not(tiny_bert, monkeypatch):
+    backend = DeviceBackend(
+        Workload(tiny_bert),
+        capacity_bytes=BIG,
+        name="cpu",
+        device_module=FakeCuda(),
+        peak_stats=True,
+    )
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(Workload, "run_step", oom)
+    m = backend.measure(512)
+    assert not m.fits
+    assert m.error.startswith("CUDA out of memory.")
+
+
+def test_auto_picks_cuda_for_the_local_gpu_and_sim_for_another():
+    cuda = FakeCuda()
+    assert resolve_backend_name(Settings(), cuda) == "cuda"
+    assert resolve_backend_name(Settings(gpu="a10"), cuda) == "cuda"
+    assert resolve_backend_name(Settings(gpu="h100"), cuda) == "sim"
+    assert resolve_backend_name(Settings(gpu_memory_gib=40), cuda) == "sim"
+
+
+def test_open_backend_budgets_the_simulation_with_usable_memory():
+    backend, gpu = open_backend(Settings(model="tiny-bert", gpu="h100", backend="sim"))
+    assert gpu.name == gpus.find_gpu("H100").name
+    assert backend.capacity_bytes == backend.budget_bytes == gpu.usable_bytes
+    custom_backend, custom = open_backend(Settings(model="tiny-bert", gpu_memory_gib=12))
+    assert custom.total_bytes == 12 * 2**30
+    assert custom_backend.capacity_bytes == custom.usable_bytes < custom.total_bytes

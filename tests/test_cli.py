@@ -1,0 +1,158 @@
+"""The CLI: JSON shapes, one-line errors, and every option documented in the README."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memorymark.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(capsys, *argv):
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_analyze_json_has_the_contract_fields(capsys):
+    status, out, err = run_cli(
+        capsys,
+        "analyze",
+        "tiny-bert",
+        "--seq-len",
+        "32",
+        "--gpu",
+        "t4",
+        "--backend",
+        "sim",
+        "--max-batch",
+        "256",
+        "--json",
+    )
+    assert status == 0, err
+    data = json.loads(out)
+    assert data["model_name"] == "tiny-bert"
+    assert data["device"] == data["backend"] == "sim"
+    assert data["memory_source"] == "simulated"
+    assert data["optimal_batch_size"] == 256 and data["capped_at_max_batch"]
+    assert data["current_batch_size"] == 16
+    assert data["probes"] == len(data["results"]) == 2 + 1  # 8, 16, then the cap at 256
+    assert data["settings"]["gpu"] == "t4"
+
+
+def test_measure_json(capsys):
+    status, out, _ = run_cli(
+        capsys,
+        "measure",
+        "tiny-gpt2",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--backend",
+        "sim",
+        "--json",
+    )
+    assert status == 0
+    data = json.loads(out)
+    assert set(data) >= {
+        "batch_size",
+        "success",
+        "peak_bytes",
+        "memory_gb",
+        "breakdown",
+        "step_seconds",
+        "backend",
+    }
+    assert data["step_seconds"] is None  # simulated: no time was measured
+    assert sum(data["breakdown"].values()) == data["peak_bytes"]
+    assert set(data["breakdown"]) == {
+        "parameters",
+        "gradients",
+        "optimizer_state",
+        "activations",
+        "temporary",
+    }
+
+
+def test_validate_backward_json(capsys):
+    status, out, _ = run_cli(
+        capsys,
+        "validate-backward",
+        "tiny-bert",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "8",
+        "--backend",
+        "sim",
+        "--json",
+    )
+    assert status == 0
+    data = json.loads(out)
+    assert data["forward_only_bytes"] < data["forward_backward_bytes"] < data["full_step_bytes"]
+    assert data["ratio"] == round(data["forward_backward_bytes"] / data["forward_only_bytes"], 3)
+    assert data["verdict"] in ("PASS", "WARN", "FAIL")
+
+
+def test_human_output_has_a_line_per_probe_and_the_verdict(capsys):
+    status, out, _ = run_cli(
+        capsys,
+        "analyze",
+        "tiny-bert",
+        "--seq-len",
+        "32",
+        "--gpu",
+        "a10",
+        "--max-batch",
+        "64",
+        "--backend",
+        "sim",
+    )
+    assert status == 0
+    assert len(re.findall(r"^  batch +\d+ +(fits|OOM)", out, re.M)) == 3
+    assert "optimal batch size   64" in out
+    assert "throughput not measured" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["analyze", "llama-9000"], "unknown model 'llama-9000'"),
+        (["analyze", "bert", "--task", "causal-lm"], "supports tasks"),
+        (["analyze", "bert", "--gpu", "a1000"], "unknown GPU 'a1000'"),
+        (["measure", "bert", "--batch-size", "0"], "must be at least 1"),
+        (["analyze", "bert", "--seq-len", "4096"], "exceeds bert's 512 positions"),
+        (["analyze", "bert", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_bad_input_is_one_line_and_non_zero(argv, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "memorymark", *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_every_cli_option_appears_in_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, command in sub.choices.items():
+        assert f"`{name}`" in readme or f"memorymark {name}" in readme, name
+        for action in command._actions:
+            for flag in action.option_strings:
+                if flag not in ("-h", "--help"):
+                    assert flag in readme, f"{name} {flag} is not in the README"

@@ -1,0 +1,121 @@
+"""Search strategies: the exact batch sizes each tries, and that fast and linear agree."""
+
+import contextlib
+
+import pytest
+
+from memorymark.measurement import Measurement
+from memorymark.sweep import FastStrategy, LinearStrategy, best_fit, predict_max_batch, sweep
+
+
+def affine_two_phases(batch):
+    # Small batches peak in the "optimizer" (flat 600), large ones in "backward" (7 per sample):
+    # the total peak is not affine, the timeline is.
+    return (100 + 5 * batch, 600 + batch, 50 + 7 * batch)
+
+
+def run(function_backend, strategy_cls, timeline, capacity, step=8, max_batch=4096, also=()):
+    backend = function_backend(timeline, capacity)
+    strategy = strategy_cls(step=step, max_batch=max_batch, capacity_bytes=capacity)
+    measurements = list(sweep(backend, strategy, also=also))
+    best = best_fit(measurements)
+    return (best.batch_size if best else None), backend.tried, backend
+
+
+def test_fast_traces_two_batches_predicts_verifies_and_shows_the_next_fails(function_backend):
+    # 50 + 7b <= 1000  ->  b <= 135.7, so 128 fits and 136 does not.
+    best, tried, _ = run(function_backend, FastStrategy, affine_two_phases, 1000)
+    assert best == 128
+    assert tried == [8, 16, 128, 136]
+
+
+def test_linear_walks_the_grid_until_the_first_oom(function_backend):
+    best, tried, _ = run(function_backend, LinearStrategy, affine_two_phases, 1000)
+    assert best == 128
+    assert tried == list(range(8, 137, 8))
+
+
+def test_a_line_through_two_total_peaks_would_overshoot():
+    # Peaks at 8 and 16 are both the flat "optimizer" phase (608, 616): a line through them
+    # predicts 392 samples fit, nearly 3x the truth. The per-op timeline gives 950/7 = 135.7.
+
+    def m(b):
+        t = affine_two_phases(b)
+        return Measurement(
+            batch_size=b, fits=True, peak_bytes=max(t), backend="f", measured=False, timeline=t
+        )
+
+    assert predict_max_batch(m(8), m(16), 1000) == pytest.approx(950 / 7)
+
+
+def test_fast_bisects_when_the_prediction_is_too_high(function_backend):
+    def quadratic(batch):
+        return (100 + batch * batch // 10,)
+
+    best, tried, _ = run(function_backend, FastStrategy, quadratic, 1000)
+    assert best == 88  # 100 + 88*88/10 = 874; 96 -> 1021
+    assert tried[:2] == [8, 16]
+    assert tried[-1] in (88, 96)
+    assert len(tried) <= 10
+
+
+def test_fast_gallops_when_the_prediction_is_too_low(function_backend):
+    def sublinear(batch):
+        return (100 + int(60 * batch**0.5),)
+
+    best_fast, tried, _ = run(function_backend, FastStrategy, sublinear, 1000)
+    best_linear, linear_tried, _ = run(function_backend, LinearStrategy, sublinear, 1000)
+    assert best_fast == best_linear == 224
+    assert tried[:4] == [8, 16, 88, 96]  # the prediction (88) fits, and so does 96: gallop
+    assert len(tried) == 12 < len(linear_tried) == 29
+
+
+@pytest.mark.parametrize("step", [1, 4, 8, 32])
+@pytest.mark.parametrize("capacity", [700, 1000, 5000, 123_456])
+def test_fast_and_linear_agree(function_backend, step, capacity):
+    fast, _, _ = run(function_backend, FastStrategy, affine_two_phases, capacity, step=step)
+    linear, _, _ = run(function_backend, LinearStrategy, affine_two_phases, capacity, step=step)
+    assert fast == linear
+
+
+def test_below_the_first_grid_point_both_bisect_down_to_batch_one(function_backend):
+    def heavy(batch):
+        return (900 + 30 * batch,)  # batch 3 fits (990), 4 does not
+
+    fast, fast_tried, _ = run(function_backend, FastStrategy, heavy, 1000)
+    linear, linear_tried, _ = run(function_backend, LinearStrategy, heavy, 1000)
+    assert fast == linear == 3
+    assert fast_tried == linear_tried == [8, 4, 2, 3]
+
+
+def test_nothing_fits_gives_no_answer(function_backend):
+    best, tried, _ = run(function_backend, FastStrategy, lambda b: (2000 + b,), 1000)
+    assert best is None
+    assert tried == [8, 4, 2, 1]
+
+
+def test_the_cap_stops_the_search(function_backend):
+    best, tried, _ = run(function_backend, FastStrategy, affine_two_phases, 10**9, max_batch=64)
+    assert best == 64
+    assert max(tried) == 64
+
+
+def test_the_current_batch_is_measured_unless_already_known(function_backend):
+    _, tried, _ = run(function_backend, FastStrategy, affine_two_phases, 1000, also=(16, 20))
+    assert tried == [8, 16, 128, 136, 20]
+    _, tried, _ = run(function_backend, FastStrategy, affine_two_phases, 1000, also=(500,))
+    assert 500 not in tried  # larger than a batch that already failed
+
+
+def test_stopping_early_still_releases_the_backend(function_backend):
+    backend = function_backend(affine_two_phases, 1000)
+    strategy = FastStrategy(step=8, capacity_bytes=1000)
+    with contextlib.closing(sweep(backend, strategy)) as probes:
+        next(probes)
+    assert backend.released
+    assert backend.tried == [8]
+
+
+def test_max_batch_below_step_is_rejected():
+    with pytest.raises(ValueError, match="max_batch at least step"):
+        FastStrategy(step=8, max_batch=4)
