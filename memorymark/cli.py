@@ -57,6 +57,12 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
         help="total memory of a GPU not in the catalog, in GiB as PyTorch reports it",
     )
     p.add_argument("--backend", default=d.backend, help="auto, cuda, mps, sim or cpu")
+    p.add_argument(
+        "--precision",
+        default=d.precision,
+        help="32-true, bf16-mixed, 16-mixed (autocast) or bf16-true",
+    )
+    p.add_argument("--attention", default=d.attention, help="sdpa (as CUDA dispatches it) or eager")
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
 
 
@@ -82,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument(
         "--max-batch", type=_positive_int, default=d.max_batch, help="never try a larger batch"
+    )
+    analyze.add_argument(
+        "--margin",
+        default=d.margin,
+        help='headroom kept free below usable memory: "2%%" or "512MiB"',
     )
     analyze.add_argument(
         "--price",
@@ -135,8 +146,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "gpu": args.gpu,
         "gpu_memory_gib": args.gpu_memory,
         "backend": args.backend,
+        "precision": args.precision,
+        "attention": args.attention,
     }
-    for name in ("strategy", "step", "current_batch", "max_batch", "forward_only"):
+    for name in ("strategy", "step", "current_batch", "max_batch", "margin", "forward_only"):
         if hasattr(args, name):
             fields[name] = getattr(args, name)
     settings = Settings(**fields)

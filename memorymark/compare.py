@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from memorymark import gpus
-from memorymark.devices import open_backend, resolve_gpu
+from memorymark.devices import capacity_bytes, open_backend, resolve_gpu
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
 from memorymark.settings import Costs, Settings
@@ -66,14 +66,15 @@ def compare_gpus(
 
     def fits(batch: int, gpu: GPU) -> bool:
         m = peak(batch)
-        return m.fits and m.peak_bytes <= gpu.usable_bytes
+        return m.fits and m.peak_bytes <= capacity_bytes(settings, gpu)
 
     rows = []
     with backend.session():
         first, second = max(step, 2), 2 * max(step, 2)
         small, large = peak(first), peak(second)
         for gpu in catalog:
-            best = _boundary(gpu, small, large, step, settings.max_batch, fits)
+            limit = capacity_bytes(settings, gpu)
+            best = _boundary(gpu, small, large, step, settings.max_batch, fits, limit)
             rows.append(
                 GpuFit(
                     gpu=gpu,
@@ -86,12 +87,12 @@ def compare_gpus(
     return rows, sorted(probes.values(), key=lambda m: m.batch_size)
 
 
-def _boundary(gpu, small, large, step, max_batch, fits) -> int | None:  # noqa: ANN001
+def _boundary(gpu, small, large, step, max_batch, fits, limit) -> int | None:  # noqa: ANN001
     if not fits(small.batch_size, gpu):
         below = [b for b in range(step - 1 if step > 1 else 1, 0, -1)]
         return next((b for b in below if fits(b, gpu)), None)
     if small.fits and large.fits:
-        guess = predict_max_batch(small, large, gpu.usable_bytes)
+        guess = predict_max_batch(small, large, limit)
     else:
         guess = small.batch_size
     top = max_batch // step * step

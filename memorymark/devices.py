@@ -133,12 +133,18 @@ def local_gpu(cuda: ModuleType = torch.cuda) -> gpus.GPU | None:
 DEFAULT_SIMULATED_GPU = "A10"
 
 
+def capacity_bytes(settings: Settings, gpu: gpus.GPU) -> int:
+    """Usable memory less the margin: the limit the search (and the simulated OOM) work to, so
+    the recommended batch never sits on the edge of an out-of-memory error."""
+    return gpu.usable_bytes - settings.margin_bytes(gpu.usable_bytes)
+
+
 def open_backend(settings: Settings, cuda: ModuleType = torch.cuda) -> tuple[Backend, gpus.GPU]:
     """The backend for `settings` and the GPU it answers for."""
     name = resolve_backend_name(settings, cuda)
     gpu = resolve_gpu(settings, name, cuda)
     workload = Workload(settings)
-    capacity = gpu.usable_bytes
+    capacity = capacity_bytes(settings, gpu)
     if name == "sim":
         return SimBackend(workload, capacity_bytes=capacity), gpu
     if name == "cpu":

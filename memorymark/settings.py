@@ -21,6 +21,8 @@ MODES = ("train", "eval")
 LOSSES = ("task", "logits-mean")
 BACKENDS = ("auto", "cuda", "mps", "sim", "cpu")
 STRATEGIES = ("fast", "linear")
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
+ATTENTIONS = ("sdpa", "eager")
 PROTOCOLS = ("full", "inference-style")
 
 # The largest batch any sweep tries: past it a "fits" answer is capped, and says so.
@@ -55,6 +57,11 @@ class Settings:
     """train (dropout on, batch-norm statistics updated) or eval."""
     loss: str = "task"
     """task (the model's own loss from labels) or logits-mean (what inference-style tools use)."""
+    precision: str = "32-true"
+    """Lightning's names: 32-true, bf16-mixed / 16-mixed (autocast; fp16 adds a GradScaler),
+    bf16-true (weights and optimizer state in bf16)."""
+    attention: str = "sdpa"
+    """sdpa (torch's scaled_dot_product_attention, as CUDA dispatches it) or eager (matmuls)."""
     forward_only: bool = False
     """Run the forward pass under no_grad and nothing else (used by the backward-pass proof)."""
     gpu: str | None = None
@@ -71,6 +78,9 @@ class Settings:
     """The batch size the user trains with today."""
     max_batch: int = DEFAULT_MAX_BATCH
     """The search never tries a larger batch."""
+    margin: str = "2%"
+    """Headroom kept free below usable memory: a percentage ("2%") or bytes ("512MiB", "1GiB"),
+    because an under-prediction means a crash at step one."""
 
     def __post_init__(self) -> None:
         entry = models.find_model(self.model)
@@ -88,12 +98,19 @@ class Settings:
         _choice("mode", self.mode, MODES)
         _choice("loss", self.loss, LOSSES)
         _choice("backend", self.backend, BACKENDS)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("attention", self.attention, ATTENTIONS)
+        parse_margin(self.margin, 1)
         _choice("strategy", self.strategy, STRATEGIES)
         _at_least("step", self.step, 1)
         _at_least("current_batch", self.current_batch, 1)
         _at_least("max_batch", self.max_batch, 1)
         if self.gpu_memory_gib is not None:
             _at_least("gpu_memory_gib", self.gpu_memory_gib, 1)
+
+    def margin_bytes(self, usable_bytes: int) -> int:
+        """The margin in bytes for a GPU with `usable_bytes` of usable memory."""
+        return parse_margin(self.margin, usable_bytes)
 
     @property
     def resolved_task(self) -> str:
@@ -134,6 +151,31 @@ class Settings:
     def from_query(cls, params: Mapping[str, str]) -> Settings:
         """Parse URL query parameters (strings); unknown keys are ignored, bad values raise."""
         return cls(**_parse_query(cls, params))
+
+
+_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+
+
+def parse_margin(text: str, usable_bytes: int) -> int:
+    """Bytes of a margin written as a percentage of `usable_bytes` or as a size with a unit."""
+    raw = text.strip().lower().replace(" ", "")
+    try:
+        if raw.endswith("%"):
+            percent = float(raw[:-1])
+            if not 0 <= percent < 50:
+                raise ValueError
+            return int(usable_bytes * percent / 100)
+        number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = raw[len(number) :] or "b"
+        value = float(number) * _UNITS[unit]
+        if value < 0:
+            raise ValueError
+        return int(value)
+    except (ValueError, KeyError):
+        raise ValueError(
+            f'margin must be a percentage below 50 ("2%") or a size ("512MiB", "1GiB"); '
+            f"got {text!r}"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

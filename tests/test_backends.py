@@ -143,18 +143,14 @@ def test_cuda_backend_reads_the_device_peak_and_cleans_up_after_oom(tiny_bert):
     m = backend.measure(2)
     assert (m.peak_bytes, m.reserved_bytes, m.measured) == (1234, 4096, True)
     assert m.step_seconds is not None and m.step_seconds > 0
-    assert cuda.calls[:2] == ["reset", "sync"]
-    assert "empty_cache" in cuda.calls
+    assert cuda.calls == ["reset", "sync"]  # a step that fit needs no cache flush
     assert m.breakdown.total > 0  # the tracker still splits the peak
 
 
 def test_cuda_oom_is_caught_and_other_errors_are_not(tiny_bert, monkeypatch):
+    cuda = FakeCuda()
     backend = DeviceBackend(
-        Workload(tiny_bert),
-        capacity_bytes=BIG,
-        name="cpu",
-        device_module=FakeCuda(),
-        peak_stats=True,
+        Workload(tiny_bert), capacity_bytes=BIG, name="cpu", device_module=cuda, peak_stats=True
     )
 
     def oom(*args, **kwargs):
@@ -164,6 +160,14 @@ def test_cuda_oom_is_caught_and_other_errors_are_not(tiny_bert, monkeypatch):
     m = backend.measure(512)
     assert not m.fits
     assert m.error.startswith("CUDA out of memory.")
+    assert cuda.calls == ["reset", "empty_cache"]  # cached blocks go back before the next probe
+
+    def not_oom(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(Workload, "run_step", not_oom)
+    with pytest.raises(StepError, match="illegal memory access"):
+        backend.measure(8)
 
 
 def test_auto_picks_cuda_for_the_local_gpu_and_sim_for_another():
@@ -177,7 +181,10 @@ def test_auto_picks_cuda_for_the_local_gpu_and_sim_for_another():
 def test_open_backend_budgets_the_simulation_with_usable_memory():
     backend, gpu = open_backend(Settings(model="tiny-bert", gpu="h100", backend="sim"))
     assert gpu.name == gpus.find_gpu("H100").name
-    assert backend.capacity_bytes == backend.budget_bytes == gpu.usable_bytes
+    margin = int(gpu.usable_bytes * 0.02)  # the default margin, 2%
+    assert backend.capacity_bytes == backend.budget_bytes == gpu.usable_bytes - margin
     custom_backend, custom = open_backend(Settings(model="tiny-bert", gpu_memory_gib=12))
     assert custom.total_bytes == 12 * 2**30
-    assert custom_backend.capacity_bytes == custom.usable_bytes < custom.total_bytes
+    assert custom_backend.capacity_bytes < custom.usable_bytes < custom.total_bytes
+    exact, _ = open_backend(Settings(model="tiny-bert", gpu="t4", backend="sim", margin="1GiB"))
+    assert exact.capacity_bytes == gpus.find_gpu("t4").usable_bytes - 2**30

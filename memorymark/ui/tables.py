@@ -1,0 +1,52 @@
+"""Tables the pages show: rows of plain values from engine results, pure functions, no Streamlit.
+
+Column names carry units and say which figures are simulated or estimated. Must not know how a
+page lays the table out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from memorymark.compare import GpuFit
+from memorymark.proof import BackwardProof
+from memorymark.report import gib
+
+
+def rescale_hours(rows: Sequence[GpuFit], hours_per_run: float) -> list[GpuFit]:
+    """Rows computed for a 1-hour run on the chosen GPU, scaled to `hours_per_run` (linear)."""
+    return [replace(r, est_hours_per_run=r.est_hours_per_run * hours_per_run) for r in rows]
+
+
+def compare_table(rows: Sequence[GpuFit]) -> list[dict[str, Any]]:
+    """One row per GPU: memory, max batch (simulated), price, time and cost per run (estimated)."""
+    return [
+        {
+            "GPU": r.gpu.name,
+            "Total (GiB)": round(r.gpu.total_gib, 2),
+            "Usable (GiB)": round(r.gpu.usable_gib, 2),
+            "Max batch (simulated)": r.max_batch,
+            "Peak at max batch (GiB, simulated)": gib(r.peak_bytes) if r.peak_bytes else None,
+            "$ per hour (catalog)": r.usd_per_hour,
+            "Hours per run (estimated)": round(r.est_hours_per_run, 2),
+            "$ per run (estimated)": r.est_cost_per_run_usd,
+        }
+        for r in rows
+    ]
+
+
+def proof_table(proof: BackwardProof) -> list[dict[str, Any]]:
+    """One row per protocol: peak, ratio to forward-only, and the max batch it would recommend."""
+    base = proof.peak("forward_only") or 1
+    return [
+        {
+            "Protocol": r.label,
+            f"Peak at batch {proof.batch_size} (GiB, {proof.memory_source})": gib(r.peak_bytes),
+            "x forward-only": round(r.peak_bytes / base, 2),
+            "Fits": r.fits,
+            "Max batch it recommends": r.max_batch,
+        }
+        for r in proof.results
+    ]
