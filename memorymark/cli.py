@@ -127,6 +127,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="also find the max batch each protocol would recommend",
     )
 
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="simulated vs measured memory on this machine's CUDA GPU",
+        epilog="example: memorymark calibrate --models bert gpt2 --batch-sizes 8 16",
+    )
+    calibrate.add_argument("--models", nargs="+", default=["bert", "gpt2", "resnet"])
+    calibrate.add_argument("--batch-sizes", nargs="+", type=_positive_int, default=[4, 8, 16])
+    calibrate.add_argument("--out", default="calibration", help="folder for the JSON and CSV")
+    calibrate.add_argument("--json", action="store_true", help="print the rows as JSON")
+
     for name, what in (("models", "the built-in models"), ("gpus", "the GPU catalog")):
         listing = sub.add_parser(name, help=f"list {what}", epilog=f"example: memorymark {name}")
         listing.add_argument("--json", action="store_true", help="print JSON")
@@ -165,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return commands.run(args)
     except ValueError as exc:  # bad settings, unknown model or GPU
         return _fail(str(exc), EXIT_BAD_INPUT)
-    except commands.StepError as exc:
+    except (commands.StepError, commands.NoGpuError) as exc:
         return _fail(str(exc), EXIT_STEP_FAILED)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)

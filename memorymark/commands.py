@@ -7,16 +7,19 @@ else. Split from `cli.py` so that `--help` and flag errors answer without import
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from memorymark import calibrate as calibration
 from memorymark import cli, models
 from memorymark.analysis import Analysis, measure
+from memorymark.calibrate import NoGpuError
 from memorymark.measurement import Measurement
 from memorymark.oom import StepError
 from memorymark.proof import prove_backward
 from memorymark.report import Report, gib
 from memorymark.settings import Costs
 
-__all__ = ["StepError", "run"]
+__all__ = ["NoGpuError", "StepError", "run"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
         return _models(args)
     if args.command == "gpus":
         return _gpus(args)
+    if args.command == "calibrate":
+        return _calibrate(args)
     settings = cli.settings_from_args(args)
     if args.command == "measure":
         m = measure(settings, args.batch_size)
@@ -145,3 +150,31 @@ def _gpus(args: argparse.Namespace) -> int:
             f"{row['usd_per_hour']:>7} {row['bf16_tflops']:>12}"
         )
     return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    rows = []
+    for row in calibration.calibrate(tuple(args.models), tuple(args.batch_sizes)):
+        rows.append(row)
+        if not args.json:
+            _print_calibration_row(row)
+    json_path, csv_path = calibration.write(rows, Path(args.out))
+    if args.json:
+        cli.print_json([r.to_dict() for r in rows])
+    else:
+        print(f"wrote {json_path} and {csv_path}")
+    return 0
+
+
+def _print_calibration_row(row: calibration.CalibrationRow) -> None:
+    def pct(error: float | None) -> str:
+        return "   n/a" if error is None else f"{100 * error:+6.2f}%"
+
+    measured = row.measured_allocated_bytes
+    print(
+        f"{row.model:<8} {row.protocol:<16} batch {row.batch_size:>4}  allocated sim "
+        f"{gib(row.simulated_allocated_bytes):7.3f} real "
+        f"{'OOM' if measured is None else f'{gib(measured):7.3f}'} GiB {pct(row.allocated_error)}"
+        f"  reserved {pct(row.reserved_error)}",
+        flush=True,
+    )
