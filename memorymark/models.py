@@ -23,6 +23,9 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 SEQUENCE_CLASSIFICATION = "sequence-classification"
 CAUSAL_LM = "causal-lm"
 IMAGE_CLASSIFICATION = "image-classification"
+SEQ2SEQ_LM = "seq2seq-lm"
+TEXT_CLASSIFIERS = (SEQUENCE_CLASSIFICATION,)
+DECODER_TASKS = (CAUSAL_LM, SEQUENCE_CLASSIFICATION)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +72,109 @@ CATALOG: tuple[ModelEntry, ...] = (
         tasks=(IMAGE_CLASSIFICATION,),
         default_task=IMAGE_CLASSIFICATION,
         num_labels=1000,
+    ),
+    ModelEntry(
+        key="distilbert",
+        display_name="DistilBERT-base (uncased)",
+        config_file="distilbert-base-uncased.json",
+        tasks=TEXT_CLASSIFIERS,
+        default_task=SEQUENCE_CLASSIFICATION,
+        max_positions=512,
+    ),
+    ModelEntry(
+        key="roberta",
+        display_name="RoBERTa-base",
+        config_file="roberta-base.json",
+        tasks=TEXT_CLASSIFIERS,
+        default_task=SEQUENCE_CLASSIFICATION,
+        max_positions=512,  # 514 position embeddings, two of them reserved by the padding offset
+    ),
+    ModelEntry(
+        key="bert-large",
+        display_name="BERT-large (uncased)",
+        config_file="bert-large-uncased.json",
+        tasks=TEXT_CLASSIFIERS,
+        default_task=SEQUENCE_CLASSIFICATION,
+        max_positions=512,
+    ),
+    ModelEntry(
+        key="gpt2-medium",
+        display_name="GPT-2 medium 355M",
+        config_file="gpt2-medium.json",
+        tasks=DECODER_TASKS,
+        default_task=CAUSAL_LM,
+        max_positions=1024,
+    ),
+    ModelEntry(
+        key="t5-small",
+        display_name="T5-small",
+        config_file="t5-small.json",
+        tasks=(SEQ2SEQ_LM,),
+        default_task=SEQ2SEQ_LM,
+    ),
+    ModelEntry(
+        key="vit",
+        display_name="ViT-B/16",
+        config_file="vit-base-patch16-224.json",
+        tasks=(IMAGE_CLASSIFICATION,),
+        default_task=IMAGE_CLASSIFICATION,
+        num_labels=1000,
+    ),
+    ModelEntry(
+        key="convnext",
+        display_name="ConvNeXt-Tiny",
+        config_file="convnext-tiny-224.json",
+        tasks=(IMAGE_CLASSIFICATION,),
+        default_task=IMAGE_CLASSIFICATION,
+        num_labels=1000,
+    ),
+    ModelEntry(
+        key="efficientnet",
+        display_name="EfficientNet-B0",
+        config_file="efficientnet-b0.json",
+        tasks=(IMAGE_CLASSIFICATION,),
+        default_task=IMAGE_CLASSIFICATION,
+        num_labels=1000,
+    ),
+    ModelEntry(
+        key="qwen2.5-0.5b",
+        display_name="Qwen2.5-0.5B",
+        config_file="qwen2.5-0.5b.json",
+        tasks=DECODER_TASKS,
+        default_task=CAUSAL_LM,
+        max_positions=32768,
+    ),
+    ModelEntry(
+        key="llama-3.2-1b",
+        display_name="Llama-3.2-1B",
+        config_file="llama-3.2-1b.json",
+        tasks=DECODER_TASKS,
+        default_task=CAUSAL_LM,
+        max_positions=131072,
+    ),
+    ModelEntry(
+        key="mistral-7b",
+        display_name="Mistral-7B (v0.1)",
+        config_file="mistral-7b-v0.1.json",
+        tasks=DECODER_TASKS,
+        default_task=CAUSAL_LM,
+        max_positions=32768,
+    ),
+    ModelEntry(
+        key="llama-3.1-8b",
+        display_name="Llama-3.1-8B",
+        config_file="llama-3.1-8b.json",
+        tasks=DECODER_TASKS,
+        default_task=CAUSAL_LM,
+        max_positions=131072,
+    ),
+    ModelEntry(
+        key="llama-3.1-70b",
+        display_name="Llama-3.1-70B",
+        config_file="llama-3.1-70b.json",
+        tasks=DECODER_TASKS,
+        default_task=CAUSAL_LM,
+        max_positions=131072,
     ),
     # Tiny models: seconds to measure for real on a CPU; the test suite and quick demos use them.
     ModelEntry(
@@ -127,8 +233,12 @@ def _config_dict(config_file: str) -> dict[str, Any]:
     return {k: v for k, v in data.items() if not k.startswith("_")}
 
 
-def build_model(entry: ModelEntry, task: str) -> nn.Module:
-    """A randomly initialised model for `task`, on whatever device is current (meta, cpu, cuda)."""
+def build_model(entry: ModelEntry, task: str, *, image_size: int | None = None) -> nn.Module:
+    """A randomly initialised model for `task`, on whatever device is current (meta, cpu, cuda).
+
+    `image_size` resizes models whose config fixes it (ViT's position embeddings), so they train
+    at the size asked for, as fine-tuning at another resolution does.
+    """
     import transformers
 
     config_data = dict(_config_dict(entry.config_file))
@@ -136,6 +246,8 @@ def build_model(entry: ModelEntry, task: str) -> nn.Module:
     config = transformers.AutoConfig.for_model(model_type, **config_data)
     # No KV cache: training never reads it, and it would keep every layer's keys alive.
     config.use_cache = False
+    if image_size is not None and hasattr(config, "image_size"):
+        config.image_size = image_size
     if task in (SEQUENCE_CLASSIFICATION, IMAGE_CLASSIFICATION):
         config.num_labels = entry.num_labels
     if task == SEQUENCE_CLASSIFICATION and getattr(config, "pad_token_id", None) is None:
@@ -145,6 +257,7 @@ def build_model(entry: ModelEntry, task: str) -> nn.Module:
         SEQUENCE_CLASSIFICATION: transformers.AutoModelForSequenceClassification,
         CAUSAL_LM: transformers.AutoModelForCausalLM,
         IMAGE_CLASSIFICATION: transformers.AutoModelForImageClassification,
+        SEQ2SEQ_LM: transformers.AutoModelForSeq2SeqLM,
     }[task]
     return auto_class.from_config(config)
 

@@ -47,7 +47,8 @@ class Workload:
 
     def build_model(self) -> nn.Module:
         """The model with random weights, on the current default device (meta, cpu, cuda)."""
-        return models.build_model(self.entry, self.task)
+        image_size = self.settings.image_size if self.entry.input_kind == "image" else None
+        return models.build_model(self.entry, self.task, image_size=image_size)
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
         """The optimizer the settings ask for, implemented the way CUDA picks by default."""
@@ -72,7 +73,8 @@ class Workload:
             ids = torch.zeros((batch_size, s.seq_len), dtype=torch.long, device=device)
             batch = {"input_ids": ids}
         if s.loss == "task":
-            if self.task == models.CAUSAL_LM:
+            if self.task in (models.CAUSAL_LM, models.SEQ2SEQ_LM):
+                # Seq2seq models shift labels right into decoder inputs themselves.
                 batch["labels"] = batch["input_ids"]
             else:
                 batch["labels"] = torch.zeros(batch_size, dtype=torch.long, device=device)
