@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -36,7 +37,15 @@ def _positive_int(text: str) -> int:
 
 def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     d = Settings()
-    p.add_argument("model", help=f"a catalog model: {', '.join(models.model_keys())}")
+    p.add_argument(
+        "model",
+        nargs="?",
+        help=f"a catalog model ({', '.join(models.model_keys())}), or file:PATH, hf:ORG/NAME, "
+        "timm:NAME, torchvision:NAME",
+    )
+    p.add_argument(
+        "--config-file", metavar="PATH", help="any transformers config.json (instead of MODEL)"
+    )
     p.add_argument("--task", help="sequence-classification, causal-lm or image-classification")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per sample (text)")
     p.add_argument("--image-size", type=int, default=d.image_size, help="pixels per side (images)")
@@ -143,10 +152,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _model_spec(args: argparse.Namespace) -> str:
+    if args.config_file and args.model:
+        raise ValueError("give either MODEL or --config-file, not both")
+    if args.config_file:
+        return f"file:{args.config_file}"
+    if not args.model:
+        raise ValueError("which model? give MODEL (see `memorymark models`) or --config-file PATH")
+    return args.model
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """The Settings that parsed flags describe (validation errors raise ValueError)."""
     fields = {
-        "model": args.model,
+        "model": _model_spec(args),
         "task": args.task,
         "seq_len": args.seq_len,
         "image_size": args.image_size,
@@ -168,6 +187,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the process exit status."""
+    # transformers logs advice meant for model authors (unset loss_type, ...) on stderr; on a
+    # command line it reads like an error. Users can still raise it with TRANSFORMERS_VERBOSITY.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from memorymark import commands  # the engine (and torch) load only for a real command
 
     args = build_parser().parse_args(argv)

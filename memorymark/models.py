@@ -41,6 +41,8 @@ class ModelEntry:
     """The longest sequence the model's position embeddings allow; None for image models."""
     num_labels: int = 2
     """Classes of the classification head (sequence classification: 2, as a typical fine-tune)."""
+    source: str = "catalog"
+    """catalog or config (a transformers config.json), timm, torchvision (their own builders)."""
 
     @property
     def input_kind(self) -> str:
@@ -209,7 +211,12 @@ class UnknownModelError(ValueError):
 
 
 def find_model(key: str) -> ModelEntry:
-    """The catalog entry for `key` (case-insensitive), or UnknownModelError naming the choices."""
+    """The entry for a catalog key (case-insensitive) or a `file:`, `hf:`, `timm:` or
+    `torchvision:` spec; UnknownModelError (a ValueError) names the choices."""
+    if ":" in key:
+        from memorymark import model_sources
+
+        return model_sources.resolve(key.strip())
     wanted = key.strip().lower()
     for entry in CATALOG:
         if entry.key == wanted:
@@ -218,7 +225,8 @@ def find_model(key: str) -> ModelEntry:
     close = difflib.get_close_matches(wanted, keys, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise UnknownModelError(
-        f"unknown model {key!r}; {hint}known: {', '.join(keys)} (see `memorymark models`)"
+        f"unknown model {key!r}; {hint}known: {', '.join(keys)}, or file:PATH, hf:ORG/NAME, "
+        "timm:NAME, torchvision:NAME"
     )
 
 
@@ -239,6 +247,10 @@ def build_model(entry: ModelEntry, task: str, *, image_size: int | None = None) 
     `image_size` resizes models whose config fixes it (ViT's position embeddings), so they train
     at the size asked for, as fine-tuning at another resolution does.
     """
+    if entry.source in ("timm", "torchvision"):
+        from memorymark import model_sources
+
+        return model_sources.build_library_model(entry, image_size)
     import transformers
 
     config_data = dict(_config_dict(entry.config_file))

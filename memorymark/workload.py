@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 from torch import nn
@@ -108,10 +110,10 @@ class Workload:
         batch = self.make_batch(batch_size, device)
         if s.forward_only:
             with torch.no_grad():
-                model(**batch)
+                self._forward(model, batch)
             return
         try:
-            loss = self._loss(model(**batch))
+            loss = self._loss(self._forward(model, batch))
             del batch
             on_phase(BACKWARD)
             loss.backward()
@@ -124,7 +126,17 @@ class Workload:
             # the partial gradients so the next probe starts from the same baseline.
             model.zero_grad(set_to_none=True)
 
-    def _loss(self, outputs: object) -> torch.Tensor:
+    def _forward(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> Any:
+        if self.entry.source not in ("timm", "torchvision"):
+            return model(**batch)
+        # timm and torchvision classifiers take pixels and return logits; the loss is the
+        # cross-entropy their training scripts compute.
+        logits = model(batch["pixel_values"])
+        labels = batch.get("labels")
+        loss = nn.functional.cross_entropy(logits, labels) if labels is not None else None
+        return SimpleNamespace(logits=logits, loss=loss)
+
+    def _loss(self, outputs: Any) -> torch.Tensor:
         if self.settings.loss == "logits-mean":
             return outputs.logits.mean()
         return outputs.loss

@@ -1,0 +1,190 @@
+"""Models beyond the catalog: a config.json file, a hub config, a timm or torchvision model.
+
+Each source becomes a `ModelEntry` the rest of the engine treats like a catalog model:
+
+- `file:PATH` (the CLI's `--config-file`, the app's upload): any transformers `config.json`;
+  its tasks come from the transformers auto-model mappings for its `model_type`, its default
+  task from its `architectures`;
+- `hf:ORG/NAME`: fetches only `config.json` from the Hugging Face hub (never weights), then as
+  a file; offline, one line says so and how to pass `--config-file` instead;
+- `timm:NAME`, `torchvision:NAME`: built by those libraries with no pretrained weights; both are
+  optional installs, and a missing one is a one-line error.
+
+This module resolves and describes models; it never measures anything.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from memorymark import models
+
+# Task -> transformers' auto mapping (model_type -> class name) that builds it.
+_TASK_MAPPINGS = (
+    (models.CAUSAL_LM, "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    (models.SEQUENCE_CLASSIFICATION, "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+    (models.SEQ2SEQ_LM, "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    (models.IMAGE_CLASSIFICATION, "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+)
+# Suffixes of `architectures` entries that name the task a checkpoint was trained for.
+_ARCHITECTURE_TASKS = (
+    ("ForCausalLM", models.CAUSAL_LM),
+    ("LMHeadModel", models.CAUSAL_LM),
+    ("ForSequenceClassification", models.SEQUENCE_CLASSIFICATION),
+    ("ForImageClassification", models.IMAGE_CLASSIFICATION),
+    ("ForConditionalGeneration", models.SEQ2SEQ_LM),
+    # Masked-LM checkpoints (BERT, RoBERTa) are fine-tuned as classifiers.
+    ("ForMaskedLM", models.SEQUENCE_CLASSIFICATION),
+)
+# Config keys that cap the sequence length, in the order transformers families use them.
+_POSITION_KEYS = ("max_position_embeddings", "n_positions")
+
+
+class ModelSourceError(ValueError):
+    """A model spec that cannot be resolved: bad file, unknown type, hub unreachable."""
+
+
+def resolve(spec: str) -> models.ModelEntry:
+    """The entry for a `file:`, `hf:`, `timm:` or `torchvision:` spec."""
+    prefix, _, name = spec.partition(":")
+    if not name:
+        raise ModelSourceError(f"model spec {spec!r} names nothing after '{prefix}:'")
+    if prefix == "file":
+        return from_config_file(name)
+    if prefix == "hf":
+        return from_hub(name)
+    if prefix in ("timm", "torchvision"):
+        return models.ModelEntry(
+            key=spec,
+            display_name=f"{name} ({prefix})",
+            config_file="",
+            tasks=(models.IMAGE_CLASSIFICATION,),
+            default_task=models.IMAGE_CLASSIFICATION,
+            num_labels=1000,
+            source=prefix,
+        )
+    raise ModelSourceError(
+        f"unknown model source {prefix!r}: use file:, hf:, timm: or torchvision:"
+    )
+
+
+@cache
+def from_config_file(path: str) -> models.ModelEntry:
+    """An entry for any transformers config.json on disk."""
+    data = _read_config(Path(path).expanduser())
+    model_type = data.get("model_type")
+    tasks = tasks_for(model_type)
+    if not tasks:
+        raise ModelSourceError(
+            f"{path}: model_type {model_type!r} has no sequence-classification, causal-lm, "
+            "seq2seq-lm or image-classification model in this transformers"
+        )
+    positions = [data[k] for k in _POSITION_KEYS if isinstance(data.get(k), int)]
+    labels = (
+        data.get("num_labels")
+        or len(data.get("id2label") or {})
+        or (1000 if tasks == (models.IMAGE_CLASSIFICATION,) else 2)
+    )
+    return models.ModelEntry(
+        key=f"file:{path}",
+        display_name=f"{Path(path).parent.name or Path(path).stem} ({model_type})",
+        config_file=str(Path(path).expanduser().resolve()),
+        tasks=tasks,
+        default_task=_default_task(data, tasks),
+        max_positions=positions[0] if positions and model_type != "t5" else None,
+        num_labels=int(labels),
+        source="config",
+    )
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelSourceError(f"config file {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelSourceError(f"config file {str(path)!r} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise ModelSourceError(
+            f"config file {str(path)!r} has no model_type: is it a transformers config.json?"
+        )
+    return data
+
+
+def tasks_for(model_type: str | None) -> tuple[str, ...]:
+    """The tasks transformers can build for `model_type`, in MemoryMark's task names."""
+    if not model_type:
+        return ()
+    from transformers.models.auto import modeling_auto
+
+    return tuple(
+        task
+        for task, mapping in _TASK_MAPPINGS
+        if model_type in getattr(modeling_auto, mapping, {})
+    )
+
+
+def _default_task(data: dict[str, Any], tasks: tuple[str, ...]) -> str:
+    for architecture in data.get("architectures") or ():
+        for suffix, task in _ARCHITECTURE_TASKS:
+            if architecture.endswith(suffix) and task in tasks:
+                return task
+    return tasks[0]
+
+
+@cache
+def from_hub(repo_id: str) -> models.ModelEntry:
+    """Fetch only `config.json` of `repo_id` from the Hugging Face hub, then read it."""
+    try:
+        from huggingface_hub import hf_hub_download
+
+        path = hf_hub_download(repo_id, "config.json", etag_timeout=5)
+    except Exception as exc:  # noqa: BLE001 - every failure here has the same way forward
+        reason = type(exc).__name__
+        raise ModelSourceError(
+            f"could not fetch {repo_id}'s config.json from the Hugging Face hub ({reason}); "
+            f"download it where the hub is reachable and pass --config-file PATH"
+        ) from None
+    entry = from_config_file(path)
+    return models.ModelEntry(
+        **{**_fields(entry), "key": f"hf:{repo_id}", "display_name": f"{repo_id} (hub)"}
+    )
+
+
+def _fields(entry: models.ModelEntry) -> dict[str, Any]:
+    return {name: getattr(entry, name) for name in entry.__dataclass_fields__}
+
+
+def build_library_model(entry: models.ModelEntry, image_size: int | None) -> Any:
+    """A timm or torchvision classifier with random weights (no pretrained download)."""
+    name = entry.key.partition(":")[2]
+    library = _import(entry.source)
+    if entry.source == "timm":
+        kwargs: dict[str, Any] = {"pretrained": False, "num_classes": entry.num_labels}
+        if image_size is not None:
+            kwargs["img_size"] = image_size  # only models with a fixed size (ViTs) read it
+        try:
+            return library.create_model(name, **kwargs)
+        except TypeError:
+            kwargs.pop("img_size", None)
+            return library.create_model(name, **kwargs)
+        except RuntimeError as exc:  # timm raises RuntimeError('Unknown model (...)')
+            raise ModelSourceError(f"timm has no model {name!r}: {exc}") from None
+    try:
+        return library.models.get_model(name, weights=None, num_classes=entry.num_labels)
+    except ValueError as exc:
+        raise ModelSourceError(f"torchvision has no model {name!r}: {exc}") from None
+
+
+def _import(library: str) -> Any:
+    try:
+        return importlib.import_module(library)
+    except Exception as exc:  # noqa: BLE001 - a broken install is as unusable as a missing one
+        raise ModelSourceError(
+            f"{library} is not usable here ({type(exc).__name__}: {str(exc)[:80]}); "
+            f"install a {library} that matches your torch (pip install {library})"
+        ) from None

@@ -1,0 +1,156 @@
+"""Models beyond the catalog: config files, the hub (offline here), timm and torchvision."""
+
+import json
+import sys
+import types
+
+import pytest
+from torch import nn
+
+from memorymark import model_sources, models
+from memorymark.settings import Settings
+from memorymark.sim import SimBackend
+from memorymark.workload import Workload
+
+BIG = 8 * 2**30
+
+
+def write_config(tmp_path, **data):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_a_config_file_trains_with_the_task_its_architecture_names(tmp_path):
+    path = write_config(
+        tmp_path,
+        model_type="llama",
+        architectures=["LlamaForCausalLM"],
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_hidden_layers=2,
+        vocab_size=500,
+        max_position_embeddings=64,
+    )
+    entry = models.find_model(f"file:{path}")
+    assert entry.default_task == models.CAUSAL_LM
+    assert set(entry.tasks) >= {models.CAUSAL_LM, models.SEQUENCE_CLASSIFICATION}
+    assert entry.max_positions == 64
+    m = SimBackend(Workload(Settings(model=f"file:{path}", seq_len=16)), capacity_bytes=BIG)
+    assert m.measure(2).fits
+    with pytest.raises(ValueError, match="seq_len 65 exceeds"):
+        Settings(model=f"file:{path}", seq_len=65)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"hidden_size": 3}', "has no model_type"),
+        ('{"model_type": "no-such-model"}', "model_type 'no-such-model' has no"),
+    ],
+)
+def test_a_bad_config_file_is_one_line(tmp_path, content, message):
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message) as info:
+        Settings(model=f"file:{path}")
+    assert "\n" not in str(info.value)
+
+
+def test_a_missing_config_file(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        Settings(model=f"file:{tmp_path / 'nope.json'}")
+
+
+def test_the_hub_unreachable_says_how_to_pass_a_config_file(monkeypatch):
+    import huggingface_hub
+
+    def offline(*args, **kwargs):
+        raise huggingface_hub.errors.LocalEntryNotFoundError("no connection")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    model_sources.from_hub.cache_clear()
+    with pytest.raises(ValueError, match="could not fetch org/model's config.json") as info:
+        Settings(model="hf:org/model")
+    assert "--config-file PATH" in str(info.value)
+
+
+def test_a_hub_config_is_read_like_a_file(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    path = write_config(
+        tmp_path,
+        model_type="bert",
+        hidden_size=32,
+        num_attention_heads=2,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        vocab_size=100,
+        max_position_embeddings=64,
+        architectures=["BertForMaskedLM"],
+    )
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name, **kw: path)
+    model_sources.from_hub.cache_clear()
+    entry = models.find_model("hf:someone/tiny-bert")
+    assert entry.key == "hf:someone/tiny-bert"
+    assert entry.default_task == models.SEQUENCE_CLASSIFICATION
+
+
+class TinyClassifier(nn.Module):
+    def __init__(self, num_classes):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.head = nn.Linear(8, num_classes)
+
+    def forward(self, x):
+        return self.head(self.conv(x).mean(dim=(2, 3)))
+
+
+@pytest.fixture
+def fake_timm(monkeypatch):
+    calls = []
+
+    def create_model(name, pretrained, num_classes, **kwargs):
+        calls.append((name, pretrained, num_classes))
+        if name != "convnext_tiny":
+            raise RuntimeError(f"Unknown model ({name})")
+        return TinyClassifier(num_classes)
+
+    monkeypatch.setitem(sys.modules, "timm", types.SimpleNamespace(create_model=create_model))
+    return calls
+
+
+def test_timm_models_are_built_without_pretrained_weights_and_trained(fake_timm):
+    settings = Settings(model="timm:convnext_tiny", image_size=32)
+    m = SimBackend(Workload(settings), capacity_bytes=BIG).measure(4)
+    assert m.fits and m.breakdown.optimizer_state > 0
+    assert fake_timm[0] == ("convnext_tiny", False, 1000)
+    with pytest.raises(ValueError, match="timm has no model 'nope'"):
+        models.build_model(models.find_model("timm:nope"), models.IMAGE_CLASSIFICATION)
+
+
+def test_torchvision_models_use_get_model_without_weights(monkeypatch):
+    seen = {}
+
+    def get_model(name, weights, num_classes):
+        seen.update(name=name, weights=weights)
+        return TinyClassifier(num_classes)
+
+    fake = types.SimpleNamespace(models=types.SimpleNamespace(get_model=get_model))
+    monkeypatch.setitem(sys.modules, "torchvision", fake)
+    m = SimBackend(
+        Workload(Settings(model="torchvision:resnet18", image_size=32)), capacity_bytes=BIG
+    ).measure(2)
+    assert m.fits
+    assert seen == {"name": "resnet18", "weights": None}
+
+
+def test_a_library_that_will_not_import_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # import raises ImportError
+    entry = models.find_model("torchvision:resnet18")
+    with pytest.raises(ValueError, match="torchvision is not usable here") as info:
+        models.build_model(entry, models.IMAGE_CLASSIFICATION)
+    assert "pip install torchvision" in str(info.value)
