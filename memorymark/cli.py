@@ -72,6 +72,17 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
         help="32-true, bf16-mixed, 16-mixed (autocast) or bf16-true",
     )
     p.add_argument("--attention", default=d.attention, help="sdpa (as CUDA dispatches it) or eager")
+    p.add_argument(
+        "--grad-checkpointing",
+        action="store_true",
+        help="recompute activations in backward (the model's own switch)",
+    )
+    p.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters of this rank (peft)")
+    p.add_argument(
+        "--lora-targets",
+        default="",
+        help="comma-separated modules LoRA adapts (default: per model)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
 
 
@@ -102,6 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--margin",
         default=d.margin,
         help='headroom kept free below usable memory: "2%%" or "512MiB"',
+    )
+    analyze.add_argument(
+        "--target-batch",
+        type=_positive_int,
+        help="the global batch you want: plan micro-batch x gradient accumulation for it",
+    )
+    analyze.add_argument(
+        "--format",
+        choices=("json", "text", "hf", "lightning", "torch"),
+        help="hf, lightning or torch print ready-to-paste training settings for the result",
     )
     analyze.add_argument(
         "--price",
@@ -177,8 +198,19 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "backend": args.backend,
         "precision": args.precision,
         "attention": args.attention,
+        "grad_checkpointing": args.grad_checkpointing,
+        "lora_rank": args.lora_rank,
+        "lora_targets": args.lora_targets,
     }
-    for name in ("strategy", "step", "current_batch", "max_batch", "margin", "forward_only"):
+    for name in (
+        "strategy",
+        "step",
+        "current_batch",
+        "max_batch",
+        "margin",
+        "target_batch",
+        "forward_only",
+    ):
         if hasattr(args, name):
             fields[name] = getattr(args, name)
     settings = Settings(**fields)

@@ -20,4 +20,6 @@ def optimizer_kwargs(name: str) -> dict[str, Any]:
     """
     if name in ("adamw", "sgd"):
         return {"foreach": True}
+    if name == "adamw-fused":
+        return {"fused": True}
     raise ValueError(f"no CUDA rule for optimizer {name!r}")

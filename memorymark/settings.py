@@ -16,7 +16,7 @@ from typing import Any
 
 from memorymark import models
 
-OPTIMIZERS = ("adamw", "sgd", "none")
+OPTIMIZERS = ("adamw", "adamw-fused", "sgd", "adafactor", "none")
 MODES = ("train", "eval")
 LOSSES = ("task", "logits-mean")
 BACKENDS = ("auto", "cuda", "mps", "sim", "cpu")
@@ -52,7 +52,7 @@ class Settings:
     image_size: int = 224
     """Height and width in pixels, for image models."""
     optimizer: str = "adamw"
-    """adamw, sgd (with momentum 0.9) or none (no optimizer state, no step)."""
+    """adamw, adamw-fused, sgd (momentum 0.9), adafactor, or none (no state, no step)."""
     mode: str = "train"
     """train (dropout on, batch-norm statistics updated) or eval."""
     loss: str = "task"
@@ -62,6 +62,12 @@ class Settings:
     bf16-true (weights and optimizer state in bf16)."""
     attention: str = "sdpa"
     """sdpa (torch's scaled_dot_product_attention, as CUDA dispatches it) or eager (matmuls)."""
+    grad_checkpointing: bool = False
+    """Recompute activations in backward instead of keeping them (the model's own switch)."""
+    lora_rank: int = 0
+    """Rank of LoRA adapters (peft); 0 trains every weight."""
+    lora_targets: str = ""
+    """Comma-separated module names LoRA adapts; empty takes the architecture's default."""
     forward_only: bool = False
     """Run the forward pass under no_grad and nothing else (used by the backward-pass proof)."""
     gpu: str | None = None
@@ -78,6 +84,8 @@ class Settings:
     """The batch size the user trains with today."""
     max_batch: int = DEFAULT_MAX_BATCH
     """The search never tries a larger batch."""
+    target_batch: int | None = None
+    """The global batch the user wants; the report plans micro-batch x accumulation for it."""
     margin: str = "2%"
     """Headroom kept free below usable memory: a percentage ("2%") or bytes ("512MiB", "1GiB"),
     because an under-prediction means a crash at step one."""
@@ -105,6 +113,9 @@ class Settings:
         _at_least("step", self.step, 1)
         _at_least("current_batch", self.current_batch, 1)
         _at_least("max_batch", self.max_batch, 1)
+        _at_least("lora_rank", self.lora_rank, 0)
+        if self.target_batch is not None:
+            _at_least("target_batch", self.target_batch, 1)
         if self.gpu_memory_gib is not None:
             _at_least("gpu_memory_gib", self.gpu_memory_gib, 1)
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memorymark import cuda_rules, models
+from memorymark import adapters, models, optimizers
 from memorymark.settings import Settings
 
 # Phases the step reports through `on_phase`, named for the category of what each one allocates.
@@ -48,20 +48,23 @@ class Workload:
         return self.settings.resolved_task
 
     def build_model(self) -> nn.Module:
-        """The model with random weights, on the current default device (meta, cpu, cuda)."""
-        image_size = self.settings.image_size if self.entry.input_kind == "image" else None
-        return models.build_model(self.entry, self.task, image_size=image_size)
+        """The model with random weights, on the current default device (meta, cpu, cuda),
+        with LoRA adapters and gradient checkpointing when the settings ask for them."""
+        s = self.settings
+        image_size = s.image_size if self.entry.input_kind == "image" else None
+        model = models.build_model(self.entry, self.task, image_size=image_size)
+        if s.lora_rank:
+            model = adapters.apply_lora(model, self.task, s.lora_rank, s.lora_targets)
+        if s.grad_checkpointing:
+            adapters.enable_checkpointing(model)
+        return model
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
-        """The optimizer the settings ask for, implemented the way CUDA picks by default."""
-        params = [p for p in model.parameters() if p.requires_grad]
-        name = self.settings.optimizer
-        if name == "none" or self.settings.forward_only:
+        """The optimizer the settings ask for, over the parameters that train."""
+        if self.settings.forward_only:
             return None
-        kwargs = cuda_rules.optimizer_kwargs(name)
-        if name == "adamw":
-            return torch.optim.AdamW(params, lr=1e-4, **kwargs)
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, **kwargs)
+        params = [p for p in model.parameters() if p.requires_grad]
+        return optimizers.build_optimizer(self.settings.optimizer, params)
 
     def make_batch(self, batch_size: int, device: torch.device | str) -> dict[str, torch.Tensor]:
         """Model inputs with labels; values are zeros because memory does not depend on them."""
