@@ -15,9 +15,11 @@ from memorymark.analysis import Analysis, measure
 from memorymark.calibrate import NoGpuError
 from memorymark.measurement import Measurement
 from memorymark.oom import StepError
+from memorymark.plan import plan_batches
 from memorymark.proof import prove_backward
 from memorymark.report import Report, gib
-from memorymark.settings import Costs
+from memorymark.settings import Costs, Settings
+from memorymark.snippets import snippet
 
 __all__ = ["NoGpuError", "StepError", "run"]
 
@@ -51,24 +53,37 @@ def run(args: argparse.Namespace) -> int:
                 f"  (PASS is 2.0-3.0x; memory {proof.memory_source})"
             )
         return 0
+    return _analyze(args, settings)
+
+
+def _analyze(args: argparse.Namespace, settings: Settings) -> int:
+    fmt = "json" if args.json else (args.format or "text")
     costs = Costs(
         usd_per_hour=args.price, hours_per_run=args.hours_per_run, runs_per_year=args.runs_per_year
     )
     analysis = Analysis(settings)
-    if not args.json:
+    talk = fmt == "text"
+    if talk:
         print(
             f"{settings.model} on {analysis.gpu.name} ({analysis.backend_name}, "
             f"{'measured' if analysis.backend.measured else 'simulated'}): usable "
             f"{analysis.gpu.usable_gib:.2f} of {analysis.gpu.total_gib:.2f} GiB"
         )
     for m in analysis.stream():
-        if not args.json:
+        if talk:
             _print_probe(m, analysis.gpu.usable_bytes)
     report = analysis.report(costs)
-    if args.json:
+    if fmt == "json":
         cli.print_json(report.to_dict())
-    else:
+    elif fmt == "text":
         _print_report(report)
+    else:
+        if report.optimal is None:
+            raise ValueError(
+                f"nothing fits, so there are no {fmt} settings to print: {report.verdict()}"
+            )
+        plan = plan_batches(report.optimal.batch_size, settings.target_batch)
+        print(snippet(fmt, settings, plan), end="")
     return 0
 
 
