@@ -19,7 +19,10 @@ def test_defaults_are_the_issue_defaults():
         ({"task": "causal-lm"}, "model 'bert' supports tasks sequence-classification"),
         ({"seq_len": 0}, "seq_len must be at least 1"),
         ({"seq_len": 513}, "seq_len 513 exceeds bert's 512 positions"),
-        ({"optimizer": "adam"}, "optimizer must be one of adamw, sgd, none"),
+        (
+            {"optimizer": "adam"},
+            "optimizer must be one of adamw, adamw-fused, sgd, adafactor, none",
+        ),
         ({"current_batch": 0}, "current_batch must be at least 1"),
         ({"strategy": "binary"}, "strategy must be one of fast, linear"),
     ],
