@@ -1,8 +1,9 @@
-"""Plotly figures built from engine results: pure functions, no Streamlit, unit-testable.
+"""Plotly figures of one sweep and its report: pure functions, no Streamlit, unit-testable.
 
-Owns how a sweep, a report, a GPU comparison and a backward-pass proof look: traces, colours,
-axis ranges, labels (every figure says whether its memory was measured or simulated). Must not
-know where the numbers came from or how a page lays them out. Memory is plotted in GiB (2**30).
+Owns how a sweep and a report look (traces, colours, fixed axis ranges, the least-squares fit,
+labels: every figure says whether its memory was measured or simulated) and the colours the
+other pages share. Must not know where the numbers came from or how a page lays them out.
+Memory is plotted in GiB (2**30 bytes).
 """
 
 from __future__ import annotations
@@ -11,12 +12,9 @@ import math
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from memorymark.compare import GpuFit
 from memorymark.gpus import GPU
 from memorymark.measurement import CATEGORIES, Breakdown, Measurement
-from memorymark.proof import BackwardProof
 from memorymark.report import GIB, Report
 
 GREEN = "#00ff88"
@@ -33,9 +31,10 @@ CATEGORY_COLOURS = {
 }
 # Before two batches have fitted there is no slope to extrapolate: show this many batches.
 INITIAL_X_MAX = 64
+# Title on top, legend under the plot: a long legend above it would run into the title.
 LAYOUT = dict(
-    margin=dict(l=10, r=10, t=50, b=10),
-    legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0),
+    margin=dict(l=10, r=10, t=40, b=10),
+    legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
 )
 
 
@@ -44,16 +43,22 @@ def source_label(memory_source: str) -> str:
     return "measured on the GPU" if memory_source == "measured" else "simulated (fake tensors)"
 
 
+def gib_text(n_bytes: float) -> str:
+    """Bytes as GiB for a label: two decimals from 1 GiB, three significant digits below."""
+    value = n_bytes / GIB
+    return f"{value:.2f} GiB" if value >= 1 else f"{value:.3g} GiB"
+
+
 def nice_ceiling(value: float) -> float:
-    """The smallest of 1, 2, 2.5, 5 x 10^k that is at least `value` (axis ends people read)."""
+    """The smallest round number (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 x 10^k) >= `value`."""
     if value <= 0:
         return 1.0
     power = 10 ** math.floor(math.log10(value))
-    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= value)
+    return next(m * power for m in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * power >= value)
 
 
 def affine_fit(measurements: Sequence[Measurement]) -> tuple[float, float] | None:
-    """Least-squares (intercept_bytes, bytes_per_sample) through the fitting probes, if 2+ batches."""
+    """Least squares (intercept_bytes, bytes_per_sample) over the fitting probes (2+ batches)."""
     points = [(m.batch_size, m.peak_bytes) for m in measurements if m.fits]
     if len({x for x, _ in points}) < 2:
         return None
@@ -89,9 +94,13 @@ def axis_ranges(
 
 def _hline(name: str, y_gib: float, x_range: list[float], colour: str, dash: str) -> go.Scatter:
     return go.Scatter(
-        x=x_range, y=[y_gib, y_gib], mode="lines", name=name, hoverinfo="name",
+        x=x_range,
+        y=[y_gib, y_gib],
+        mode="lines",
+        name=name,
+        hoverinfo="name",
         line=dict(color=colour, dash=dash, width=1.5),
-    )  # fmt: skip
+    )
 
 
 def _points(name: str, ms: list[Measurement], colour: str, symbol: str, size: int) -> go.Scatter:
@@ -101,9 +110,30 @@ def _points(name: str, ms: list[Measurement], colour: str, symbol: str, size: in
         mode="markers",
         name=name,
         marker=dict(color=colour, symbol=symbol, size=size, line=dict(width=1, color=WHITE)),
-        text=[m.error or f"{m.peak_bytes / GIB:.2f} GiB" for m in ms],
+        text=[m.error or gib_text(m.peak_bytes) for m in ms],
         hovertemplate="batch %{x}<br>%{text}<extra>" + name + "</extra>",
     )
+
+
+def _capacity_lines(gpu: GPU, x_range: list[float], limit_bytes: int | None) -> list[go.Scatter]:
+    lines = [
+        _hline(f"usable ({gpu.usable_gib:.2f} GiB)", gpu.usable_gib, x_range, AMBER, "dash"),
+        _hline(f"GPU total ({gpu.total_gib:.2f} GiB)", gpu.total_gib, x_range, GREY, "solid"),
+    ]
+    if limit_bytes is not None and limit_bytes < gpu.usable_bytes:
+        limit = limit_bytes / GIB
+        name = f"limit: usable less margin ({limit:.2f} GiB)"
+        lines.append(_hline(name, limit, x_range, AMBER, "dot"))
+    return lines
+
+
+def _fit_line(fit: tuple[float, float], x_range: list[float]) -> go.Scatter:
+    intercept, slope = fit
+    return go.Scatter(
+        x=x_range, y=[(intercept + slope * x) / GIB for x in x_range], mode="lines", name="fit",
+        line=dict(color=GREEN, dash="dot", width=1), opacity=0.6,
+        hovertemplate=f"fit: {slope / 2**20:.1f} MiB per sample<extra></extra>",
+    )  # fmt: skip
 
 
 def sweep_figure(
@@ -113,25 +143,24 @@ def sweep_figure(
     memory_source: str,
     max_batch: int,
     optimal: Measurement | None = None,
+    limit_bytes: int | None = None,
 ) -> go.Figure:
-    """Peak memory vs batch size: probes, OOMs (red), the fit, usable and total lines."""
+    """Peak memory vs batch size: probes, OOMs (red), the fit, usable and total lines.
+
+    `limit_bytes` (usable less the safety margin: what the search works to) adds a third line
+    when it lies below usable.
+    """
     x_range, y_range = axis_ranges(measurements, gpu, max_batch)
     ordered = sorted(measurements, key=lambda m: m.batch_size)
-    fig = go.Figure()
-    fig.add_trace(_hline(f"usable ({gpu.usable_gib:.2f} GiB)", gpu.usable_gib, x_range, AMBER, "dash"))
-    fig.add_trace(_hline(f"GPU total ({gpu.total_gib:.2f} GiB)", gpu.total_gib, x_range, GREY, "solid"))
+    fig = go.Figure(_capacity_lines(gpu, x_range, limit_bytes))
     fit = affine_fit(ordered)
     if fit is not None:
-        xs = [x_range[0], x_range[1]]
-        fig.add_trace(go.Scatter(
-            x=xs, y=[(fit[0] + fit[1] * x) / GIB for x in xs], mode="lines", name="fit",
-            line=dict(color=GREEN, dash="dot", width=1), opacity=0.6,
-            hovertemplate=f"fit: {fit[1] / 2**20:.1f} MiB per sample<extra></extra>",
-        ))  # fmt: skip
+        fig.add_trace(_fit_line(fit, x_range))
     fig.add_trace(_points("fits", [m for m in ordered if m.fits], GREEN, "circle", 9))
     fig.add_trace(_points("OOM", [m for m in ordered if not m.fits], RED, "x", 11))
     if optimal is not None:
-        fig.add_trace(_points(f"optimal (batch {optimal.batch_size})", [optimal], GREEN, "star", 18))
+        name = f"optimal (batch {optimal.batch_size})"
+        fig.add_trace(_points(name, [optimal], GREEN, "star", 18))
     fig.update_layout(
         title=f"Peak memory vs batch size on {gpu.name}: {source_label(memory_source)}",
         xaxis=dict(title="batch size", range=x_range, autorange=False),
@@ -141,38 +170,32 @@ def sweep_figure(
     return fig
 
 
+def _bar(label: str, m: Measurement | None, gpu: GPU) -> tuple[str, float, str]:
+    """(label, GiB, text) of one capacity bar; a batch that ran out of memory fills usable."""
+    if m is None or not m.fits:
+        return label, gpu.usable_gib, "out of memory"
+    share = 100 * m.peak_bytes / gpu.usable_bytes
+    return label, m.peak_bytes / GIB, f"{gib_text(m.peak_bytes)}, {share:.0f}% of usable"
+
+
 def capacity_bars(report: Report) -> go.Figure:
     """Current batch (red) vs optimal batch (green) as horizontal bars against usable memory."""
-    usable = report.gpu.usable_gib
-    labels, values, colours, texts = [], [], [], []
-    current, optimal = report.current, report.optimal
-    b = report.settings.current_batch
-    if current is not None and current.fits:
-        share = 100 * current.peak_bytes / report.gpu.usable_bytes
-        labels.append(f"current (batch {b})")
-        values.append(current.peak_bytes / GIB)
-        texts.append(f"{current.peak_bytes / GIB:.2f} GiB, {share:.0f}% of usable")
-    else:
-        labels.append(f"current (batch {b})")
-        values.append(usable)
-        texts.append("out of memory")
-    colours.append(RED)
+    gpu, optimal = report.gpu, report.optimal
+    bars = [_bar(f"current (batch {report.settings.current_batch})", report.current, gpu)]
     if optimal is not None:
-        share = 100 * optimal.peak_bytes / report.gpu.usable_bytes
-        labels.append(f"optimal (batch {optimal.batch_size})")
-        values.append(optimal.peak_bytes / GIB)
-        colours.append(GREEN)
-        texts.append(f"{optimal.peak_bytes / GIB:.2f} GiB, {share:.0f}% of usable")
+        bars.append(_bar(f"optimal (batch {optimal.batch_size})", optimal, gpu))
+    labels, values, texts = (list(column) for column in zip(*bars, strict=True))
     fig = go.Figure(go.Bar(
-        x=values, y=labels, orientation="h", marker_color=colours, text=texts,
+        x=values, y=labels, orientation="h", marker_color=[RED, GREEN][: len(bars)], text=texts,
         textposition="auto", name="peak memory",
     ))  # fmt: skip
-    fig.add_vline(x=usable, line=dict(color=AMBER, dash="dash"),
-                  annotation_text=f"usable {usable:.2f} GiB", annotation_position="top")
+    fig.add_vline(x=gpu.usable_gib, line=dict(color=AMBER, dash="dash"),
+                  annotation_text=f"usable {gpu.usable_gib:.2f} GiB",
+                  annotation_position="top left")  # fmt: skip
     fig.update_layout(
         title=f"Memory at current vs optimal batch ({report.memory_source})",
-        xaxis=dict(title="peak memory (GiB)", range=[0, report.gpu.total_gib * 1.02]),
-        yaxis=dict(autorange="reversed"), height=230, showlegend=False, **LAYOUT,
+        xaxis=dict(title="peak memory (GiB)", range=[0, gpu.total_gib * 1.02]),
+        yaxis=dict(autorange="reversed"), height=260, showlegend=False, **LAYOUT,
     )  # fmt: skip
     return fig
 
@@ -182,60 +205,20 @@ def breakdown_bar(breakdown: Breakdown, *, batch_size: int, memory_source: str) 
     fig = go.Figure()
     for name in CATEGORIES:
         value = getattr(breakdown, name) / GIB
-        fig.add_trace(go.Bar(
-            x=[value], y=[f"batch {batch_size}"], orientation="h", name=name.replace("_", " "),
-            marker_color=CATEGORY_COLOURS[name],
-            hovertemplate=f"{name.replace('_', ' ')}: {value:.3f} GiB<extra></extra>",
-        ))  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                x=[value],
+                y=[f"batch {batch_size}"],
+                orientation="h",
+                name=name.replace("_", " "),
+                marker_color=CATEGORY_COLOURS[name],
+                hovertemplate=f"{name.replace('_', ' ')}: {value:.3f} GiB<extra></extra>",
+            )
+        )
     fig.update_layout(
-        barmode="stack", height=200,
-        title=f"Memory breakdown at the optimal batch ({memory_source})",
-        xaxis=dict(title="GiB at the peak"), **LAYOUT,
-    )  # fmt: skip
-    return fig
-
-
-def compare_figure(rows: Sequence[GpuFit], *, chosen: str | None = None) -> go.Figure:
-    """Max batch (simulated) and cost per training run (estimated) for every GPU."""
-    names = [r.gpu.name for r in rows]
-    colours = [GREEN if n == chosen else "#2e8b57" for n in names]
-    fig = make_subplots(
-        rows=1, cols=2,
-        subplot_titles=("Max batch that trains (simulated)", "Cost per training run (estimated)"),
-    )  # fmt: skip
-    fig.add_trace(go.Bar(
-        x=names, y=[r.max_batch or 0 for r in rows], name="max batch", marker_color=colours,
-        text=[str(r.max_batch) if r.max_batch else "none" for r in rows], textposition="outside",
-    ), row=1, col=1)  # fmt: skip
-    fig.add_trace(go.Bar(
-        x=names, y=[r.est_cost_per_run_usd for r in rows], name="$ per run (est.)",
-        marker_color=AMBER, text=[f"${r.est_cost_per_run_usd:.2f}" for r in rows],
-        textposition="outside",
-    ), row=1, col=2)  # fmt: skip
-    fig.update_layout(height=420, showlegend=False, margin=dict(l=10, r=10, t=40, b=10))
-    return fig
-
-
-def proof_figure(proof: BackwardProof, gpu: GPU) -> go.Figure:
-    """Peak of each protocol at one batch, with its ratio to forward-only and its max batch."""
-    base = proof.peak("forward_only") or 1
-    colours = [GREY, AMBER, "#2e8b57", GREEN]
-    texts = [
-        f"{r.peak_bytes / GIB:.2f} GiB, {r.peak_bytes / base:.2f}x forward"
-        + (f", max batch {r.max_batch}" if r.max_batch is not None else "")
-        for r in proof.results
-    ]
-    fig = go.Figure(go.Bar(
-        x=[r.label for r in proof.results], y=[r.peak_bytes / GIB for r in proof.results],
-        marker_color=colours[: len(proof.results)], text=texts, textposition="outside",
-        name="peak memory",
-    ))  # fmt: skip
-    fig.add_hline(y=gpu.usable_gib, line=dict(color=AMBER, dash="dash"),
-                  annotation_text=f"usable on {gpu.name}: {gpu.usable_gib:.2f} GiB")
-    top = max([r.peak_bytes / GIB for r in proof.results] + [0.0])
-    fig.update_layout(
-        title=f"Peak at batch {proof.batch_size} by protocol ({proof.memory_source})",
-        yaxis=dict(title="peak memory (GiB)", range=[0, max(top * 1.25, 0.01)]),
-        height=440, showlegend=False, **LAYOUT,
-    )  # fmt: skip
+        barmode="stack",
+        height=260,
+        title=f"What the peak is made of, GiB ({memory_source})",
+        **LAYOUT,
+    )
     return fig

@@ -1,7 +1,8 @@
 """What the download buttons hand out: the JSON report and a CSV of the probes.
 
 Pure text from a `Report`: no Streamlit. The JSON is exactly `Report.to_dict()` (the same
-contract as `memorymark analyze --json`); the CSV has one row per probe, sorted by batch size.
+contract as `memorymark analyze --json`); the CSV has one row per probe, sorted by batch size,
+with the columns of `measure --json` (so fields the engine adds later appear by themselves).
 """
 
 from __future__ import annotations
@@ -9,14 +10,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+from typing import Any
 
-from memorymark.measurement import CATEGORIES
-from memorymark.report import Report, gib
-
-CSV_COLUMNS = (
-    "batch_size", "fits", "peak_bytes", "peak_gib", "reserved_bytes", "step_seconds",
-    "backend", "memory_source", *(f"{c}_bytes" for c in CATEGORIES), "error",
-)  # fmt: skip
+from memorymark.measurement import CATEGORIES, Measurement
+from memorymark.report import Report
 
 
 def report_json(report: Report) -> str:
@@ -24,18 +21,22 @@ def report_json(report: Report) -> str:
     return json.dumps(report.to_dict(), indent=2)
 
 
+def probe_row(m: Measurement) -> dict[str, Any]:
+    """`Measurement.to_dict()` (the `measure --json` record) flat: breakdown as `<kind>_bytes`."""
+    row = m.to_dict()
+    parts = row.pop("breakdown", None) or {}
+    row.update({f"{kind}_bytes": parts.get(kind) for kind in CATEGORIES})
+    return row
+
+
 def probes_csv(report: Report) -> str:
-    """One row per probe: batch, fit or OOM, peak bytes and GiB, breakdown bytes, error."""
+    """One row per probe, sorted by batch size, with every field a measurement records."""
+    rows = [probe_row(m) for m in sorted(report.measurements, key=lambda m: m.batch_size)]
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for m in sorted(report.measurements, key=lambda m: m.batch_size):
-        parts = m.breakdown.to_dict() if m.breakdown else {}
-        writer.writerow([
-            m.batch_size, m.fits, m.peak_bytes, gib(m.peak_bytes), m.reserved_bytes,
-            m.step_seconds, m.backend, "measured" if m.measured else "simulated",
-            *(parts.get(c, "") for c in CATEGORIES), m.error or "",
-        ])  # fmt: skip
+    if rows:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
     return out.getvalue()
 
 

@@ -12,36 +12,43 @@ from typing import TypeVar
 
 import streamlit as st
 
+from memorymark.devices import resolve_backend_name, resolve_gpu
+from memorymark.gpus import GPU
 from memorymark.settings import Settings
-from memorymark.ui.sweep_runner import device_lock, device_turn, needs_device, one_line, result_cache
+from memorymark.ui import sweep_runner
 
 T = TypeVar("T")
 
 
 def cached_result(key: Hashable) -> object | None:
     """A finished page result for `key`, from any session."""
-    return result_cache().get(key)
+    return sweep_runner.result_cache().get(key)
 
 
 def run_cached(
     key: Hashable, compute: Callable[[], T], *, settings: Settings, spinner: str
 ) -> tuple[T | None, str | None]:
     """`compute()` once per key: (result, None), or (None, a one-line error)."""
-    hit = result_cache().get(key)
+    hit = sweep_runner.result_cache().get(key)
     if hit is not None:
         return hit, None
     try:
-        real = needs_device(settings)
-        lock = device_lock()
+        real = sweep_runner.needs_device(settings)
+        lock = sweep_runner.device_lock()
         if real and lock.locked():
             st.info("Waiting for the GPU: another session is measuring on it.")
         with st.spinner(spinner):
             if real:
-                with device_turn(lock):
+                with sweep_runner.device_turn(lock):
                     value = compute()
             else:
                 value = compute()
     except Exception as exc:  # noqa: BLE001 - shown as st.error with a next step
-        return None, one_line(exc)
-    result_cache().put(key, value)
+        return None, sweep_runner.one_line(exc)
+    sweep_runner.result_cache().put(key, value)
     return value, None
+
+
+def gpu_for(settings: Settings) -> GPU:
+    """The GPU `settings` measure or simulate against (resolved as the engine does)."""
+    return resolve_gpu(settings, resolve_backend_name(settings))

@@ -13,14 +13,14 @@ from memorymark.report import GIB
 
 
 def probe_line(m: Measurement, gpu: GPU, seconds: float | None = None) -> str:
-    """`[  1.2s] batch   176  fits  20.19 GiB  96% of usable` (or the OOM's reason)."""
-    stamp = f"[{seconds:6.1f}s] " if seconds is not None else ""
+    """`[  1.2s] batch  176 fits  20.19 GiB  96%` (% of usable memory), or the OOM's reason."""
+    stamp = f"[{seconds:5.1f}s] " if seconds is not None else ""
     if m.fits:
         share = 100 * m.peak_bytes / gpu.usable_bytes
-        result = f"fits  {m.peak_bytes / GIB:7.2f} GiB  {share:3.0f}% of usable"
+        result = f"fits {m.peak_bytes / GIB:6.2f} GiB {share:3.0f}%"
     else:
-        result = f"OOM   {m.error or 'out of memory'}"
-    return f"{stamp}batch {m.batch_size:>5}  {result}"
+        result = f"OOM  {m.error or 'out of memory'}"
+    return f"{stamp}batch {m.batch_size:>4} {result}"
 
 
 def log_text(
@@ -30,9 +30,9 @@ def log_text(
     seconds: Sequence[float] | None = None,
     footer: str | None = None,
 ) -> str:
-    """The whole log: a `$` header line, one line per probe in the order tried, a footer."""
+    """The whole log: a `$` header, a legend, one line per probe in the order tried, a footer."""
     stamps: Sequence[float | None] = seconds if seconds is not None else [None] * len(measurements)
-    lines = [f"$ {header}"]
+    lines = [f"$ {header}", "# peak of one full training step; % of usable memory"]
     lines += [probe_line(m, gpu, s) for m, s in zip(measurements, stamps, strict=False)]
     if footer:
         lines.append(footer)

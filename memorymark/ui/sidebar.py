@@ -13,7 +13,8 @@ from typing import Any
 
 import streamlit as st
 
-from memorymark import gpus, models, settings as settings_mod
+from memorymark import gpus, models
+from memorymark import settings as settings_mod
 from memorymark.devices import DEFAULT_SIMULATED_GPU, local_gpu
 from memorymark.gpus import GPU
 from memorymark.settings import Costs, Settings
@@ -21,9 +22,12 @@ from memorymark.settings import Costs, Settings
 LOCAL = "this machine"
 CUSTOM = "custom"
 DEFAULT_CUSTOM_GIB = 24.0
+# Slider ends: a week of GPU time per run, and more than one run a day. A link may ask for more;
+# the slider then stretches to hold it.
+HOURS_MAX, RUNS_MAX = 168.0, 500.0
 SETTING_FIELDS = tuple(f.name for f in fields(Settings))
 COST_FIELDS = tuple(f.name for f in fields(Costs))
-STATE_KEYS = (*SETTING_FIELDS, *COST_FIELDS, "gpu_choice", "price_for")
+STATE_KEYS = (*SETTING_FIELDS, *COST_FIELDS, "gpu_choice", "price_for", "model_spec")
 
 
 def key(name: str) -> str:
@@ -70,6 +74,8 @@ def _seed_from_url() -> None:
         c = Costs()
     values: dict[str, Any] = {**s.to_dict(), **c.to_dict()}
     values["task"] = s.resolved_task
+    spec = ":" in s.model  # hf:, timm:, torchvision: models go in the text box
+    values["model"], values["model_spec"] = (Settings().model, s.model) if spec else (s.model, "")
     values["gpu_memory_gib"] = s.gpu_memory_gib or DEFAULT_CUSTOM_GIB
     values["gpu_choice"] = choice
     values["price_for"] = choice if c.usd_per_hour is not None else None
@@ -106,25 +112,53 @@ def _selected_gpu(choice: str, custom_gib: float) -> GPU:
     return gpus.find_gpu(choice)
 
 
-def _model_inputs(sb: Any) -> dict[str, Any]:
-    model = sb.selectbox("Model", models.model_keys(), key=key("model"),
-                         format_func=lambda k: models.find_model(k).display_name)  # fmt: skip
-    entry = models.find_model(model)
-    if st.session_state.get(key("task")) not in entry.tasks:
-        st.session_state[key("task")] = entry.default_task
+def _chosen_entry() -> models.ModelEntry | None:
+    """The model the sidebar names (its text box first), or None if it names none."""
+    spec = str(st.session_state.get(key("model_spec"), "")).strip()
+    try:
+        return models.find_model(spec or st.session_state[key("model")])
+    except ValueError:
+        return None
+
+
+def _size_inputs(sb: Any, entry: models.ModelEntry) -> None:
     if entry.input_kind == "image":
         sb.number_input("Image size (pixels per side)", min_value=8, step=16, key=key("image_size"))
-    else:
-        top = entry.max_positions or 1_000_000
-        st.session_state[key("seq_len")] = min(int(st.session_state[key("seq_len")]), top)
-        sb.number_input(f"Sequence length (tokens, at most {top})", min_value=1, max_value=top,
-                        step=32, key=key("seq_len"))  # fmt: skip
+        return
+    top = entry.max_positions or 1_000_000
+    st.session_state[key("seq_len")] = min(int(st.session_state[key("seq_len")]), top)
+    sb.number_input(
+        f"Sequence length (tokens, at most {top})",
+        min_value=1,
+        max_value=top,
+        step=32,
+        key=key("seq_len"),
+    )
+
+
+def _model_inputs(sb: Any) -> dict[str, Any]:
+    model = sb.selectbox(
+        "Model",
+        models.model_keys(),
+        key=key("model"),
+        format_func=lambda k: models.find_model(k).display_name,
+    )
+    spec = sb.text_input(
+        "...or another model", key=key("model_spec"), placeholder="hf:ORG/NAME or timm:NAME",
+        help="hf:ORG/NAME (only its config.json is fetched), timm:NAME or torchvision:NAME",
+    ).strip()  # fmt: skip
+    entry = _chosen_entry()
+    if entry is None:
+        return {"model": spec}  # Settings says what is wrong, as an st.error
+    if st.session_state.get(key("task")) not in entry.tasks:
+        st.session_state[key("task")] = entry.default_task
+    _size_inputs(sb, entry)
+    task = st.session_state[key("task")]
     try:
-        sb.caption(f"{parameter_count(model, st.session_state[key('task')]) / 1e6:,.1f}M parameters")
+        sb.caption(f"{parameter_count(spec or model, task) / 1e6:,.1f}M parameters")
     except Exception:  # noqa: BLE001 - the count is a nicety; Settings reports real problems
         pass
-    task = st.session_state[key("task")]
-    return {"model": model, "task": None if task == entry.default_task else task}
+    return {"model": spec or model, "task": None if task == entry.default_task else task}
 
 
 def _gpu_inputs(sb: Any) -> tuple[dict[str, Any], GPU]:
@@ -135,11 +169,17 @@ def _gpu_inputs(sb: Any) -> tuple[dict[str, Any], GPU]:
     choice = sb.selectbox("GPU", options, key=key("gpu_choice"), format_func=_gpu_label)
     custom_gib = DEFAULT_CUSTOM_GIB
     if choice == CUSTOM:
-        custom_gib = sb.number_input("GPU memory (GiB, as PyTorch reports it)", min_value=1.0,
-                                     max_value=gpus.MAX_CUSTOM_GIB, key=key("gpu_memory_gib"))  # fmt: skip
+        custom_gib = sb.number_input(
+            "GPU memory (GiB, as PyTorch reports it)",
+            min_value=1.0,
+            max_value=gpus.MAX_CUSTOM_GIB,
+            key=key("gpu_memory_gib"),
+        )
     if local is None:
-        sb.caption(f"No GPU on this machine: every figure is simulated on fake tensors "
-                   f"(default: {DEFAULT_SIMULATED_GPU}).")  # fmt: skip
+        sb.caption(
+            f"No GPU on this machine: every figure is simulated on fake tensors "
+            f"(default: {DEFAULT_SIMULATED_GPU})."
+        )
     values = {
         "gpu": None if choice in (LOCAL, CUSTOM) else choice,
         "gpu_memory_gib": float(custom_gib) if choice == CUSTOM else None,
@@ -147,27 +187,61 @@ def _gpu_inputs(sb: Any) -> tuple[dict[str, Any], GPU]:
     return values, _selected_gpu(choice, custom_gib)
 
 
-def _training_inputs(sb: Any) -> dict[str, Any]:
+def _training_inputs(sb: Any) -> None:
     sb.selectbox("Optimizer", settings_mod.OPTIMIZERS, key=key("optimizer"))
+    sb.selectbox(
+        "Precision",
+        settings_mod.PRECISIONS,
+        key=key("precision"),
+        help="Lightning's names: autocast (-mixed) or weights in bf16 (bf16-true)",
+    )
     sb.radio("Mode", settings_mod.MODES, key=key("mode"), horizontal=True)
-    sb.number_input("Current batch size (what you train with today)", min_value=1,
-                    key=key("current_batch"))  # fmt: skip
-    sb.radio("Search strategy", settings_mod.STRATEGIES, key=key("strategy"), horizontal=True,
-             help="fast: trace two batches, predict, verify, bisect. linear: 8, 16, 24, ... "
-                  "until the first OOM (the prototype's protocol).")  # fmt: skip
+    sb.number_input(
+        "Current batch size (what you train with today)", min_value=1, key=key("current_batch")
+    )
+    sb.radio(
+        "Search strategy",
+        settings_mod.STRATEGIES,
+        key=key("strategy"),
+        horizontal=True,
+        help="fast: trace two batches, predict, verify, bisect. linear: 8, 16, 24, ... "
+        "until the first OOM (the prototype's protocol).",
+    )
     with sb.expander("Advanced"):
-        entry = models.find_model(st.session_state[key("model")])
+        _advanced_inputs()
+
+
+def _advanced_inputs() -> None:
+    entry = _chosen_entry()
+    if entry is not None:
         st.selectbox("Task", entry.tasks, key=key("task"))
-        st.selectbox("Loss", settings_mod.LOSSES, key=key("loss"),
-                     help="logits-mean is what inference-style tools measure")  # fmt: skip
-        st.selectbox("Backend", settings_mod.BACKENDS, key=key("backend"),
-                     help="auto: this machine's GPU when it is the one chosen, else simulated")
-        st.number_input("Batch step", min_value=1, key=key("step"))
-        st.number_input("Largest batch to try", min_value=1, key=key("max_batch"))
-        st.checkbox("Forward pass only (no_grad)", key=key("forward_only"))
-    names = ("optimizer", "mode", "current_batch", "strategy", "loss", "backend", "step",
-             "max_batch", "forward_only", "seq_len", "image_size")  # fmt: skip
-    return {n: st.session_state[key(n)] for n in names}
+    st.selectbox(
+        "Loss",
+        settings_mod.LOSSES,
+        key=key("loss"),
+        help="logits-mean is what inference-style tools measure",
+    )
+    st.selectbox("Attention", settings_mod.ATTENTIONS, key=key("attention"))
+    st.selectbox(
+        "Backend",
+        settings_mod.BACKENDS,
+        key=key("backend"),
+        help="auto: this machine's GPU when it is the one chosen, else simulated",
+    )
+    st.number_input("Batch step", min_value=1, key=key("step"))
+    st.number_input("Largest batch to try", min_value=1, key=key("max_batch"))
+    st.text_input(
+        "Safety margin below usable memory",
+        key=key("margin"),
+        help='A percentage ("2%") or a size ("512MiB"): headroom the answer keeps',
+    )
+    st.checkbox("Forward pass only (no_grad)", key=key("forward_only"))
+
+
+def _slider(sb: Any, label: str, name: str, top: float, step: float, **kwargs: Any) -> None:
+    value = float(st.session_state[key(name)])
+    st.session_state[key(name)] = value
+    sb.slider(label, 0.0, max(top, math.ceil(value)), step=step, key=key(name), **kwargs)
 
 
 def _cost_inputs(sb: Any, gpu: GPU, show: bool) -> Costs:
@@ -177,13 +251,17 @@ def _cost_inputs(sb: Any, gpu: GPU, show: bool) -> Costs:
         st.session_state[key("usd_per_hour")] = gpu.usd_per_hour
     if show:
         sb.header("Cost calculator")
-        price = float(st.session_state[key("usd_per_hour")] or gpu.usd_per_hour)
-        top = float(max(10, math.ceil(2 * gpu.usd_per_hour), math.ceil(price)))
-        st.session_state[key("usd_per_hour")] = price
-        sb.slider("Price per GPU-hour ($)", 0.0, top, step=0.01, key=key("usd_per_hour"),
-                  help=f"Default: the catalog price of {gpu.name}, ${gpu.usd_per_hour:.2f}")
-        sb.slider("Hours per training run", 0.0, 500.0, step=0.5, key=key("hours_per_run"))
-        sb.slider("Training runs per year", 0.0, 1000.0, step=1.0, key=key("runs_per_year"))
+        top = float(max(10, math.ceil(2 * gpu.usd_per_hour)))
+        _slider(
+            sb,
+            "Price per GPU-hour ($)",
+            "usd_per_hour",
+            top,
+            0.01,
+            help=f"Default: the catalog price of {gpu.name}, ${gpu.usd_per_hour:.2f}",
+        )
+        _slider(sb, "Hours per training run", "hours_per_run", HOURS_MAX, 0.5)
+        _slider(sb, "Training runs per year", "runs_per_year", RUNS_MAX, 1.0)
     price = float(st.session_state[key("usd_per_hour")])
     return Costs(
         usd_per_hour=None if math.isclose(price, gpu.usd_per_hour) else price,
@@ -200,9 +278,12 @@ def settings_sidebar(*, costs: bool = True) -> tuple[Settings | None, Costs]:
     for message in st.session_state.get(key("url_errors"), []):
         sb.warning(f"Ignored the link's settings: {message}. Defaults are shown instead.")
     sb.header("Settings")
-    values = _model_inputs(sb)
+    model_values = _model_inputs(sb)
     gpu_values, gpu = _gpu_inputs(sb)
-    values |= gpu_values | _training_inputs(sb)
+    _training_inputs(sb)
+    # Every field from its widget's state; one without a widget keeps what the link said.
+    values = {n: st.session_state[key(n)] for n in SETTING_FIELDS if key(n) in st.session_state}
+    values |= model_values | gpu_values
     chosen_costs = _cost_inputs(sb, gpu, costs)
     try:
         chosen = Settings(**values)

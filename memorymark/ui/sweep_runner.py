@@ -10,6 +10,7 @@ how anything is drawn.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections import OrderedDict
@@ -35,7 +36,7 @@ RUNNING_STATES = ("starting", "waiting", "running")
 class ResultCache:
     """Finished results by key (most recently used last, at most `size`); thread-safe."""
 
-    def __init__(self, size: int = 64) -> None:
+    def __init__(self, size: int = 32) -> None:
         self._items: OrderedDict[Hashable, Any] = OrderedDict()
         self._lock = threading.Lock()
         self.size = size
@@ -78,6 +79,13 @@ def one_line(exc: BaseException) -> str:
     """An exception as one line a person can read (its type only when the message is empty)."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def slim(report: Report) -> Report:
+    """The report without each probe's per-operator timeline (kB each; nothing here draws it)."""
+    return dataclasses.replace(
+        report, measurements=tuple(dataclasses.replace(m, timeline=()) for m in report.measurements)
+    )
 
 
 @contextlib.contextmanager
@@ -165,7 +173,7 @@ class SweepJob:
         if self.cancel_event.is_set():
             self.state = "cancelled"
             return
-        self.report = analysis.report()
+        self.report = slim(analysis.report())
         self.cache.put(self.settings, self.report)
         self.state = "done"
 

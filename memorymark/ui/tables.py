@@ -50,3 +50,23 @@ def proof_table(proof: BackwardProof) -> list[dict[str, Any]]:
         }
         for r in proof.results
     ]
+
+
+def proof_summary(proof: BackwardProof) -> str:
+    """One sentence: what the inference-style protocol recommends vs what training allows."""
+    by_key = {r.key: r for r in proof.results}
+    style, full = by_key["forward_backward"], by_key["full_step"]
+    peaks = f"peaks {gib(full.peak_bytes):.2f} GiB vs {gib(style.peak_bytes):.2f} GiB"
+    if style.max_batch is None or full.max_batch is None:
+        return f"At batch {proof.batch_size} the full training step {peaks} for inference-style."
+    if style.max_batch > full.max_batch:
+        return (
+            f"Inference-style measuring recommends batch {style.max_batch}, but the full "
+            f"training step trains only up to batch {full.max_batch}: the larger batch would "
+            f"run out of memory at the first optimizer step ({peaks} at batch "
+            f"{proof.batch_size})."
+        )
+    return (
+        f"Both protocols allow batch {full.max_batch} here, yet the full "
+        f"step {peaks} at batch {proof.batch_size}."
+    )

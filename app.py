@@ -1,0 +1,67 @@
+"""MemoryMark's main page: pick a model and a GPU, watch the sweep live, see waste and savings.
+
+`streamlit run app.py` starts here. A thin page: sidebar widgets -> Settings/Costs -> a sweep on
+a worker thread -> views; it also names the pages in the navigation. Everything it draws comes
+from `memorymark.ui`; it never touches tensors or torch.cuda.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from memorymark.ui import sidebar, sweep_runner, views
+
+
+def analyze_page() -> None:
+    """Settings in the sidebar, Analyze / Cancel, the live sweep, then the results."""
+    settings, costs = sidebar.settings_sidebar()
+    st.title("MemoryMark")
+    st.caption(
+        "The largest batch size that really trains: a full training step (forward, loss, "
+        "backward, optimizer) at increasing batch sizes, measured on this GPU or simulated "
+        "for a catalog GPU."
+    )
+    if settings is None:
+        return
+    job = sweep_runner.current_job()
+    running = job is not None and job.running
+    analyze_col, cancel_col, _ = st.columns([1, 1, 6])
+    if analyze_col.button("Analyze", type="primary", disabled=running, key="analyze"):
+        sweep_runner.start_sweep(settings)
+        st.rerun()
+    if cancel_col.button("Cancel", disabled=not running, key="cancel") and job is not None:
+        job.cancel()
+
+    report = sweep_runner.cached_report(settings)
+    if running:
+        if job.settings != settings:
+            st.caption("Showing the sweep in progress: it runs the settings before your change.")
+        views.live_sweep(job)
+    elif report is not None:
+        views.finished_sweep(report, job)
+        views.results(report.with_costs(costs))
+    elif job is not None and job.settings == settings and job.state in ("failed", "cancelled"):
+        views.live_sweep(job)
+        if job.state == "failed":
+            views.show_error(job.error or "unknown error")
+        else:
+            st.warning("Sweep cancelled. Click Analyze to run it again.")
+    else:
+        st.info("Choose a model, a GPU and your current batch size in the sidebar, then click "
+                "**Analyze**.")  # fmt: skip
+
+
+st.set_page_config(page_title="MemoryMark", page_icon=":material/memory:", layout="wide")
+PAGES = [
+    st.Page(analyze_page, title="Analyze", icon=":material/memory:", default=True),
+    st.Page("pages/1_Compare_GPUs.py", title="Compare GPUs", icon=":material/compare:"),
+    st.Page("pages/2_Backward_pass_proof.py", title="Backward-pass proof",
+            icon=":material/functions:"),
+]  # fmt: skip
+# Our own links, drawn by the first run: the built-in menu would first list pages/ by file name
+# and, clicked in that first second, switch the session to that stale menu for good.
+current = st.navigation(PAGES, position="hidden")
+for page in PAGES:
+    st.sidebar.page_link(page)
+st.sidebar.divider()
+current.run()

@@ -1,0 +1,52 @@
+"""Compare GPUs: one model and its settings across the whole GPU catalog, from one set of probes.
+
+A thin page: sidebar -> Settings -> `compare_gpus` (cached) -> table and chart from memorymark.ui.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import streamlit as st
+
+from memorymark.compare import compare_gpus
+from memorymark.settings import Costs
+from memorymark.ui import page_charts, page_runs, sidebar, tables, views
+
+st.set_page_config(page_title="Compare GPUs · MemoryMark", layout="wide")
+settings, costs = sidebar.settings_sidebar()
+st.title("Compare GPUs")
+st.caption(
+    "The largest batch that trains on every catalog GPU. Memory is affine in batch size, "
+    "so one set of simulated probes serves every GPU: no sweep per GPU."
+)
+if settings is None:
+    st.stop()
+
+# Priced for a 1-hour run, then scaled: the hours slider never re-runs the probes.
+key = ("compare", replace(settings, current_batch=1))
+if page_runs.cached_result(key) is None and not st.button("Compare every GPU", type="primary"):
+    st.info("Click **Compare every GPU** to simulate this model across the catalog.")
+    st.stop()
+found, error = page_runs.run_cached(
+    key,
+    lambda: compare_gpus(settings, Costs(hours_per_run=1.0)),
+    settings=settings,
+    spinner="Simulating one set of probes for every GPU...",
+)
+if error is not None:
+    views.show_error(error)
+    st.stop()
+rows, probes = found
+rows = tables.rescale_hours(rows, costs.hours_per_run)
+chosen = page_runs.gpu_for(settings).name
+st.plotly_chart(
+    page_charts.compare_figure(rows, chosen=chosen), key="compare_chart", width="stretch"
+)
+st.dataframe(tables.compare_table(rows), hide_index=True, width="stretch", height="content")
+st.caption(
+    f"Memory simulated on fake tensors from {len(probes)} probes shared by all GPUs. Hours "
+    f"and cost per run are estimated: your {costs.hours_per_run:g} h per run, scaled by "
+    "peak bf16 TFLOP/s against the GPU chosen in the sidebar; prices are catalog "
+    "on-demand defaults."
+)

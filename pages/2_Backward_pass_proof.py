@@ -1,0 +1,50 @@
+"""Backward-pass proof: why inference-style numbers crash real training, on one batch size.
+
+A thin page: sidebar -> Settings -> `prove_backward` (cached) -> chart and table from memorymark.ui.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from memorymark.proof import prove_backward
+from memorymark.ui import charts, page_charts, page_runs, sidebar, tables, views
+
+st.set_page_config(page_title="Backward-pass proof · MemoryMark", layout="wide")
+settings, _ = sidebar.settings_sidebar(costs=False)
+st.title("Backward-pass proof")
+st.caption(
+    "Four steps at your current batch size: forward only, forward + backward with no "
+    "optimizer (what simpler tools measure), the full step in eval mode, and the full "
+    "training step. Each bar says the largest batch that protocol would recommend."
+)
+if settings is None:
+    st.stop()
+
+batch = settings.current_batch
+key = ("proof", settings, batch)
+if page_runs.cached_result(key) is None and not st.button("Run the proof", type="primary"):
+    st.info(
+        f"Click **Run the proof** to measure the four protocols at batch {batch} "
+        "(the sidebar's current batch size)."
+    )
+    st.stop()
+proof, error = page_runs.run_cached(
+    key,
+    lambda: prove_backward(settings, batch, sweeps=True),
+    settings=settings,
+    spinner="Measuring four protocols and sweeping each one...",
+)
+if error is not None:
+    views.show_error(error)
+    st.stop()
+st.metric(
+    f"Forward+backward / forward-only ({proof.memory_source})",
+    f"{proof.ratio:.2f}x",
+    help=f"Prototype check: {proof.verdict} (2-3x expected when backward is measured)",
+)
+gpu = page_runs.gpu_for(settings)
+st.plotly_chart(page_charts.proof_figure(proof, gpu), key="proof_chart", width="stretch")
+st.dataframe(tables.proof_table(proof), hide_index=True, width="stretch")
+st.info(tables.proof_summary(proof))
+st.caption(f"Memory {charts.source_label(proof.memory_source)}; max batches against {gpu.name}.")

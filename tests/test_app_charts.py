@@ -1,0 +1,220 @@
+"""The app's pure builders: figures, tables, downloads and the probe log, from engine objects."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from memorymark import gpus
+from memorymark.compare import GpuFit
+from memorymark.measurement import Breakdown, Measurement
+from memorymark.proof import BackwardProof, ProtocolResult
+from memorymark.report import GIB, Report
+from memorymark.settings import Costs, Settings
+from memorymark.ui import charts, downloads, page_charts, probe_log, tables
+
+A10 = gpus.find_gpu("A10")
+MIB = 2**20
+
+
+def probe(batch: int, *, fits: bool = True, per_sample: int = 100 * MIB) -> Measurement:
+    """A measurement whose peak is 1 GiB + per_sample * batch (an exactly affine model)."""
+    peak = GIB + per_sample * batch
+    breakdown = Breakdown(parameters=GIB // 2, optimizer_state=GIB // 2, activations=peak - GIB)
+    return Measurement(
+        batch_size=batch,
+        fits=fits,
+        peak_bytes=peak,
+        backend="sim",
+        measured=False,
+        breakdown=breakdown if fits else None,
+        error=None if fits else "simulated out of memory",
+    )
+
+
+def by_name(fig, name: str):  # noqa: ANN001, ANN201 - a plotly figure and its trace
+    return next(t for t in fig.data if t.name == name)
+
+
+def sample_report(batches=(8, 16, 192, 200), current: int = 16) -> Report:  # noqa: ANN001
+    ms = tuple(probe(b, fits=b < 200) for b in batches)
+    settings = Settings(model="tiny-bert", gpu="A10", current_batch=current)
+    return Report(settings=settings, costs=Costs(), gpu=A10, backend="sim", measurements=ms,
+                  elapsed_seconds=1.5)  # fmt: skip
+
+
+def test_affine_fit_recovers_the_line_through_fitting_probes_only() -> None:
+    intercept, slope = charts.affine_fit([probe(8), probe(16), probe(64), probe(200, fits=False)])
+    assert intercept == pytest.approx(GIB)
+    assert slope == pytest.approx(100 * MIB)
+
+
+def test_affine_fit_needs_two_distinct_batches() -> None:
+    assert charts.affine_fit([probe(8)]) is None
+    assert charts.affine_fit([probe(8), probe(16, fits=False)]) is None
+
+
+def test_nice_ceiling_rounds_up_to_a_readable_number() -> None:
+    assert [charts.nice_ceiling(v) for v in (0, 7, 23, 101, 336, 4300)] == [
+        1,
+        8,
+        25,
+        120,
+        400,
+        5000,
+    ]
+
+
+def test_axis_ranges_are_fixed_once_two_batches_fit() -> None:
+    first = [probe(8), probe(16)]
+    x_range, y_range = charts.axis_ranges(first, A10, max_batch=4096)
+    # 1 GiB + 0.1 GiB * b reaches the A10's 21.99 GiB total at b ~ 210; 5% margin, rounded up.
+    assert x_range == [0.0, 250.0]
+    assert y_range == [0.0, pytest.approx(A10.total_bytes / GIB * 1.08)]
+    later = [*first, probe(192), probe(200, fits=False)]
+    assert charts.axis_ranges(later, A10, max_batch=4096) == (x_range, y_range)
+
+
+def test_axis_ranges_start_small_are_capped_by_max_batch_and_widen_for_outliers() -> None:
+    assert charts.axis_ranges([probe(8)], A10, 4096)[0] == [0.0, 80.0]
+    assert charts.axis_ranges([probe(8), probe(16)], A10, 64)[0] == [0.0, 80.0]
+    tiny = [probe(8, per_sample=MIB), probe(16, per_sample=MIB), probe(4096, per_sample=MIB)]
+    assert charts.axis_ranges(tiny, A10, 4096)[0] == [0.0, 5000.0]
+
+
+def test_sweep_figure_draws_probes_ooms_fit_and_capacity_lines() -> None:
+    report = sample_report()
+    fig = charts.sweep_figure(report.measurements, A10, memory_source="simulated",
+                              max_batch=4096, optimal=report.optimal)  # fmt: skip
+    names = [t.name for t in fig.data]
+    assert names == [f"usable ({A10.usable_gib:.2f} GiB)", f"GPU total ({A10.total_gib:.2f} GiB)",
+                     "fit", "fits", "OOM", "optimal (batch 192)"]  # fmt: skip
+    assert list(by_name(fig, "fits").x) == [8, 16, 192]
+    assert list(by_name(fig, "fits").y) == pytest.approx([1.78125, 2.5625, 19.75])
+    assert list(by_name(fig, "OOM").x) == [200]
+    assert by_name(fig, "OOM").marker.color == charts.RED
+    assert list(fig.data[0].y) == [pytest.approx(A10.usable_gib)] * 2
+    assert list(fig.data[1].y) == [pytest.approx(A10.total_gib)] * 2
+    assert list(by_name(fig, "fit").y)[0] == pytest.approx(1.0)
+    assert "simulated" in fig.layout.title.text
+    assert fig.layout.xaxis.range == (0.0, 250.0)
+
+
+def test_sweep_figure_says_measured_for_a_real_gpu() -> None:
+    fig = charts.sweep_figure([probe(8)], A10, memory_source="measured", max_batch=64)
+    assert "measured on the GPU" in fig.layout.title.text
+    assert [t.name for t in fig.data][2:] == ["fits", "OOM"]  # no fit line from one batch
+
+
+def test_sweep_figure_draws_the_margin_limit_below_usable() -> None:
+    limit = A10.usable_bytes - 2 * GIB
+    fig = charts.sweep_figure([probe(8)], A10, memory_source="simulated", max_batch=64,
+                              limit_bytes=limit)  # fmt: skip
+    line = fig.data[2]
+    assert line.name == f"limit: usable less margin ({limit / GIB:.2f} GiB)"
+    assert list(line.y) == [pytest.approx(limit / GIB)] * 2
+
+
+def test_capacity_bars_compare_current_and_optimal_against_usable() -> None:
+    fig = charts.capacity_bars(sample_report())
+    bar = fig.data[0]
+    assert list(bar.y) == ["current (batch 16)", "optimal (batch 192)"]
+    assert list(bar.x) == pytest.approx([2.5625, 19.75])
+    assert list(bar.marker.color) == [charts.RED, charts.GREEN]
+    assert fig.layout.shapes[0].x0 == pytest.approx(A10.usable_gib)
+
+
+def test_capacity_bars_mark_a_current_batch_that_runs_out_of_memory() -> None:
+    fig = charts.capacity_bars(sample_report(current=200))
+    assert fig.data[0].text[0] == "out of memory"
+
+
+def test_breakdown_bar_stacks_every_category_to_the_peak() -> None:
+    m = probe(192)
+    fig = charts.breakdown_bar(m.breakdown, batch_size=192, memory_source="simulated")
+    assert [t.name for t in fig.data] == ["parameters", "gradients", "optimizer state",
+                                          "activations", "temporary"]  # fmt: skip
+    assert sum(t.x[0] for t in fig.data) == pytest.approx(m.peak_bytes / GIB)
+    assert fig.layout.barmode == "stack"
+
+
+def gpu_fit(name: str, max_batch: int | None, hours: float) -> GpuFit:
+    gpu = gpus.find_gpu(name)
+    return GpuFit(gpu=gpu, max_batch=max_batch, peak_bytes=GIB if max_batch else None,
+                  usd_per_hour=gpu.usd_per_hour, est_hours_per_run=hours)  # fmt: skip
+
+
+def test_compare_figure_and_table_show_every_gpu() -> None:
+    rows = [gpu_fit("T4", 112, 1.92), gpu_fit("A10", 176, 1.0), gpu_fit("H100", None, 0.126)]
+    fig = page_charts.compare_figure(rows, chosen="A10")
+    assert list(fig.data[0].x) == ["T4", "A10", "H100 80GB"]
+    assert list(fig.data[0].y) == [112, 176, 0]
+    assert fig.data[0].marker.color[1] == charts.GREEN
+    assert list(fig.data[1].y) == [r.est_cost_per_run_usd for r in rows]
+    table = tables.compare_table(tables.rescale_hours(rows, 2.0))
+    assert table[1]["Max batch (simulated)"] == 176
+    assert table[1]["Hours per run (estimated)"] == 2.0
+    assert table[1]["$ per run (estimated)"] == pytest.approx(1.72)
+    assert table[2]["Peak at max batch (GiB, simulated)"] is None
+
+
+def sample_proof() -> BackwardProof:
+    peaks = {"forward_only": 1, "forward_backward": 3, "full_step_eval": 4, "full_step": 6}
+    max_batches = {"forward_only": 4096, "forward_backward": 272, "full_step_eval": 264,
+                   "full_step": 176}  # fmt: skip
+    results = tuple(
+        ProtocolResult(
+            key=k,
+            label=k.replace("_", " "),
+            peak_bytes=v * GIB // 2,
+            fits=True,
+            max_batch=max_batches[k],
+        )  # fmt: skip
+        for k, v in peaks.items()
+    )
+    return BackwardProof(batch_size=16, memory_source="simulated", results=results)
+
+
+def test_proof_figure_shows_ratios_and_each_protocols_max_batch() -> None:
+    fig = page_charts.proof_figure(sample_proof(), A10)
+    bar = fig.data[0]
+    assert list(bar.y) == pytest.approx([0.5, 1.5, 2.0, 3.0])
+    assert bar.text[1] == "1.50 GiB, 3.00x forward, max batch 272"
+    assert bar.text[3] == "3.00 GiB, 6.00x forward, max batch 176"
+    assert "simulated" in fig.layout.title.text
+
+
+def test_proof_table_and_summary() -> None:
+    proof = sample_proof()
+    rows = tables.proof_table(proof)
+    assert [r["x forward-only"] for r in rows] == [1.0, 3.0, 4.0, 6.0]
+    assert [r["Max batch it recommends"] for r in rows] == [4096, 272, 264, 176]
+    assert "recommends batch 272" in tables.proof_summary(proof)
+    assert "only up to batch 176" in tables.proof_summary(proof)
+
+
+def test_downloads_hold_the_json_contract_and_one_csv_row_per_probe() -> None:
+    report = sample_report(batches=(200, 8, 16, 192))
+    assert json.loads(downloads.report_json(report)) == json.loads(json.dumps(report.to_dict()))
+    rows = list(csv.DictReader(io.StringIO(downloads.probes_csv(report))))
+    assert [int(r["batch_size"]) for r in rows] == [8, 16, 192, 200]
+    assert [r["success"] for r in rows] == ["True", "True", "True", "False"]
+    assert rows[0]["peak_bytes"] == str(GIB + 8 * 100 * MIB)
+    assert rows[0]["memory_source"] == "simulated"
+    assert int(rows[2]["activations_bytes"]) == 192 * 100 * MIB
+    assert rows[3]["error"] == "simulated out of memory"
+    assert downloads.file_stem(report) == "memorymark-tiny-bert-A10"
+
+
+def test_probe_log_has_one_terminal_line_per_probe() -> None:
+    ms = [probe(8), probe(200, fits=False)]
+    text = probe_log.log_text("memorymark analyze bert", ms, A10, [0.5, 1.3], "done")
+    lines = text.splitlines()
+    assert lines[0] == "$ memorymark analyze bert"
+    assert lines[1] == "# peak of one full training step; % of usable memory"
+    assert lines[2] == "[  0.5s] batch    8 fits   1.78 GiB   9%"
+    assert lines[3] == "[  1.3s] batch  200 OOM  simulated out of memory"
+    assert lines[4] == "done"

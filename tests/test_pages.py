@@ -1,0 +1,98 @@
+"""The Compare GPUs and Backward-pass proof pages under AppTest, on the real engine (tiny model)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import memorymark.compare
+from memorymark import gpus
+from memorymark.ui import sweep_runner
+
+COMPARE = "../pages/1_Compare_GPUs.py"  # AppTest resolves paths against this file
+PROOF = "../pages/2_Backward_pass_proof.py"
+TIMEOUT = 60
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test gets its own result cache and device lock (they are process-wide in the app)."""
+    cache, lock = sweep_runner.ResultCache(), threading.Lock()
+    monkeypatch.setattr(sweep_runner, "result_cache", lambda: cache)
+    monkeypatch.setattr(sweep_runner, "device_lock", lambda: lock)
+
+
+def page(path: str, **query: str) -> AppTest:
+    at = AppTest.from_file(path, default_timeout=TIMEOUT)
+    at.query_params.update(query)
+    return at.run()
+
+
+def click(at: AppTest, label: str) -> AppTest:
+    return next(b for b in at.button if b.label == label).click().run()
+
+
+def chart(at: AppTest) -> dict:
+    return json.loads(at.get("plotly_chart")[0].proto.spec)
+
+
+def test_compare_shows_every_catalog_gpu_from_one_set_of_probes() -> None:
+    at = page(COMPARE, model="tiny-gpt2", max_batch="64", hours_per_run="4")
+    assert not at.exception
+    at = click(at, "Compare every GPU")
+    assert not at.exception
+    spec = chart(at)
+    assert spec["data"][0]["x"] == gpus.gpu_names()
+    assert spec["data"][0]["y"] == [64] * len(gpus.CATALOG)  # a tiny model fits up to the cap
+    table = at.dataframe[0].value
+    assert list(table["GPU"]) == gpus.gpu_names()
+    a10 = table[table["GPU"] == "A10"].iloc[0]
+    assert a10["Hours per run (estimated)"] == 4.0  # the chosen GPU keeps the user's hours
+    assert a10["$ per run (estimated)"] == pytest.approx(4 * 0.86)
+    assert "probes shared by all GPUs" in at.main.caption[-1].value
+
+
+def test_compare_rescales_hours_without_running_the_probes_again(monkeypatch) -> None:  # noqa: ANN001
+    calls = []
+    real = memorymark.compare.compare_gpus
+
+    def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(memorymark.compare, "compare_gpus", counting)
+    at = click(page(COMPARE, model="tiny-bert", max_batch="32"), "Compare every GPU")
+    at.slider(key="mm_hours_per_run").set_value(10.0).run()
+    table = at.dataframe[0].value
+    assert table[table["GPU"] == "A10"].iloc[0]["Hours per run (estimated)"] == 10.0
+    assert len(calls) == 1
+
+
+def test_a_compare_failure_is_an_st_error_with_a_next_step(monkeypatch) -> None:  # noqa: ANN001
+    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("could not build the model")
+
+    monkeypatch.setattr(memorymark.compare, "compare_gpus", broken)
+    at = click(page(COMPARE, model="tiny-bert"), "Compare every GPU")
+    assert not at.exception
+    assert "could not build the model" in at.error[0].value and "Next step" in at.error[0].value
+
+
+def test_proof_shows_four_protocols_with_ratios_and_max_batches() -> None:
+    at = page(PROOF, model="tiny-bert", max_batch="64", current_batch="8")
+    assert not at.exception
+    assert "batch 8" in at.info[0].value
+    at = click(at, "Run the proof")
+    assert not at.exception
+    bars = chart(at)["data"][0]
+    assert len(bars["x"]) == 4 and bars["x"][0].startswith("Forward only")
+    assert all("max batch" in text for text in bars["text"])
+    assert bars["y"][3] > bars["y"][1] > bars["y"][0]  # training > inference-style > forward
+    ratio = at.metric[0].value
+    assert ratio.endswith("x") and float(ratio[:-1]) > 1.2
+    rows = at.dataframe[0].value
+    assert list(rows["x forward-only"])[0] == 1.0
+    assert "simulated" in chart(at)["layout"]["title"]["text"]
