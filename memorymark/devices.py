@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from memorymark import gpus
+from memorymark import gpus, throughput
 from memorymark.backend import Backend
 from memorymark.settings import Settings
 from memorymark.sim import SimBackend
@@ -32,6 +32,7 @@ class DeviceBackend(Backend):
         name: str,
         device_module: Any,
         peak_stats: bool,
+        timed_steps: int = 3,
     ) -> None:
         super().__init__(workload, capacity_bytes=capacity_bytes)
         self.name = self.device = name
@@ -39,6 +40,8 @@ class DeviceBackend(Backend):
         # torch.cuda keeps peak statistics; torch.mps does not, so there the tracker's peak
         # (live tensor bytes on the device) is the measurement.
         self._peak_stats = peak_stats
+        self.timed_steps = timed_steps
+        """Steps timed (after one warm-up) for the median step time of a probe that fit."""
 
     def _reset_device_peak(self) -> None:
         if self._peak_stats:
@@ -51,6 +54,17 @@ class DeviceBackend(Backend):
 
     def _synchronize(self) -> None:
         self._module.synchronize()
+
+    def _time_steps(self, batch_size: int) -> float:
+        # Untracked steps: the tracker's Python work per operator would slow the timed ones.
+        def step() -> None:
+            self.workload.run_step(self._model, self._optimizer, batch_size, self.device)
+
+        self._timing = True
+        try:
+            return throughput.time_step(step, self._synchronize, steps=self.timed_steps)
+        finally:
+            self._timing = False
 
     def _empty_cache(self) -> None:
         self._module.empty_cache()
@@ -145,10 +159,14 @@ def open_backend(settings: Settings, cuda: ModuleType = torch.cuda) -> tuple[Bac
     gpu = resolve_gpu(settings, name, cuda)
     workload = Workload(settings)
     capacity = capacity_bytes(settings, gpu)
-    if name == "sim":
-        return SimBackend(workload, capacity_bytes=capacity), gpu
-    if name == "cpu":
-        return CpuBackend(workload, capacity_bytes=capacity), gpu
+    if name in ("sim", "cpu"):
+        if name == "sim":  # kernels chosen as on this GPU's compute capability
+            simulated = SimBackend(workload, capacity_bytes=capacity, gpu=gpu)
+        else:
+            simulated = CpuBackend(workload, capacity_bytes=capacity)
+        # The step's time is estimated for the GPU simulated, not this machine's CPU.
+        simulated.roofline = throughput.Roofline.for_gpu(gpu)
+        return simulated, gpu
     if name == "cuda":
         backend = DeviceBackend(
             workload, capacity_bytes=capacity, name="cuda", device_module=cuda, peak_stats=True

@@ -241,11 +241,20 @@ def _config_dict(config_file: str) -> dict[str, Any]:
     return {k: v for k, v in data.items() if not k.startswith("_")}
 
 
-def build_model(entry: ModelEntry, task: str, *, image_size: int | None = None) -> nn.Module:
+def build_model(
+    entry: ModelEntry,
+    task: str,
+    *,
+    image_size: int | None = None,
+    attn_implementation: str = "sdpa",
+) -> nn.Module:
     """A randomly initialised model for `task`, on whatever device is current (meta, cpu, cuda).
 
     `image_size` resizes models whose config fixes it (ViT's position embeddings), so they train
-    at the size asked for, as fine-tuning at another resolution does.
+    at the size asked for, as fine-tuning at another resolution does. `attn_implementation` is
+    the attention of transformers models: "sdpa" leaves transformers' default, which is SDPA for
+    every model that supports it (a model with no attention would refuse the name), "eager" the
+    matmul-softmax-matmul modules.
     """
     if entry.source in ("timm", "torchvision"):
         from memorymark import model_sources
@@ -271,7 +280,8 @@ def build_model(entry: ModelEntry, task: str, *, image_size: int | None = None) 
         IMAGE_CLASSIFICATION: transformers.AutoModelForImageClassification,
         SEQ2SEQ_LM: transformers.AutoModelForSeq2SeqLM,
     }[task]
-    return auto_class.from_config(config)
+    attn = None if attn_implementation == "sdpa" else attn_implementation
+    return auto_class.from_config(config, attn_implementation=attn)
 
 
 def parameter_count(entry: ModelEntry, task: str | None = None) -> int:

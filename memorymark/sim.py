@@ -5,18 +5,24 @@ from tensors in `__init__` still build), then each parameter and buffer becomes 
 of the same shape, dtype and strides, keeping tied weights tied. The step then runs under
 `FakeTensorMode`: shapes and dtypes flow, nothing is allocated, and the tracker counts the bytes
 every storage would take. Where CUDA kernels allocate differently from CPU ones, `cuda_rules`
-decides; this module only wires fake tensors in.
+decides (for the target GPU's compute capability); this module only wires fake tensors in, and
+answers the two questions library code asks of tensor values, which fake tensors don't have.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from memorymark import cuda_rules, gpus
 from memorymark.backend import Backend
+from memorymark.scoped_patch import ScopedPatch
+from memorymark.settings import Settings
 from memorymark.workload import Workload
 
 
@@ -44,6 +50,51 @@ def to_fake(module: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
     return module
 
 
+def _unpacked_sequences(original: object, position_ids: torch.Tensor) -> None:
+    # transformers' masking_utils reads the position ids to detect packed sequences; on a fake
+    # tensor it can't, assumes packing, and builds a full causal mask (which rules out flash
+    # attention). MemoryMark's batches are never packed: answer as real tensors would.
+    return None
+
+
+def _step_without_readback(
+    original: object,
+    scaler: torch.amp.GradScaler,
+    optimizer: torch.optim.Optimizer,
+    *args: object,
+    **kwargs: object,
+) -> object:
+    # GradScaler.step reads the inf/NaN flag back to the host (`.item()`); a fake tensor has no
+    # value. Simulate the step that found none, the one that runs the optimizer and allocates:
+    # unscale (its flag and temporaries count, and `update()` reads them), then step.
+    scaler.unscale_(optimizer)
+    return optimizer.step(*args, **kwargs)
+
+
+@functools.cache
+def _valueless_patches() -> tuple[ScopedPatch, ...]:
+    # Built at the first step, not at import: importing transformers takes seconds.
+    patches = [ScopedPatch(torch.amp.GradScaler, "step", _step_without_readback)]
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        return tuple(patches)
+    if hasattr(masking_utils, "find_packed_sequence_indices"):
+        patches.append(
+            ScopedPatch(masking_utils, "find_packed_sequence_indices", _unpacked_sequences)
+        )
+    return tuple(patches)
+
+
+def target_capability(settings: Settings, gpu: gpus.GPU | None = None) -> tuple[int, int]:
+    """Compute capability of the GPU simulated: `gpu`'s, else the named one's, else Ampere's."""
+    if gpu is not None:
+        return gpu.compute_capability
+    if settings.gpu is not None and settings.gpu_memory_gib is None:
+        return gpus.find_gpu(settings.gpu).compute_capability
+    return gpus.UNKNOWN_COMPUTE_CAPABILITY
+
+
 class SimBackend(Backend):
     """Simulates the step for a target GPU: the budget is that GPU's usable memory."""
 
@@ -51,12 +102,30 @@ class SimBackend(Backend):
     measured = False
     device = "cpu"
 
-    def __init__(self, workload: Workload, *, capacity_bytes: int) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        *,
+        capacity_bytes: int,
+        gpu: gpus.GPU | None = None,
+        cuda_rules: bool = True,
+    ) -> None:
         super().__init__(workload, capacity_bytes=capacity_bytes, budget_bytes=capacity_bytes)
         self._fake_mode = FakeTensorMode()
+        self.compute_capability = target_capability(workload.settings, gpu)
+        """(major, minor) of the GPU whose kernel choices the step imitates."""
+        self.cuda_rules = cuda_rules
+        """Apply `cuda_rules` (True) or keep CPU's kernels, as the `cpu` backend does (False)."""
 
-    def _step_context(self) -> contextlib.AbstractContextManager[object]:
-        return self._fake_mode
+    @contextlib.contextmanager
+    def _step_context(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self._fake_mode)
+            for patch in _valueless_patches():
+                stack.enter_context(patch.active())
+            if self.cuda_rules:
+                stack.enter_context(cuda_rules.applied(self.compute_capability))
+            yield
 
     def _build_model(self) -> nn.Module:
         with torch.device("meta"):

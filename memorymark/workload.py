@@ -2,12 +2,16 @@
 
 A Workload turns `Settings` into a model, an optimizer and a batch of the right shape, and runs
 one step exactly as a training script does: `model.train()`, forward with labels, the task's loss,
-`backward()`, `optimizer.step()`, `zero_grad(set_to_none=True)`. It knows nothing about how memory
-is measured; the caller passes `on_phase` to hear when forward, backward and the optimizer start.
+`backward()`, `optimizer.step()`, `zero_grad(set_to_none=True)`. The precision is applied as the
+PyTorch AMP docs and Lightning do it: forward and loss under `torch.autocast` (bf16-mixed,
+16-mixed), a GradScaler for 16-mixed, weights and buffers converted for bf16-true. It knows nothing
+about how memory is measured, nor which device it runs on (`cuda_rules` decides how the precision
+is applied); the caller passes `on_phase` to hear when forward, backward and the optimizer start.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -16,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memorymark import adapters, models, optimizers
+from memorymark import adapters, cuda_rules, models, optimizers
 from memorymark.settings import Settings
 
 # Phases the step reports through `on_phase`, named for the category of what each one allocates.
@@ -29,6 +33,13 @@ Phase = Callable[[str], None]
 
 def _no_phase(_: str) -> None:
     pass
+
+
+# 16-mixed: the GradScaler of each optimizer, created with its state at the first step and kept
+# as long as the optimizer, as a training loop keeps both.
+_SCALERS: weakref.WeakKeyDictionary[torch.optim.Optimizer, torch.amp.GradScaler] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +63,12 @@ class Workload:
         with LoRA adapters and gradient checkpointing when the settings ask for them."""
         s = self.settings
         image_size = s.image_size if self.entry.input_kind == "image" else None
-        model = models.build_model(self.entry, self.task, image_size=image_size)
+        model = models.build_model(
+            self.entry, self.task, image_size=image_size, attn_implementation=s.attention
+        )
+        dtype = cuda_rules.parameter_dtype(s.precision)
+        if dtype is not None:
+            model.to(dtype)  # bf16-true, as Lightning converts the module: parameters and buffers
         if s.lora_rank:
             model = adapters.apply_lora(model, self.task, s.lora_rank, s.lora_targets)
         if s.grad_checkpointing:
@@ -71,7 +87,9 @@ class Workload:
         s = self.settings
         if self.entry.input_kind == "image":
             shape = (batch_size, 3, s.image_size, s.image_size)
-            batch = {"pixel_values": torch.zeros(shape, device=device)}
+            # bf16-true feeds inputs in the weights' dtype, as Lightning's plugin converts them.
+            dtype = cuda_rules.parameter_dtype(s.precision) or torch.float32
+            batch = {"pixel_values": torch.zeros(shape, dtype=dtype, device=device)}
         else:
             # No attention_mask: without padding it changes nothing, and transformers would
             # otherwise materialise a full mask it treats as real data.
@@ -95,7 +113,15 @@ class Workload:
         for p in model.parameters():
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)
-        optimizer.step()
+        if cuda_rules.uses_grad_scaler(self.settings.precision):
+            device = next(model.parameters()).device
+            scaler = _SCALERS[optimizer] = torch.amp.GradScaler(device.type)
+            # The scale and its growth tracker are created at the first scale(), as in training.
+            scaler.scale(torch.zeros((), device=device))
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     def run_step(
@@ -108,22 +134,29 @@ class Workload:
     ) -> None:
         """Run one step at `batch_size`; raises the device's OOM error if it does not fit."""
         s = self.settings
+        autocast = cuda_rules.autocast(s.precision, torch.device(device).type)
         model.train(s.mode == "train")
         on_phase(FORWARD)
         batch = self.make_batch(batch_size, device)
         if s.forward_only:
-            with torch.no_grad():
+            with torch.no_grad(), autocast:
                 self._forward(model, batch)
             return
+        scaler = _SCALERS.get(optimizer) if optimizer is not None else None
         try:
-            loss = self._loss(self._forward(model, batch))
+            with autocast:  # forward and loss only; backward runs in the dtypes forward chose
+                loss = self._loss(self._forward(model, batch))
             del batch
             on_phase(BACKWARD)
-            loss.backward()
+            (loss if scaler is None else scaler.scale(loss)).backward()
             del loss
             if optimizer is not None:
                 on_phase(OPTIMIZER)
-                optimizer.step()
+                if scaler is None:
+                    optimizer.step()
+                else:
+                    scaler.step(optimizer)
+                    scaler.update()
         finally:
             # set_to_none frees the gradients, as training loops do; after an OOM it also drops
             # the partial gradients so the next probe starts from the same baseline.

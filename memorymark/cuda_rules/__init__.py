@@ -1,0 +1,95 @@
+"""The rules by which a training step on CUDA differs from the same step on CPU, in one place.
+
+The simulation runs the step on CPU fake tensors. Wherever the CUDA kernel a call reaches would
+allocate differently from the CPU kernel the same call reaches, a rule here makes the CPU tensors
+allocate what CUDA would. Each rule cites the PyTorch source it copies and is tested on its own
+(tests/test_cuda_rules.py):
+
+- the optimizer implementation CUDA picks by default: foreach (`optimizer_kwargs`);
+- the fused attention kernel `scaled_dot_product_attention` picks, by dtype, head dim, mask,
+  dropout and the GPU's compute capability, and the tensors it saves (`sdpa_choice`, `sdpa`);
+- dropout's fused kernel and its one-byte mask (`dropout`);
+- autocast with CUDA's op lists for bf16-mixed and 16-mixed (`autocast_lists`,
+  `autocast_emulation`).
+
+The workload asks this package for an optimizer's arguments and for the autocast region of a
+precision; it never asks which device it is on. The simulated backend enters `applied()` around
+its steps; the CUDA backend never does (its kernels are the rules). The `cpu` backend keeps CPU's
+rules: the fused attention kernels have no CPU implementation, so real CPU tensors can't follow
+them, and a partly applied set would match neither device. A simulation with `cuda_rules=False`
+reproduces the `cpu` backend byte for byte, which is how the tests check the fake-tensor machinery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from memorymark.cuda_rules import autocast_emulation as _autocast
+from memorymark.cuda_rules import dropout as _dropout
+from memorymark.cuda_rules import sdpa as _sdpa
+from memorymark.cuda_rules.sdpa_choice import Capability
+
+AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+"""Lightning's mixed precisions: the dtype autocast runs the lower-precision ops in."""
+PARAMETER_DTYPES = {"bf16-true": torch.bfloat16}
+"""Lightning's true precisions other than fp32: the dtype of parameters and buffers."""
+
+
+def optimizer_kwargs(name: str) -> dict[str, Any]:
+    """Constructor arguments that make an optimizer run as it does by default on CUDA.
+
+    torch/optim/optimizer.py `_default_to_fused_or_foreach` picks `foreach=True` when every
+    parameter is a CUDA tensor (and for-loop on CPU). The foreach kernels allocate temporaries as
+    large as all parameters of a dtype group, so the choice moves the optimizer-step peak by a
+    whole model's worth of bytes. Fused stays opt-in on CUDA, as in PyTorch (`adamw-fused`).
+    """
+    if name in ("adamw", "sgd"):
+        return {"foreach": True}
+    if name == "adamw-fused":
+        return {"fused": True}
+    raise ValueError(f"no CUDA rule for optimizer {name!r}")
+
+
+def parameter_dtype(precision: str) -> torch.dtype | None:
+    """The dtype `precision` stores weights, buffers and optimizer state in (None: keep fp32)."""
+    return PARAMETER_DTYPES.get(precision)
+
+
+def uses_grad_scaler(precision: str) -> bool:
+    """16-mixed scales the loss (fp16 gradients underflow); bf16 has fp32's exponent range."""
+    return precision == "16-mixed"
+
+
+@contextlib.contextmanager
+def autocast(precision: str, device_type: str) -> Iterator[None]:
+    """The forward pass's autocast region for `precision`, as the PyTorch AMP docs write it.
+
+    `torch.autocast(device_type, dtype)` for the mixed precisions, nothing otherwise. Under
+    `applied()` the CPU region follows CUDA's op lists and caches weight casts per region.
+    """
+    dtype = AUTOCAST_DTYPES.get(precision)
+    if dtype is None:
+        yield
+        return
+    with torch.autocast(device_type=device_type, dtype=dtype), _autocast.cast_cache():
+        yield
+
+
+@contextlib.contextmanager
+def applied(capability: Capability) -> Iterator[None]:
+    """In this thread, CPU tensors follow CUDA's rules for a GPU of `capability` (major, minor).
+
+    Scoped patches of `F.scaled_dot_product_attention` and `F.dropout`, and CUDA's autocast
+    lists; other threads keep PyTorch's own behaviour. Re-entrant.
+    """
+    previous = _sdpa.set_capability(tuple(capability))
+    try:
+        with _sdpa.PATCH.active(), _dropout.PATCH.active(), _autocast.emulated():
+            yield
+    finally:
+        if previous is not None:
+            _sdpa.set_capability(previous)
