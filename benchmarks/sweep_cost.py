@@ -15,8 +15,10 @@ import statistics
 import time
 
 from memorymark.analysis import Analysis
+from memorymark.gpus import find_gpu
 from memorymark.settings import Settings
 from memorymark.sim import SimBackend
+from memorymark.throughput import Roofline
 from memorymark.workload import Workload
 
 
@@ -38,6 +40,8 @@ def sweep_cost(settings: Settings) -> tuple[int, float, int | None]:
 def step_overhead(settings: Settings, batch: int, repeats: int = 3) -> tuple[float, float]:
     """Median seconds of a raw fake step and of a tracked one, at `batch`."""
     backend = SimBackend(Workload(settings), capacity_bytes=2**50)
+    # As open_backend sets it: the tracked step also counts FLOPs and bytes for throughput.
+    backend.roofline = Roofline.for_gpu(find_gpu("A10"))
     backend.measure(batch)  # builds the model and optimizer state, warms caches
     raw, tracked = [], []
     for _ in range(repeats):
@@ -62,7 +66,9 @@ def main() -> None:
     print("tracked simulated step vs raw fake step (batch 16, median of 3)")
     for model in args.models:
         raw, tracked = step_overhead(Settings(model=model), 16)
-        print(f"  {model:<7} raw {raw:6.3f} s  tracked {tracked:6.3f} s  ratio {tracked / raw:4.2f}x")
+        print(
+            f"  {model:<7} raw {raw:6.3f} s  tracked {tracked:6.3f} s  ratio {tracked / raw:4.2f}x"
+        )
 
     print("\nwhole sweeps (sim); fast cost also in raw fake steps at batch 16")
     for model in args.models:
@@ -70,12 +76,14 @@ def main() -> None:
         for gpu in args.gpus:
             s = Settings(model=model, gpu=gpu, backend="sim")
             probes, seconds, best = sweep_cost(s)
-            line = (f"  {model:<7} {gpu:<5} fast: {probes} probes {seconds:6.1f} s "
-                    f"(= {seconds / raw:4.1f} raw steps) -> {best}")
+            line = (
+                f"  {model:<7} {gpu:<5} fast: {probes} probes {seconds:6.1f} s "
+                f"(= {seconds / raw:4.1f} raw steps) -> {best}"
+            )
             if not args.no_linear:
-                l_probes, l_seconds, l_best = sweep_cost(Settings(model=model, gpu=gpu,
-                                                                  backend="sim",
-                                                                  strategy="linear"))
+                l_probes, l_seconds, l_best = sweep_cost(
+                    Settings(model=model, gpu=gpu, backend="sim", strategy="linear")
+                )
                 line += f" | linear: {l_probes} probes {l_seconds:6.1f} s -> {l_best}"
             print(line, flush=True)
 
@@ -83,8 +91,10 @@ def main() -> None:
     backend = SimBackend(Workload(Settings(model="bert")), capacity_bytes=2**50)
     for batch in (8, 64, 512, 4096):
         m = backend.measure(batch)
-        print(f"  batch {batch:>5}: simulated peak {m.peak_bytes / 2**30:7.2f} GiB, "
-              f"process peak RSS {rss_mib():7.0f} MiB")
+        print(
+            f"  batch {batch:>5}: simulated peak {m.peak_bytes / 2**30:7.2f} GiB, "
+            f"process peak RSS {rss_mib():7.0f} MiB"
+        )
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ class Backend:
         return None
 
     def _empty_cache(self) -> None:
-        """Return cached blocks to the device after an OOM."""
+        """Return cached blocks to the device (before each probe, and after an OOM)."""
 
     # -- the shared measurement ----------------------------------------------------------------
     def measure(self, batch_size: int) -> Measurement:
@@ -87,6 +87,10 @@ class Backend:
         try:
             tracker = self._prepare()
             tracker.reset_peak()
+            # Cached segments of earlier probes would count in this probe's peak reserved bytes:
+            # hand them back first, so a measured probe reports its own (as the simulation's
+            # fresh-process prediction does).
+            self._empty_cache()
             self._reset_device_peak()
             work = tracker.work_counter = self._work_counter()
             with self._step_context(), tracker:

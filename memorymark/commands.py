@@ -89,9 +89,15 @@ def _analyze(args: argparse.Namespace, settings: Settings) -> int:
 
 def _print_probe(m: Measurement, usable_bytes: int) -> None:
     status = "fits" if m.fits else "OOM "
-    share = 100 * m.peak_bytes / usable_bytes
+    share = 100 * m.required_bytes / usable_bytes
+    reserved = m.cuda_reserved_bytes
+    held = "" if reserved is None else f"  reserved {gib(reserved):8.3f} GiB"
+    rate = ""
+    if m.samples_per_second is not None:
+        rate = f"  {m.samples_per_second:9.1f} samples/s ({m.throughput_source})"
     print(
-        f"  batch {m.batch_size:>6}  {status}  peak {gib(m.peak_bytes):8.3f} GiB  ({share:5.1f}%)",
+        f"  batch {m.batch_size:>6}  {status}  peak {gib(m.peak_bytes):8.3f} GiB{held}  "
+        f"({share:5.1f}%){rate}",
         flush=True,
     )
 
@@ -113,21 +119,52 @@ def _print_report(r: Report) -> None:
     d = r.to_dict()
     print()
     print(r.verdict())
+    reserved = d["optimal_reserved_gb"]
+    held = "" if reserved is None else f", {reserved} GiB reserved"
     print(
-        f"  optimal batch size   {d['optimal_batch_size']}  ({d['optimal_memory_gb']} GiB, "
-        f"{r.memory_source})"
+        f"  optimal batch size   {d['optimal_batch_size']}  ({d['optimal_memory_gb']} GiB"
+        f"{held}, {r.memory_source})"
     )
     print(f"  current batch size   {d['current_batch_size']}  ({d['current_memory_gb']} GiB)")
-    print(f"  waste                {d['waste_gb']} GiB  ({d['waste_percent']}% of usable)")
+    oom = d["predicted_oom_batch"]
     print(
-        f"  batch ratio          {d['speedup']}x  (optimal / current batch; throughput not "
-        f"measured)"
+        f"  usable memory        {d['usable_gb']} GiB, less a {d['margin_gb']} GiB margin"
+        + ("" if oom is None else f"; batch {oom} does not fit")
     )
+    print(f"  waste                {d['waste_gb']} GiB  ({d['waste_percent']}% of usable)")
+    _print_throughput(d)
     print(
         f"  annual savings       ${d['cost_savings_annual']:,.0f}  at ${r.usd_per_hour:.2f}/h, "
         f"{r.costs.hours_per_run:g} h/run, {r.costs.runs_per_year:g} runs/year"
     )
     print(f"  {d['probes']} probes in {d['elapsed_seconds']:.1f} s")
+
+
+def _print_throughput(d: dict) -> None:
+    """Throughput, speedup and where larger batches stop paying off, saying how each was got."""
+    if d["speedup_source"] != "throughput":
+        print(
+            f"  batch ratio          {d['batch_ratio']}x  (optimal / current batch; throughput "
+            "not known)"
+        )
+        return
+    source = d["throughput_source"]
+    how = "measured" if source == "measured" else "estimated from FLOPs and bytes"
+    print(
+        f"  throughput           {d['optimal_samples_per_second']} samples/s at batch "
+        f"{d['optimal_batch_size']}, {d['current_samples_per_second']} at "
+        f"{d['current_batch_size']}  ({how})"
+    )
+    print(
+        f"  speedup              {d['speedup']}x  (throughput ratio, {source}; batch ratio "
+        f"{d['batch_ratio']}x)"
+    )
+    knee = d["diminishing_returns_batch"]
+    if knee is not None and knee < d["optimal_batch_size"]:
+        print(
+            f"  larger batches stop paying off at batch {knee} "
+            f"({100 * d['diminishing_returns_fraction']:.0f}% of the best throughput measured)"
+        )
 
 
 def _models(args: argparse.Namespace) -> int:

@@ -66,7 +66,10 @@ def compare_gpus(
 
     def fits(batch: int, gpu: GPU) -> bool:
         m = peak(batch)
-        return m.fits and m.peak_bytes <= capacity_bytes(settings, gpu)
+        # The same quantity the simulated OOM tests: what the caching allocator would reserve
+        # (replayed against the largest GPU's budget, so a smaller GPU's answer is conservative:
+        # its allocator would hand cached segments back before failing).
+        return m.fits and m.required_bytes <= capacity_bytes(settings, gpu)
 
     rows = []
     with backend.session():

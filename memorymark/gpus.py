@@ -63,6 +63,7 @@ MAX_CUSTOM_GIB = 2048.0
 # the user overrides them (UI slider / CLI flag).
 DEFAULT_USD_PER_HOUR = 1.0
 DEFAULT_BF16_TFLOPS = 100.0
+DEFAULT_FP32_TFLOPS = 25.0
 DEFAULT_BANDWIDTH_BYTES_PER_S = 1e12
 # Compute capability assumed for a GPU we know nothing about: Ampere's, the middle of the range,
 # so it gets Ampere's context and workspace estimates.
@@ -81,6 +82,9 @@ class GPU:
     """Default on-demand price of one GPU; the user overrides it."""
     bf16_tflops: float
     """Peak dense bf16 tensor-core TFLOP/s, no sparsity (fp16 on GPUs without bf16 units)."""
+    fp32_tflops: float = DEFAULT_FP32_TFLOPS
+    """Peak FP32 TFLOP/s without tensor cores: what fp32 matmuls run at by default (PyTorch
+    keeps TF32 off for matmuls since 1.12)."""
     memory_bandwidth_bytes_per_s: float
     compute_capability: tuple[int, int]
     aliases: tuple[str, ...] = ()
@@ -95,6 +99,7 @@ class GPU:
         for field, value in (
             ("usd_per_hour", self.usd_per_hour),
             ("bf16_tflops", self.bf16_tflops),
+            ("fp32_tflops", self.fp32_tflops),
             ("memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s),
         ):
             if not math.isfinite(value) or value < 0 or (value == 0 and field != "usd_per_hour"):
@@ -191,35 +196,42 @@ class GPU:
 # 4.8 TB/s), V100 SXM2 (125 FP16, no bf16; 900 GB/s); RTX 4090: Ada Lovelace architecture
 # whitepaper (165.2 with FP32 accumulate, 1008 GB/s). A10G: no NVIDIA datasheet; 70 and 600 GB/s
 # from Baseten's "NVIDIA A10 vs A10G" (unverified; a public log measured 67.1 TFLOPS cuBLAS).
+# fp32_tflops (plain FP32, no tensor cores), same datasheets and whitepaper: T4 8.1, L4 30.3,
+# A10 31.2, RTX 4090 82.6, L40S 91.6, A100 19.5, H100 SXM 67, H200 67, V100 SXM2 15.7. A10G:
+# assumed equal to the A10's (the same GA102 with 9216 CUDA cores; unverified).
 CATALOG: tuple[GPU, ...] = (
     GPU(name="T4", total_bytes=15095 * MIB, usd_per_hour=0.5904, bf16_tflops=65.0,
-        memory_bandwidth_bytes_per_s=320e9, compute_capability=(7, 5),
+        memory_bandwidth_bytes_per_s=320e9, compute_capability=(7, 5), fp32_tflops=8.1,
         aliases=("Tesla T4", "NVIDIA T4")),
     GPU(name="L4", total_bytes=23583784960, usd_per_hour=0.7992, bf16_tflops=121.0,
-        memory_bandwidth_bytes_per_s=300e9, compute_capability=(8, 9), aliases=("NVIDIA L4",)),
+        memory_bandwidth_bytes_per_s=300e9, compute_capability=(8, 9), fp32_tflops=30.3,
+        aliases=("NVIDIA L4",)),
     GPU(name="A10", total_bytes=23609475072, usd_per_hour=0.86, bf16_tflops=125.0,
-        memory_bandwidth_bytes_per_s=600e9, compute_capability=(8, 6), aliases=("NVIDIA A10",)),
+        memory_bandwidth_bytes_per_s=600e9, compute_capability=(8, 6), fp32_tflops=31.2,
+        aliases=("NVIDIA A10",)),
     GPU(name="A10G", total_bytes=22587 * MIB, usd_per_hour=1.006, bf16_tflops=70.0,
-        memory_bandwidth_bytes_per_s=600e9, compute_capability=(8, 6), aliases=("NVIDIA A10G",)),
+        memory_bandwidth_bytes_per_s=600e9, compute_capability=(8, 6), fp32_tflops=31.2,
+        aliases=("NVIDIA A10G",)),
     GPU(name="RTX 4090", total_bytes=24563 * MIB, usd_per_hour=0.60, bf16_tflops=165.2,
-        memory_bandwidth_bytes_per_s=1008e9, compute_capability=(8, 9),
+        memory_bandwidth_bytes_per_s=1008e9, compute_capability=(8, 9), fp32_tflops=82.6,
         aliases=("4090", "GeForce RTX 4090", "NVIDIA GeForce RTX 4090")),
     GPU(name="L40S", total_bytes=45589 * MIB, usd_per_hour=1.9512, bf16_tflops=362.05,
-        memory_bandwidth_bytes_per_s=864e9, compute_capability=(8, 9), aliases=("NVIDIA L40S",)),
+        memory_bandwidth_bytes_per_s=864e9, compute_capability=(8, 9), fp32_tflops=91.6,
+        aliases=("NVIDIA L40S",)),
     GPU(name="A100 40GB", total_bytes=42298834944, usd_per_hour=1.48, bf16_tflops=312.0,
-        memory_bandwidth_bytes_per_s=1555e9, compute_capability=(8, 0),
+        memory_bandwidth_bytes_per_s=1555e9, compute_capability=(8, 0), fp32_tflops=19.5,
         aliases=("A100-SXM4-40GB", "A100-PCIE-40GB", "A100 PCIe 40GB")),
     GPU(name="A100 80GB", total_bytes=81049 * MIB, usd_per_hour=2.4984, bf16_tflops=312.0,
-        memory_bandwidth_bytes_per_s=2039e9, compute_capability=(8, 0),
+        memory_bandwidth_bytes_per_s=2039e9, compute_capability=(8, 0), fp32_tflops=19.5,
         aliases=("A100-SXM4-80GB", "A100 80GB PCIe", "A100-PCIE-80GB")),
     GPU(name="H100 80GB", total_bytes=81090 * MIB, usd_per_hour=3.9492, bf16_tflops=989.5,
-        memory_bandwidth_bytes_per_s=3.35e12, compute_capability=(9, 0),
+        memory_bandwidth_bytes_per_s=3.35e12, compute_capability=(9, 0), fp32_tflops=67.0,
         aliases=("H100", "H100 SXM", "H100 80GB HBM3", "H100-SXM5-80GB")),
     GPU(name="H200", total_bytes=143156 * MIB, usd_per_hour=5.58, bf16_tflops=989.5,
-        memory_bandwidth_bytes_per_s=4.8e12, compute_capability=(9, 0),
+        memory_bandwidth_bytes_per_s=4.8e12, compute_capability=(9, 0), fp32_tflops=67.0,
         aliases=("NVIDIA H200", "H200 141GB")),
     GPU(name="V100 16GB", total_bytes=16160 * MIB, usd_per_hour=3.67, bf16_tflops=125.0,
-        memory_bandwidth_bytes_per_s=900e9, compute_capability=(7, 0),
+        memory_bandwidth_bytes_per_s=900e9, compute_capability=(7, 0), fp32_tflops=15.7,
         aliases=("V100-SXM2-16GB", "V100-PCIE-16GB")),
 )  # fmt: skip
 
@@ -285,6 +297,7 @@ def custom_gpu(
     name: str | None = None,
     usd_per_hour: float = DEFAULT_USD_PER_HOUR,
     bf16_tflops: float = DEFAULT_BF16_TFLOPS,
+    fp32_tflops: float = DEFAULT_FP32_TFLOPS,
     memory_bandwidth_bytes_per_s: float = DEFAULT_BANDWIDTH_BYTES_PER_S,
 ) -> GPU:
     """A GPU outside the catalog with `total_gib` GiB as PyTorch reports total_memory.
@@ -300,6 +313,7 @@ def custom_gpu(
         total_bytes=int(total_gib * GIB),
         usd_per_hour=usd_per_hour,
         bf16_tflops=bf16_tflops,
+        fp32_tflops=fp32_tflops,
         memory_bandwidth_bytes_per_s=memory_bandwidth_bytes_per_s,
         compute_capability=UNKNOWN_COMPUTE_CAPABILITY,
     )

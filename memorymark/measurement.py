@@ -52,15 +52,51 @@ class Measurement:
     measured: bool
     """True when the bytes come from real hardware; False when simulated on fake tensors."""
     reserved_bytes: int | None = None
-    """Peak bytes the caching allocator reserved (CUDA only)."""
+    """Peak bytes the caching allocator reserved, as CUDA reported it (measured only)."""
+    predicted_allocated_bytes: int | None = None
+    """Simulated: peak allocated bytes as CUDA would report them (512-byte rounded blocks), from
+    the allocator model; None when measured."""
+    predicted_reserved_bytes: int | None = None
+    """Simulated: peak bytes the caching allocator would reserve in a fresh process (weights and
+    optimizer state first, then this step), from the allocator model; for an OOM the allocator
+    model found, the reserved bytes its failing cudaMalloc needed. None when measured."""
     breakdown: Breakdown | None = None
     """Live bytes by kind at the peak (None for an OOM)."""
     step_seconds: float | None = None
-    """Wall-clock seconds of the step on real hardware; None when simulated."""
+    """Wall-clock seconds of the step on real hardware (median of timed steps); None when
+    simulated."""
+    samples_per_second: float | None = None
+    """Training throughput at this batch size: measured, or estimated from FLOPs and bytes."""
+    throughput_source: str | None = None
+    """'measured', 'estimated', or None when no throughput is known."""
+    step_flops: int | None = None
+    """FLOPs the step's matmuls, convolutions and attention ran (estimated throughput only)."""
     error: str | None = None
     """One line saying why the step failed."""
     timeline: tuple[int, ...] = field(default=(), repr=False, compare=False)
     """Live bytes after each operator of the step: what the fast strategy extrapolates."""
+
+    @property
+    def required_bytes(self) -> int:
+        """What the GPU must hold for this step: the predicted reserved bytes when simulated (a
+        cudaMalloc past the limit is what fails), else the peak allocated bytes."""
+        if self.predicted_reserved_bytes is not None:
+            return self.predicted_reserved_bytes
+        return self.peak_bytes
+
+    @property
+    def cuda_allocated_bytes(self) -> int:
+        """Peak allocated bytes as CUDA counts them: predicted when simulated, else measured."""
+        if self.predicted_allocated_bytes is not None:
+            return self.predicted_allocated_bytes
+        return self.peak_bytes
+
+    @property
+    def cuda_reserved_bytes(self) -> int | None:
+        """Peak reserved bytes: predicted when simulated, measured on CUDA, else unknown."""
+        if self.predicted_reserved_bytes is not None:
+            return self.predicted_reserved_bytes
+        return self.reserved_bytes
 
     def to_dict(self) -> dict[str, Any]:
         """The `measure --json` record (GiB values are 2**30 bytes)."""
@@ -70,9 +106,18 @@ class Measurement:
             "peak_bytes": self.peak_bytes,
             "memory_gb": round(self.peak_bytes / 2**30, 4),
             "reserved_bytes": self.reserved_bytes,
+            "predicted_allocated_bytes": self.predicted_allocated_bytes,
+            "predicted_reserved_bytes": self.predicted_reserved_bytes,
+            "samples_per_second": _round(self.samples_per_second),
+            "throughput_source": self.throughput_source,
+            "step_flops": self.step_flops,
             "breakdown": self.breakdown.to_dict() if self.breakdown else None,
             "step_seconds": self.step_seconds,
             "backend": self.backend,
             "memory_source": "measured" if self.measured else "simulated",
             "error": self.error,
         }
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)

@@ -3,7 +3,11 @@
 Pure functions of the measurements, the GPU and the cost inputs: no torch, no I/O. Moving a
 price slider builds a new Report from the same measurements, so it never re-runs a sweep.
 Memory figures are bytes inside and GiB (2**30 bytes) only where the JSON contract or a person
-reads them (`gib`).
+reads them (`gib`). Which memory figure is which: "memory" is the peak of live tensor bytes
+(measured: `max_memory_allocated`); "allocated" is what CUDA would count (512-byte blocks);
+"reserved" is what the caching allocator holds from the device, and what must fit in "usable"
+less the margin. Speedup is throughput at the optimal batch over throughput at the current one,
+measured on a GPU or estimated from FLOPs and bytes in simulation.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from memorymark.settings import Costs, Settings
 from memorymark.sweep import best_fit
 
 GIB = 2**30
+# "Where larger batches stop paying off": the smallest batch within 5% of the best throughput.
+KNEE_FRACTION = 0.95
 
 
 def gib(n_bytes: float) -> float:
@@ -86,6 +92,28 @@ class Report:
         """waste_bytes as a percentage of usable memory."""
         return round(100 * self.waste_bytes / self.gpu.usable_bytes, 1)
 
+    @property
+    def margin_bytes(self) -> int:
+        """The headroom the user asked the search to keep below usable memory."""
+        return self.settings.margin_bytes(self.gpu.usable_bytes)
+
+    @property
+    def limit_bytes(self) -> int:
+        """Usable memory less the margin: what each probe's reserved bytes had to fit in (the
+        limit `devices.capacity_bytes` gives the search)."""
+        return self.gpu.usable_bytes - self.margin_bytes
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        """Usable memory the optimal batch leaves free: its distance from an out-of-memory."""
+        optimal = self.optimal
+        return None if optimal is None else self.gpu.usable_bytes - optimal.required_bytes
+
+    @property
+    def predicted_oom_batch(self) -> int | None:
+        """The smallest batch measured not to fit (None when the search hit max_batch)."""
+        return self._first_failure()
+
     # -- time and money --------------------------------------------------------------------------
     @property
     def batch_ratio(self) -> float | None:
@@ -94,6 +122,52 @@ class Report:
         if optimal is None:
             return None
         return round(optimal.batch_size / self.settings.current_batch, 3)
+
+    @property
+    def throughput_source(self) -> str | None:
+        """'measured', 'estimated', or None when no probe carries a throughput."""
+        sources = {m.throughput_source for m in self.measurements} - {None}
+        return "measured" if "measured" in sources else next(iter(sources), None)
+
+    @property
+    def throughput_ratio(self) -> float | None:
+        """samples/s at the optimal batch / samples/s at the current one, when both are known."""
+        optimal, current = self.optimal, self.current
+        if optimal is None or current is None or not current.fits:
+            return None
+        if not (optimal.samples_per_second and current.samples_per_second):
+            return None
+        return round(optimal.samples_per_second / current.samples_per_second, 3)
+
+    @property
+    def speedup(self) -> float | None:
+        """The throughput ratio; the batch ratio when a throughput is unknown (`speedup_source`
+        says which)."""
+        ratio = self.throughput_ratio
+        return ratio if ratio is not None else self.batch_ratio
+
+    @property
+    def speedup_source(self) -> str | None:
+        """'throughput' (measured or estimated: see throughput_source) or 'batch_ratio'."""
+        if self.throughput_ratio is not None:
+            return "throughput"
+        return "batch_ratio" if self.batch_ratio is not None else None
+
+    def knee(self, fraction: float = KNEE_FRACTION) -> Measurement | None:
+        """Where larger batches stop paying off: the smallest batch that fits whose throughput
+        reaches `fraction` of the best one measured. Only batch sizes measured count, so a fast
+        sweep's few probes give a coarse answer; the optimal batch itself means throughput was
+        still growing there."""
+        ceiling = self._first_failure()
+        timed = [
+            m
+            for m in self.measurements
+            if m.fits and m.samples_per_second and (ceiling is None or m.batch_size < ceiling)
+        ]
+        if not timed:
+            return None
+        best = max(m.samples_per_second for m in timed)
+        return min((m for m in timed if m.samples_per_second >= fraction * best), key=_batch)
 
     @property
     def usd_per_hour(self) -> float:
@@ -109,8 +183,9 @@ class Report:
 
     @property
     def cost_savings_annual(self) -> float:
-        """The same samples processed `speedup` times faster: cost * (1 - 1/speedup), at least 0."""
-        speedup = self.batch_ratio
+        """The time saved processing the same samples `speedup` times faster, priced:
+        cost * (1 - 1/speedup), at least 0."""
+        speedup = self.speedup
         if speedup is None or speedup <= 1 or not self.current_fits:
             return 0.0
         return round(self.annual_cost_usd * (1 - 1 / speedup), 2)
@@ -142,7 +217,11 @@ class Report:
         return min((m.batch_size for m in self.measurements if not m.fits), default=None)
 
     def to_dict(self) -> dict[str, Any]:
-        """The `analyze --json` object: the original API's /analyze fields plus what was added."""
+        """The `analyze --json` object: the original API's /analyze fields plus what was added.
+
+        `speedup` is the throughput ratio (`speedup_source` says when it falls back to the batch
+        ratio, which `batch_ratio` always holds); memory keys are described in the module doc.
+        """
         optimal, current = self.optimal, self.current
         breakdown: Breakdown | None = optimal.breakdown if optimal else None
         return {
@@ -157,16 +236,15 @@ class Report:
             "current_memory_gb": gib(current.peak_bytes) if current and current.fits else None,
             "waste_gb": gib(self.waste_bytes),
             "waste_percent": self.waste_percent,
-            "speedup": self.batch_ratio,
-            "speedup_source": "batch_ratio",
+            "speedup": self.speedup,
+            "speedup_source": self.speedup_source,
             "cost_savings_annual": self.cost_savings_annual,
-            "results": [
-                {"batch_size": m.batch_size, "memory_gb": gib(m.peak_bytes), "success": m.fits}
-                for m in sorted(self.measurements, key=lambda m: m.batch_size)
-            ],
+            "results": [_row(m) for m in sorted(self.measurements, key=_batch)],
             "backend": self.backend,
             "memory_source": self.memory_source,
             "usable_gb": gib(self.gpu.usable_bytes),
+            **self._memory_dict(),
+            **self._throughput_dict(),
             "current_fits": self.current_fits,
             "capped_at_max_batch": self.capped,
             "verdict": self.verdict(),
@@ -178,3 +256,60 @@ class Report:
             "settings": self.settings.to_dict(),
             "costs": self.costs.to_dict(),
         }
+
+    def _memory_dict(self) -> dict[str, Any]:
+        """Which memory number is which: allocated, reserved, the limit and the margin."""
+        optimal, current = self.optimal, self.current
+        current_fit = current if current is not None and current.fits else None
+        return {
+            "optimal_allocated_gb": _gib_or_none(optimal and optimal.cuda_allocated_bytes),
+            "optimal_reserved_gb": _gib_or_none(optimal and optimal.cuda_reserved_bytes),
+            "current_reserved_gb": _gib_or_none(current_fit and current_fit.cuda_reserved_bytes),
+            "limit_gb": gib(self.limit_bytes),
+            "margin_gb": gib(self.margin_bytes),
+            "headroom_gb": _gib_or_none(self.headroom_bytes),
+            "predicted_oom_batch": self.predicted_oom_batch,
+            "fit_criterion": "the GPU's own out-of-memory error"
+            if self.measured
+            else "predicted reserved bytes within usable memory less the margin",
+            "gpu_overheads_gb": {
+                "context": gib(self.gpu.context_bytes),
+                "workspaces": gib(self.gpu.workspace_bytes),
+                "fragmentation_allowance": gib(self.gpu.fragmentation_bytes),
+            },
+        }
+
+    def _throughput_dict(self) -> dict[str, Any]:
+        """Throughput at the optimal and current batch, and where larger batches stop paying."""
+        optimal, current, knee = self.optimal, self.current, self.knee()
+        return {
+            "batch_ratio": self.batch_ratio,
+            "throughput_source": self.throughput_source,
+            "optimal_samples_per_second": _sps(optimal),
+            "current_samples_per_second": _sps(current if current and current.fits else None),
+            "diminishing_returns_batch": knee.batch_size if knee else None,
+            "diminishing_returns_fraction": KNEE_FRACTION,
+        }
+
+
+def _row(m: Measurement) -> dict[str, Any]:
+    """One results row: the original API's three keys, then what later issues added."""
+    return {
+        "batch_size": m.batch_size,
+        "memory_gb": gib(m.peak_bytes),
+        "success": m.fits,
+        "reserved_gb": _gib_or_none(m.cuda_reserved_bytes),
+        "samples_per_second": _sps(m),
+    }
+
+
+def _batch(m: Measurement) -> int:
+    return m.batch_size
+
+
+def _gib_or_none(n_bytes: int | None) -> float | None:
+    return None if n_bytes is None else gib(n_bytes)
+
+
+def _sps(m: Measurement | None) -> float | None:
+    return None if m is None or m.samples_per_second is None else round(m.samples_per_second, 2)

@@ -5,7 +5,10 @@ under the category of the phase that created it, and subtracted when its Python 
 (storages keep their Python object alive as long as the C++ storage lives, so `weakref.finalize`
 fires exactly when the memory would be freed). Views share a storage and are not counted twice.
 The same tracker runs on fake tensors (simulation) and real ones (CPU, CUDA), so both count the
-same bytes. It also records the live bytes after every operator: the step's allocation timeline.
+same bytes. It also records the live bytes after every operator (the step's allocation timeline)
+and every allocation and free in order (the event log `allocator.replay` reads: a list of ints,
++nbytes for an allocation, ~sequence number for a free), and hands each operator to an optional
+work counter (the throughput estimate's FLOPs and bytes).
 
 This module knows nothing about models, optimizers or GPUs; callers label tensors and phases.
 Where MemTracker (torch.distributed._tools) walks module hooks and costs ~7-10x a raw step, this
@@ -15,7 +18,7 @@ does one dict lookup per output.
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -27,11 +30,20 @@ _DEVICE_QUERY = torch.ops.prim.device.default
 
 
 class _Record:
-    __slots__ = ("nbytes", "category")
+    __slots__ = ("nbytes", "category", "seq")
 
-    def __init__(self, nbytes: int, category: str) -> None:
+    def __init__(self, nbytes: int, category: str, seq: int) -> None:
         self.nbytes = nbytes
         self.category = category
+        self.seq = seq
+        """The allocation's sequence number: its free is logged as ~seq."""
+
+
+class OperatorObserver(Protocol):
+    """Anything that wants to see every operator the step runs (throughput.WorkCounter)."""
+
+    def count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        """Called after `func(*args, **kwargs)` returned `out`."""
 
 
 def simulated_oom(
@@ -58,6 +70,17 @@ class MemoryTracker(TorchDispatchMode):
         self.peak_bytes = 0
         self._peak_by_category = dict(self.live_by_category)
         self.timeline: list[int] = []
+        self.events: list[int] = []
+        """Allocations (+nbytes) and frees (~seq) since the last `reset_peak`, in order."""
+        self.events_first_seq = 0
+        """Sequence number of the first allocation in `events`."""
+        self.baseline_events: tuple[int, list[int]] = (0, [])
+        """(first seq, events) of setting up, kept by `mark_baseline`: what a fresh process
+        allocates before its first step."""
+        self.work_counter: OperatorObserver | None = None
+        """Sees every operator while set (the backend sets it around a step)."""
+        self._next_seq = 0
+        self._baseline_end = 0
         self._records: dict[int, _Record] = {}
 
     # -- labelling ---------------------------------------------------------------------------
@@ -79,10 +102,21 @@ class MemoryTracker(TorchDispatchMode):
                 self.track(leaf, category)
 
     def reset_peak(self) -> None:
-        """Start a new measurement: the peak becomes what is live now, the timeline empties."""
+        """Start a new measurement: the peak becomes what is live now, timeline and events empty."""
         self.peak_bytes = self.live_bytes
         self._peak_by_category = dict(self.live_by_category)
         self.timeline = []
+        # Frees of setup allocations since the last step still apply to the next one.
+        setup_end = ~self._baseline_end
+        self.events = [e for e in self.events if setup_end < e < 0]
+        self.events_first_seq = self._next_seq
+
+    def mark_baseline(self) -> None:
+        """Keep the events logged so far as the setup every step starts from."""
+        self.baseline_events = (self.events_first_seq, self.events)
+        self._baseline_end = self._next_seq
+        self.events = []
+        self.events_first_seq = self._next_seq
 
     def peak_breakdown(self) -> Breakdown:
         """Live bytes by category at the moment of the peak."""
@@ -94,7 +128,10 @@ class MemoryTracker(TorchDispatchMode):
         if self.budget_bytes is not None and self.live_bytes + nbytes > self.budget_bytes:
             raise simulated_oom(nbytes, self.live_bytes, self.budget_bytes)
         key = id(storage)
-        record = _Record(nbytes, category)
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        self.events.append(nbytes)
+        record = _Record(nbytes, category, seq)
         self._records[key] = record
         self.live_bytes += nbytes
         self.live_by_category[category] += nbytes
@@ -103,6 +140,7 @@ class MemoryTracker(TorchDispatchMode):
     def _free(self, key: int, record: _Record) -> None:
         if self._records.get(key) is record:
             del self._records[key]
+        self.events.append(~record.seq)
         self.live_bytes -= record.nbytes
         self.live_by_category[record.category] -= record.nbytes
 
@@ -112,6 +150,8 @@ class MemoryTracker(TorchDispatchMode):
             # Fake tensors answer `.device` through dispatch; it allocates nothing and would
             # make the simulated timeline longer than a real run's.
             return out
+        if self.work_counter is not None:
+            self.work_counter.count(func, args, kwargs or {}, out)
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor) and id(leaf.untyped_storage()) not in self._records:
                 self._add(leaf.untyped_storage(), self.phase_category)

@@ -27,7 +27,9 @@ TINY = [
 
 @pytest.mark.parametrize("settings", TINY, ids=lambda s: f"{s.model}-{s.task}-{s.optimizer}")
 def test_sim_equals_real_cpu_execution(settings):
-    sim = SimBackend(Workload(settings), capacity_bytes=BIG).measure(4)
+    # The cpu backend runs CPU's kernels; the simulation reproduces them with the CUDA rules off
+    # (tests/test_cuda_rules.py checks each rule on its own).
+    sim = SimBackend(Workload(settings), capacity_bytes=BIG, cuda_rules=False).measure(4)
     cpu = CpuBackend(Workload(settings), capacity_bytes=BIG).measure(4)
     assert sim.fits and cpu.fits
     assert sim.peak_bytes == cpu.peak_bytes
@@ -67,7 +69,8 @@ def test_peak_grows_with_batch_and_activations_dominate_at_large_batch(tiny_bert
 
 def test_budget_oom_is_a_result_and_the_next_probe_starts_from_the_same_baseline(tiny_bert):
     first = SimBackend(Workload(tiny_bert), capacity_bytes=BIG).measure(8)
-    backend = SimBackend(Workload(tiny_bert), capacity_bytes=first.peak_bytes)
+    # The budget is what the GPU would need at batch 8: the allocator's predicted reserved bytes.
+    backend = SimBackend(Workload(tiny_bert), capacity_bytes=first.required_bytes)
     before = backend.measure(8)
     oom = backend.measure(64)
     after = backend.measure(8)
@@ -80,6 +83,37 @@ def test_budget_oom_is_a_result_and_the_next_probe_starts_from_the_same_baseline
         == backend._tracker.peak_breakdown().parameters
         + (backend._tracker.live_by_category["optimizer_state"])
     )
+
+
+def test_simulated_probes_predict_what_the_caching_allocator_holds(tiny_bert):
+    backend, _ = open_backend(tiny_bert)
+    m = backend.measure(8)
+    # Rounding to 512-byte blocks adds a little; segments (2 MiB or more) add more.
+    assert m.peak_bytes <= m.predicted_allocated_bytes < m.predicted_reserved_bytes
+    assert m.predicted_reserved_bytes % (2 * 2**20) == 0
+    assert m.required_bytes == m.predicted_reserved_bytes
+    assert m.reserved_bytes is None  # nothing was measured
+
+
+def test_the_simulated_oom_is_what_the_gpu_would_reserve(tiny_bert):
+    # A budget of exactly the live tensor bytes would hold the tensors, but not the segments
+    # the caching allocator needs for them: a GPU would run out of memory.
+    peak = SimBackend(Workload(tiny_bert), capacity_bytes=BIG).measure(8).peak_bytes
+    m = SimBackend(Workload(tiny_bert), capacity_bytes=peak).measure(8)
+    assert not m.fits
+    assert m.error.startswith("simulated out of memory: the CUDA caching allocator would need")
+    assert m.predicted_reserved_bytes > peak
+    assert (m.breakdown, m.samples_per_second) == (None, None)
+
+
+def test_simulated_throughput_is_estimated_for_the_target_gpu(tiny_bert):
+    a10, _ = open_backend(tiny_bert)
+    h100, _ = open_backend(replace(tiny_bert, gpu="h100"))
+    slow, fast = a10.measure(8), h100.measure(8)
+    assert slow.throughput_source == fast.throughput_source == "estimated"
+    assert slow.step_flops == fast.step_flops > 0  # the same work...
+    assert fast.samples_per_second > slow.samples_per_second  # ...on a faster GPU
+    assert slow.step_seconds is None  # nothing was timed
 
 
 def test_weights_that_alone_exceed_the_budget_fail_at_any_batch(tiny_bert):
@@ -143,7 +177,11 @@ def test_cuda_backend_reads_the_device_peak_and_cleans_up_after_oom(tiny_bert):
     m = backend.measure(2)
     assert (m.peak_bytes, m.reserved_bytes, m.measured) == (1234, 4096, True)
     assert m.step_seconds is not None and m.step_seconds > 0
-    assert cuda.calls == ["reset", "sync"]  # a step that fit needs no cache flush
+    assert (m.samples_per_second, m.throughput_source) == (2 / m.step_seconds, "measured")
+    # A sync after the tracked step, after the untimed warm-up, then after each timed step; a
+    # step that fit needs no cache flush after it.
+    assert cuda.calls == ["empty_cache", "reset"] + ["sync"] * (2 + backend.timed_steps)
+    assert m.predicted_reserved_bytes is None  # the device reports its own
     assert m.breakdown.total > 0  # the tracker still splits the peak
 
 
@@ -160,7 +198,8 @@ def test_cuda_oom_is_caught_and_other_errors_are_not(tiny_bert, monkeypatch):
     m = backend.measure(512)
     assert not m.fits
     assert m.error.startswith("CUDA out of memory.")
-    assert cuda.calls == ["reset", "empty_cache"]  # cached blocks go back before the next probe
+    # Cached blocks go back before each probe (its reserved bytes are its own) and after an OOM.
+    assert cuda.calls == ["empty_cache", "reset", "empty_cache"]
 
     def not_oom(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")

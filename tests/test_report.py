@@ -1,4 +1,5 @@
-"""Report arithmetic: optimal batch, waste, batch ratio and savings, and the JSON contract."""
+"""Report arithmetic: optimal batch, waste, speedup from throughput and savings, memory figures
+(allocated, reserved, limit, margin) and the JSON contract."""
 
 import json
 
@@ -13,9 +14,16 @@ GIB = 2**30
 A10 = gpus.find_gpu("a10")
 
 
-def m(batch, gib_used, fits=True):
+def m(batch, gib_used, fits=True, sps=None, reserved_gib=None):
     return Measurement(
-        batch_size=batch, fits=fits, peak_bytes=int(gib_used * GIB), backend="sim", measured=False
+        batch_size=batch,
+        fits=fits,
+        peak_bytes=int(gib_used * GIB),
+        backend="sim",
+        measured=False,
+        samples_per_second=sps,
+        throughput_source="estimated" if sps else None,
+        predicted_reserved_bytes=None if reserved_gib is None else int(reserved_gib * GIB),
     )
 
 
@@ -45,11 +53,45 @@ def test_waste_is_usable_memory_idle_at_the_current_batch():
     assert r.waste_percent == round(100 * (A10.usable_bytes - 3 * GIB) / A10.usable_bytes, 1)
 
 
-def test_speedup_is_the_batch_ratio_and_savings_follow_from_it():
+def test_without_throughput_speedup_falls_back_to_the_batch_ratio_and_says_so():
     r = report(PROBES, costs=Costs(usd_per_hour=1.0, hours_per_run=10, runs_per_year=50))
-    assert r.batch_ratio == 11.0
+    assert r.batch_ratio == r.speedup == 11.0
+    assert (r.speedup_source, r.throughput_source) == ("batch_ratio", None)
     assert r.annual_cost_usd == 500.0
     assert r.cost_savings_annual == pytest.approx(500 * (1 - 1 / 11), abs=0.01)
+
+
+THROUGHPUT = [
+    m(8, 2.0, sps=50.0),
+    m(16, 3.0, sps=80.0),
+    m(64, 8.0, sps=96.0),
+    m(128, 14.0, sps=99.0),
+    m(176, 20.0, sps=100.0, reserved_gib=20.5),
+    m(184, 21.0, fits=False),
+]
+
+
+def test_speedup_is_the_throughput_ratio_and_savings_are_the_time_saved():
+    # Same samples at 100 instead of 80 samples/s: 20% less time, so 20% of the annual cost.
+    r = report(THROUGHPUT, costs=Costs(usd_per_hour=1.0, hours_per_run=10, runs_per_year=50))
+    assert r.speedup == 1.25
+    assert r.batch_ratio == 11.0  # the old definition, kept
+    assert (r.speedup_source, r.throughput_source) == ("throughput", "estimated")
+    assert r.cost_savings_annual == pytest.approx(500 * (1 - 80 / 100), abs=0.01)
+
+
+def test_no_savings_when_the_larger_batch_is_not_faster():
+    slower = [m(16, 3.0, sps=80.0), m(32, 5.0, sps=79.0), m(40, 30.0, fits=False)]
+    r = report(slower)
+    assert r.speedup == round(79 / 80, 3)
+    assert r.cost_savings_annual == 0.0
+
+
+def test_larger_batches_stop_paying_off_at_the_smallest_batch_within_5_percent_of_the_best():
+    r = report(THROUGHPUT)
+    assert r.knee().batch_size == 64  # 96 >= 0.95 * 100; 16 reaches only 80
+    assert r.knee(0.99).batch_size == 128
+    assert report(PROBES).knee() is None  # no throughput known
 
 
 def test_catalog_price_is_the_default_and_repricing_needs_no_new_measurements():
@@ -110,6 +152,32 @@ def test_json_keeps_the_original_api_fields_in_gib():
     assert original | added <= set(d)
     assert d["optimal_memory_gb"] == 20.0
     assert d["gpu_total_gb"] == round(A10.total_bytes / GIB, 3)
-    assert d["results"][-1] == {"batch_size": 184, "memory_gb": 21.0, "success": False}
+    assert d["results"][-1] == {
+        "batch_size": 184,
+        "memory_gb": 21.0,
+        "success": False,
+        "reserved_gb": None,
+        "samples_per_second": None,
+    }
     assert d["probes"] == 4
     assert d["memory_source"] == "simulated"
+
+
+def test_json_says_which_memory_number_is_which():
+    r = report(THROUGHPUT)
+    d = json.loads(json.dumps(r.to_dict()))
+    margin = int(A10.usable_bytes * 0.02)  # the default margin, 2% of usable
+    assert d["optimal_memory_gb"] == 20.0  # live tensor bytes at the peak
+    assert d["optimal_reserved_gb"] == 20.5  # what the caching allocator would hold
+    assert d["optimal_allocated_gb"] == 20.0  # no allocator prediction in this probe: the peak
+    assert d["margin_gb"] == round(margin / GIB, 3)
+    assert d["limit_gb"] == round((A10.usable_bytes - margin) / GIB, 3)
+    assert d["headroom_gb"] == round((A10.usable_bytes - 20.5 * GIB) / GIB, 3)
+    assert d["predicted_oom_batch"] == 184
+    assert d["fit_criterion"].startswith("predicted reserved bytes")
+    assert d["gpu_overheads_gb"]["context"] == round(A10.context_bytes / GIB, 3)
+    assert (d["speedup"], d["batch_ratio"], d["speedup_source"]) == (1.25, 11.0, "throughput")
+    assert d["throughput_source"] == "estimated"
+    assert (d["optimal_samples_per_second"], d["current_samples_per_second"]) == (100.0, 80.0)
+    assert d["diminishing_returns_batch"] == 64
+    assert [row["samples_per_second"] for row in d["results"]] == [50, 80, 96, 99, 100, None]

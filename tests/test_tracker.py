@@ -75,3 +75,36 @@ def test_timeline_records_live_bytes_after_each_op():
         c = b + 1
     assert tracker.timeline == [40, 80, 80]
     del b, c
+
+
+def test_event_log_numbers_allocations_and_logs_frees_by_number():
+    tracker = MemoryTracker()
+    with tracker:
+        a = torch.zeros(10)  # allocation 0: 40 bytes
+        b = a + 1  # allocation 1
+    tracker.mark_baseline()  # setup done: what a fresh process holds before its step
+    del a  # freed after the setup: logged in the step's events
+    tracker.reset_peak()
+    with tracker:
+        c = b * 2  # allocation 2
+        del b
+    assert tracker.baseline_events == (0, [40, 40])
+    # The setup's `a` was freed before this step began: the step's log starts with that free.
+    assert (tracker.events_first_seq, tracker.events) == (2, [~0, 40, ~1])
+    del c
+    assert tracker.events[-1] == ~2
+
+
+def test_work_counter_sees_every_operator_but_device_queries():
+    seen = []
+
+    class Counter:
+        def count(self, func, args, kwargs, out):
+            seen.append(func.__name__)
+
+    tracker = MemoryTracker()
+    tracker.work_counter = Counter()
+    with FakeTensorMode(), tracker:
+        x = torch.zeros(4)
+        _ = (x + 1).device
+    assert seen == ["zeros.default", "add.Tensor"]

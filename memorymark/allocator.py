@@ -1,0 +1,234 @@
+"""A model of PyTorch's CUDA caching allocator: from a step's allocations to what the GPU needs.
+
+The tracker counts the bytes of live tensor storages. A CUDA GPU hands out more than that: the
+caching allocator rounds every request, carves small ones out of 2 MiB segments and mid-sized ones
+out of 20 MiB segments, and keeps freed blocks cached instead of returning them to the device.
+`replay` runs a step's allocation and free events through those rules and predicts what
+`torch.cuda.max_memory_allocated()` (live blocks, rounded) and `max_memory_reserved()` (segments
+obtained with cudaMalloc) would report, and whether cudaMalloc would fail against a budget.
+
+Each rule cites the function of `c10/cuda/CUDACachingAllocator.cpp` it copies (pytorch/pytorch,
+read at commit 001074d2). Not modelled:
+expandable segments (`expandable_segments:True`), `garbage_collection_threshold`,
+`max_split_size_mb` and `roundup_power2_divisions` (all off by default), per-stream pools (a
+training step runs on one stream), CUDA graph private pools, and memory allocated outside the
+tracked storages (cuBLAS/cuDNN workspaces, kernels' own temporaries). Pure Python, no torch: the
+event log is a list of ints, see `replay`.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+# CUDACachingAllocator.cpp, the constants at the top of namespace Native.
+MIN_BLOCK_SIZE = 512  # kMinBlockSize: "all sizes are rounded to at least 512 bytes"
+SMALL_SIZE = 1024 * 1024  # kSmallSize: "largest 'small' allocation is 1 MiB"
+SMALL_BUFFER = 2 * 1024 * 1024  # kSmallBuffer: "'small' allocations are packed in 2 MiB blocks"
+MIN_LARGE_ALLOC = 10 * 1024 * 1024  # kMinLargeAlloc: "allocations between 1 and 10 MiB may
+# use kLargeBuffer"
+LARGE_BUFFER = 20 * 1024 * 1024  # kLargeBuffer: "'large' allocations may be packed in 20 MiB"
+ROUND_LARGE = 2 * 1024 * 1024  # kRoundLarge: "round up large allocations to 2 MiB"
+
+
+def round_size(nbytes: int) -> int:
+    """The block size a request of `nbytes` gets: a multiple of 512, at least 512 (`round_size`,
+    with roundup_power2_divisions unset, its default)."""
+    if nbytes < MIN_BLOCK_SIZE:
+        return MIN_BLOCK_SIZE
+    return MIN_BLOCK_SIZE * ((nbytes + MIN_BLOCK_SIZE - 1) // MIN_BLOCK_SIZE)
+
+
+def segment_size(size: int) -> int:
+    """Bytes cudaMalloc'd when no cached block fits a rounded `size` (`get_allocation_size`):
+    2 MiB for small requests, 20 MiB up to 10 MiB, else the size rounded up to 2 MiB."""
+    if size <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return ROUND_LARGE * ((size + ROUND_LARGE - 1) // ROUND_LARGE)
+
+
+def is_small(size: int) -> bool:
+    """True when a rounded `size` is served by the small pool (`get_pool`: size <= kSmallSize)."""
+    return size <= SMALL_SIZE
+
+
+def should_split(block_size: int, size: int, small: bool) -> bool:
+    """Whether a cached block is split to serve `size` (`should_split`): in the small pool when at
+    least 512 bytes remain, in the large pool when more than 1 MiB remains (max_split_size unset).
+    An unsplit block is handed out whole and counts whole towards allocated bytes."""
+    remaining = block_size - size
+    return remaining >= MIN_BLOCK_SIZE if small else remaining > SMALL_SIZE
+
+
+class _Block:
+    """A contiguous piece of one segment: allocated or cached, linked to its neighbours."""
+
+    __slots__ = ("size", "addr", "small", "free", "prev", "next")
+
+    def __init__(self, size: int, addr: int, small: bool) -> None:
+        self.size = size
+        self.addr = addr
+        self.small = small
+        self.free = False
+        self.prev: _Block | None = None
+        self.next: _Block | None = None
+
+
+class AllocatorOutOfMemory(Exception):
+    """cudaMalloc would fail: the budget cannot hold another segment, even after the allocator
+    returned every fully cached segment to the device."""
+
+    def __init__(self, requested_bytes: int, reserved_bytes: int, budget_bytes: int) -> None:
+        self.requested_bytes = requested_bytes
+        self.reserved_bytes = reserved_bytes
+        self.budget_bytes = budget_bytes
+        super().__init__(f"a {requested_bytes}-byte segment does not fit")
+
+
+class CachingAllocator:
+    """Best-fit blocks carved from cached segments, per pool; peaks of allocated and reserved."""
+
+    def __init__(self, budget_bytes: int | None = None) -> None:
+        self.budget_bytes = budget_bytes
+        """Bytes cudaMalloc may reserve in total (None: unlimited)."""
+        self.allocated_bytes = 0
+        self.reserved_bytes = 0
+        self.peak_allocated_bytes = 0
+        self.peak_reserved_bytes = 0
+        # Cached blocks of each pool, sorted by (size, address) like BlockComparatorSize, so the
+        # first entry not smaller than a request is the best fit, lowest address first.
+        self._cached: dict[bool, list[tuple[int, int, _Block]]] = {True: [], False: []}
+        self._next_addr = 0
+
+    def reset_peak(self) -> None:
+        """Peaks restart from what is allocated and reserved now (`reset_peak_memory_stats`)."""
+        self.peak_allocated_bytes = self.allocated_bytes
+        self.peak_reserved_bytes = self.reserved_bytes
+
+    def malloc(self, nbytes: int) -> _Block:
+        """Serve a request of `nbytes` (> 0) the way `DeviceCachingAllocator::malloc` does."""
+        size = round_size(nbytes)
+        small = is_small(size)
+        cached = self._cached[small]
+        i = bisect_left(cached, (size,))
+        block = cached.pop(i)[2] if i < len(cached) else self._new_segment(size, small)
+        if should_split(block.size, size, small):
+            # alloc_found_block: the request takes the front, the remainder stays cached.
+            rest = _Block(block.size - size, block.addr + size, small)
+            rest.free = True
+            rest.prev, rest.next = block, block.next
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            block.size = size
+            insort(cached, (rest.size, rest.addr, rest))
+        block.free = False
+        self.allocated_bytes += block.size
+        if self.allocated_bytes > self.peak_allocated_bytes:
+            self.peak_allocated_bytes = self.allocated_bytes
+        return block
+
+    def free(self, block: _Block) -> None:
+        """Cache a block again, merged with free neighbours (`free_block`, `try_merge_blocks`).
+        Nothing goes back to the device: reserved bytes stay."""
+        self.allocated_bytes -= block.size
+        block.free = True
+        cached = self._cached[block.small]
+        prev, nxt = block.prev, block.next
+        if prev is not None and prev.free:
+            cached.pop(bisect_left(cached, (prev.size, prev.addr)))
+            block.addr, block.size, block.prev = prev.addr, prev.size + block.size, prev.prev
+            if block.prev is not None:
+                block.prev.next = block
+        if nxt is not None and nxt.free:
+            cached.pop(bisect_left(cached, (nxt.size, nxt.addr)))
+            block.size += nxt.size
+            block.next = nxt.next
+            if block.next is not None:
+                block.next.prev = block
+        insort(cached, (block.size, block.addr, block))
+
+    def _new_segment(self, size: int, small: bool) -> _Block:
+        # alloc_block; on failure malloc calls release_cached_blocks (every cached block that is
+        # a whole segment goes back with cudaFree) and tries once more before raising the OOM.
+        nbytes = segment_size(size)
+        if self.budget_bytes is not None and self.reserved_bytes + nbytes > self.budget_bytes:
+            self._release_cached_segments()
+            if self.reserved_bytes + nbytes > self.budget_bytes:
+                raise AllocatorOutOfMemory(nbytes, self.reserved_bytes, self.budget_bytes)
+        block = _Block(nbytes, self._next_addr, small)
+        self._next_addr += nbytes
+        self.reserved_bytes += nbytes
+        if self.reserved_bytes > self.peak_reserved_bytes:
+            self.peak_reserved_bytes = self.reserved_bytes
+        return block
+
+    def _release_cached_segments(self) -> None:
+        # release_blocks: only blocks with no neighbours (`!prev && !next`) are whole segments.
+        for cached in self._cached.values():
+            kept = [e for e in cached if e[2].prev is not None or e[2].next is not None]
+            self.reserved_bytes -= sum(e[0] for e in cached) - sum(e[0] for e in kept)
+            cached[:] = kept  # in place: malloc holds this list
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What the caching allocator would report for one step."""
+
+    allocated_bytes: int
+    """Peak of live blocks during the step (`max_memory_allocated` after a peak reset)."""
+    reserved_bytes: int
+    """Peak of cudaMalloc'd segments, counting what setting up the model reserved before it; for
+    an out-of-memory, what the failing cudaMalloc would have brought it to (over the budget)."""
+    out_of_memory: bool = False
+    """True when cudaMalloc would have failed against the budget."""
+    requested_bytes: int = 0
+    """The segment that did not fit, when out_of_memory."""
+
+
+EventLog = tuple[int, Sequence[int]]
+"""(sequence number of the log's first allocation, events). An event n >= 0 allocates n bytes
+and takes the next sequence number; an event n < 0 frees the allocation numbered ~n. Frees of
+allocations outside the logs replayed together are ignored."""
+
+
+def replay(setup: EventLog, step: EventLog, budget_bytes: int | None = None) -> Prediction:
+    """Replay a fresh process: the `setup` events (weights, optimizer state), then one `step`.
+
+    Peak allocated is taken over the step only, as a measurement that resets peak statistics
+    before the step; peak reserved includes the segments the setup reserved, which stay cached.
+    """
+    allocator = CachingAllocator(budget_bytes)
+    live: dict[int, _Block] = {}
+    try:
+        _run(allocator, live, *setup)
+        allocator.reset_peak()
+        _run(allocator, live, *step)
+    except AllocatorOutOfMemory as oom:
+        return Prediction(
+            allocator.peak_allocated_bytes,
+            oom.reserved_bytes + oom.requested_bytes,
+            out_of_memory=True,
+            requested_bytes=oom.requested_bytes,
+        )
+    return Prediction(allocator.peak_allocated_bytes, allocator.peak_reserved_bytes)
+
+
+def _run(
+    allocator: CachingAllocator, live: dict[int, _Block], seq: int, events: Iterable[int]
+) -> None:
+    malloc, free = allocator.malloc, allocator.free
+    for event in events:
+        if event >= 0:
+            # A zero-byte storage gets no block: `NativeCachingAllocator::allocate` calls
+            # malloc only when size != 0.
+            if event:
+                live[seq] = malloc(event)
+            seq += 1
+        else:
+            block = live.pop(~event, None)
+            if block is not None:
+                free(block)

@@ -1,0 +1,161 @@
+"""The caching-allocator model: rounding, pools, segments, caching and OOM on hand-made events.
+
+Every expected number is worked out from the rules in c10/cuda/CUDACachingAllocator.cpp that
+memorymark/allocator.py cites.
+"""
+
+import pytest
+
+from memorymark.allocator import (
+    CachingAllocator,
+    Prediction,
+    replay,
+    round_size,
+    segment_size,
+    should_split,
+)
+
+KIB, MIB = 2**10, 2**20
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "block"),
+    [(1, 512), (4, 512), (512, 512), (513, 1024), (1000, 1024), (4000, 4096), (MIB + 1, MIB + 512)],
+)
+def test_requests_round_up_to_512_byte_blocks(request_bytes, block):
+    assert round_size(request_bytes) == block
+
+
+@pytest.mark.parametrize(
+    ("size", "segment"),
+    [
+        (512, 2 * MIB),  # small pool: 2 MiB segments
+        (MIB, 2 * MIB),  # 1 MiB is still small
+        (MIB + 512, 20 * MIB),  # 1-10 MiB: a 20 MiB segment to split
+        (10 * MIB - 512, 20 * MIB),
+        (10 * MIB, 10 * MIB),  # from 10 MiB: its own segment, rounded to 2 MiB
+        (11 * MIB, 12 * MIB),
+        (100 * MIB + 512, 102 * MIB),
+    ],
+)
+def test_segment_sizes_by_request(size, segment):
+    assert segment_size(size) == segment
+
+
+def test_split_thresholds_differ_by_pool():
+    assert should_split(2 * MIB, 2 * MIB - 512, small=True)  # 512 bytes remain: split
+    assert not should_split(2 * MIB, 2 * MIB - 511, small=True)
+    assert should_split(20 * MIB, 19 * MIB - 512, small=False)  # just over 1 MiB remains
+    assert not should_split(20 * MIB, 19 * MIB, small=False)  # exactly 1 MiB: kept whole
+
+
+def test_small_requests_pack_into_2_mib_segments():
+    a = CachingAllocator()
+    blocks = [a.malloc(512 * KIB) for _ in range(4)]
+    assert (a.allocated_bytes, a.reserved_bytes) == (2 * MIB, 2 * MIB)
+    blocks.append(a.malloc(512 * KIB))  # the first segment is full: a second one
+    assert (a.allocated_bytes, a.reserved_bytes) == (2.5 * MIB, 4 * MIB)
+    assert len(blocks) == 5
+
+
+def test_mid_sized_requests_share_a_20_mib_segment():
+    a = CachingAllocator()
+    for _ in range(6):
+        a.malloc(3 * MIB)  # 6 x 3 MiB from one 20 MiB segment, 2 MiB left cached
+    assert (a.allocated_bytes, a.reserved_bytes) == (18 * MIB, 20 * MIB)
+    a.malloc(3 * MIB)  # the 2 MiB remainder is too small
+    assert (a.allocated_bytes, a.reserved_bytes) == (21 * MIB, 40 * MIB)
+
+
+def test_an_unsplit_remainder_counts_as_allocated():
+    # 19.5 MiB gets a 20 MiB segment; the 0.5 MiB left is not > 1 MiB, so the block stays whole
+    # and max_memory_allocated counts all 20 MiB.
+    a = CachingAllocator()
+    a.malloc(19 * MIB + 512 * KIB)
+    assert (a.allocated_bytes, a.reserved_bytes) == (20 * MIB, 20 * MIB)
+
+
+def test_pools_are_separate():
+    a = CachingAllocator()
+    a.free(a.malloc(512 * KIB))  # a cached 2 MiB small segment...
+    a.malloc(MIB + 512)  # ...cannot serve a large request
+    assert a.reserved_bytes == 22 * MIB
+
+
+def test_freed_blocks_are_cached_and_reused_best_fit():
+    a = CachingAllocator()
+    twelve, fourteen = a.malloc(12 * MIB), a.malloc(14 * MIB)
+    a.free(twelve)
+    a.free(fourteen)
+    assert (a.allocated_bytes, a.reserved_bytes) == (0, 26 * MIB)  # nothing goes back
+    a.malloc(11 * MIB)  # best fit: the 12 MiB block; 1 MiB left is not split off
+    assert (a.allocated_bytes, a.reserved_bytes) == (12 * MIB, 26 * MIB)
+    a.malloc(13 * MIB)  # the 14 MiB block, whole
+    assert (a.allocated_bytes, a.reserved_bytes) == (26 * MIB, 26 * MIB)
+
+
+def test_a_large_cached_block_is_split_for_a_smaller_request():
+    a = CachingAllocator()
+    a.free(a.malloc(12 * MIB))
+    a.malloc(8 * MIB)  # 4 MiB remain (> 1 MiB): split, no new segment
+    a.malloc(4 * MIB)  # served by the remainder
+    assert (a.allocated_bytes, a.reserved_bytes) == (12 * MIB, 12 * MIB)
+
+
+def test_freed_neighbours_merge_back_into_one_block():
+    a = CachingAllocator()
+    first, second = a.malloc(3 * MIB), a.malloc(3 * MIB)  # one 20 MiB segment
+    a.free(first)
+    a.free(second)  # merges with both neighbours: the whole 20 MiB is one cached block again
+    a.malloc(18 * MIB)
+    assert (a.allocated_bytes, a.reserved_bytes) == (18 * MIB, 20 * MIB)
+
+
+def test_peaks_reset_to_what_is_held_now():
+    a = CachingAllocator()
+    a.free(a.malloc(12 * MIB))
+    a.reset_peak()
+    assert (a.peak_allocated_bytes, a.peak_reserved_bytes) == (0, 12 * MIB)
+
+
+def test_over_budget_the_allocator_returns_cached_segments_before_failing():
+    a = CachingAllocator(budget_bytes=30 * MIB)
+    a.free(a.malloc(12 * MIB))
+    a.free(a.malloc(14 * MIB))  # 26 MiB reserved, all cached
+    a.malloc(16 * MIB)  # 26 + 16 > 30: the two cached segments go back, then 16 fits
+    assert (a.reserved_bytes, a.peak_reserved_bytes) == (16 * MIB, 26 * MIB)
+
+
+def test_a_segment_obtained_after_a_release_is_split_and_reused():
+    a = CachingAllocator(budget_bytes=27 * MIB)
+    a.free(a.malloc(12 * MIB))
+    a.free(a.malloc(14 * MIB))
+    a.malloc(512 * KIB)  # 26 + 2 > 27: the large cached segments go back, a small one comes
+    a.malloc(512 * KIB)  # from the same 2 MiB segment's remainder
+    assert (a.allocated_bytes, a.reserved_bytes) == (MIB, 2 * MIB)
+
+
+def test_log_events_replay_a_fresh_process():
+    # Setup: weights (4 MiB, a 2-element small tensor); a zero-byte tensor gets a number but no
+    # block. Step: an activation, a temporary freed, a larger activation, the first one freed.
+    setup = (0, [4 * MIB, 8, 0])
+    step = (3, [12 * MIB, 3 * MIB, ~4, 14 * MIB, ~3, ~99])  # ~99: not in these logs, ignored
+    p = replay(setup, step)
+    # Setup: 4 MiB takes the front of a 20 MiB segment; 8 bytes a 2 MiB small segment.
+    # Step: 12 MiB fits the cached 16 MiB remainder (4 MiB left); 3 MiB takes those 4 MiB whole
+    # (1 MiB left is not split off); 14 MiB fits no cached block: a 14 MiB segment.
+    # Peak allocated over the step: 4 MiB + 512 + 12 MiB + 14 MiB (the 3 MiB was freed first).
+    assert p == Prediction(allocated_bytes=30 * MIB + 512, reserved_bytes=36 * MIB)
+
+
+def test_replay_reports_the_failing_cudamalloc():
+    p = replay((0, [12 * MIB]), (1, [20 * MIB]), budget_bytes=30 * MIB)
+    assert p.out_of_memory
+    assert p.requested_bytes == 20 * MIB
+    assert p.reserved_bytes == 32 * MIB  # what the failing cudaMalloc would have needed
+
+
+def test_the_setup_peak_is_not_the_steps_but_its_segments_stay_reserved():
+    # Priming the optimizer holds 12 MiB and frees it; the step then needs 1 MiB.
+    p = replay((0, [12 * MIB, ~0]), (1, [MIB]))
+    assert p == Prediction(allocated_bytes=MIB, reserved_bytes=14 * MIB)
