@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from types import ModuleType
 
 import torch
 
 from memorymark.devices import open_backend
+from memorymark.fixes import Fix, what_would_fit
 from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.settings import Costs, Settings
@@ -28,6 +30,7 @@ class Analysis:
         self.backend, self.gpu = open_backend(settings, cuda)
         self.measurements: list[Measurement] = []
         self.elapsed_seconds = 0.0
+        self._fixes: tuple[Fix, ...] | None = None
 
     @property
     def backend_name(self) -> str:
@@ -47,9 +50,13 @@ class Analysis:
                 self.elapsed_seconds = time.perf_counter() - start
                 yield measurement
 
-    def report(self, costs: Costs | None = None) -> Report:
-        """The report over every measurement taken so far."""
-        return Report(
+    def report(self, costs: Costs | None = None, *, fixes: bool = True) -> Report:
+        """The report over every measurement taken so far.
+
+        When nothing fits and `fixes` is on, each way out is simulated at batch 1 (a few more
+        steps, computed once per analysis) so the report says what would make the model train.
+        """
+        report = Report(
             settings=self.settings,
             costs=costs or Costs(),
             gpu=self.gpu,
@@ -57,6 +64,11 @@ class Analysis:
             measurements=tuple(self.measurements),
             elapsed_seconds=self.elapsed_seconds,
         )
+        if fixes and self.measurements and report.optimal is None:
+            if self._fixes is None:
+                self._fixes = tuple(what_would_fit(self.settings))
+            report = replace(report, fixes=self._fixes)
+        return report
 
 
 def analyze(settings: Settings, costs: Costs | None = None) -> Report:

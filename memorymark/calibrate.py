@@ -109,10 +109,11 @@ def _row(model: str, protocol: str, batch: int, sim, measured) -> CalibrationRow
         model=model,
         protocol=protocol,
         batch_size=batch,
-        simulated_allocated_bytes=sim.peak_bytes,
-        measured_allocated_bytes=measured.peak_bytes if measured.fits else None,
-        simulated_reserved_bytes=getattr(sim, "predicted_reserved_bytes", None),
-        measured_reserved_bytes=measured.reserved_bytes if measured.fits else None,
+        # Like for like: what CUDA's allocator would count (512-byte blocks), not raw tensor bytes.
+        simulated_allocated_bytes=sim.cuda_allocated_bytes,
+        measured_allocated_bytes=measured.cuda_allocated_bytes if measured.fits else None,
+        simulated_reserved_bytes=sim.predicted_reserved_bytes,
+        measured_reserved_bytes=measured.cuda_reserved_bytes if measured.fits else None,
         measured_fits=measured.fits,
     )
 

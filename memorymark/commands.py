@@ -119,6 +119,10 @@ def _print_report(r: Report) -> None:
     d = r.to_dict()
     print()
     print(r.verdict())
+    if r.optimal is None:
+        print(f"  usable memory        {d['usable_gb']} GiB, less a {d['margin_gb']} GiB margin")
+        _print_plan_and_fixes(r)
+        return
     reserved = d["optimal_reserved_gb"]
     held = "" if reserved is None else f", {reserved} GiB reserved"
     print(
@@ -138,6 +142,24 @@ def _print_report(r: Report) -> None:
         f"{r.costs.hours_per_run:g} h/run, {r.costs.runs_per_year:g} runs/year"
     )
     print(f"  {d['probes']} probes in {d['elapsed_seconds']:.1f} s")
+    _print_plan_and_fixes(r)
+
+
+def _print_plan_and_fixes(r: Report) -> None:
+    plan = r.plan
+    if plan is not None and plan.target_batch is not None:
+        print(
+            f"  for a global batch of {plan.target_batch}: micro-batch {plan.micro_batch} x "
+            f"{plan.accumulation_steps} accumulation steps = {plan.effective_batch} samples/step"
+        )
+    if r.fixes:
+        print(f"\nWhat would make batch 1 fit ({r.memory_source} peaks at batch 1):")
+        for fix in r.fixes:
+            verdict = "fits" if fix.fits else "still too big"
+            print(
+                f"  {fix.label:<34} {gib(fix.peak_bytes):9.2f} GiB of {gib(fix.capacity_bytes):.2f}"
+                f" on {fix.gpu.name}  {verdict}"
+            )
 
 
 def _print_throughput(d: dict) -> None:

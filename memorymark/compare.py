@@ -29,13 +29,25 @@ class GpuFit:
     peak_bytes: int | None
     """Peak at max_batch (simulated)."""
     usd_per_hour: float
+    relative_speed: float
+    """Estimated: this GPU's peak TFLOP/s at the run's precision over the chosen GPU's."""
     est_hours_per_run: float
-    """Estimated: the user's hours per run scaled by peak bf16 TFLOP/s against the reference GPU."""
+    """Estimated: the user's hours per run (on the chosen GPU) divided by relative_speed."""
 
     @property
     def est_cost_per_run_usd(self) -> float:
         """Estimated cost of one training run on this GPU."""
         return round(self.usd_per_hour * self.est_hours_per_run, 2)
+
+    def with_hours(self, hours_per_run: float) -> GpuFit:
+        """The same fit priced for another run length on the chosen GPU (no new probes)."""
+        return replace(self, est_hours_per_run=hours_per_run / self.relative_speed)
+
+
+def peak_tflops(gpu: GPU, precision: str) -> float:
+    """The peak rate a run at `precision` can use: tensor-core bf16/fp16, else plain FP32
+    (PyTorch keeps TF32 off for matmuls by default, so fp32 training runs at the FP32 rate)."""
+    return gpu.fp32_tflops if precision == "32-true" else gpu.bf16_tflops
 
 
 def compare_gpus(
@@ -72,19 +84,22 @@ def compare_gpus(
         return m.fits and m.required_bytes <= capacity_bytes(settings, gpu)
 
     rows = []
+    precision = settings.precision
     with backend.session():
         first, second = max(step, 2), 2 * max(step, 2)
         small, large = peak(first), peak(second)
         for gpu in catalog:
             limit = capacity_bytes(settings, gpu)
             best = _boundary(gpu, small, large, step, settings.max_batch, fits, limit)
+            speed = peak_tflops(gpu, precision) / peak_tflops(reference, precision)
             rows.append(
                 GpuFit(
                     gpu=gpu,
                     max_batch=best,
                     peak_bytes=probes[best].peak_bytes if best else None,
                     usd_per_hour=gpu.usd_per_hour,
-                    est_hours_per_run=costs.hours_per_run * reference.bf16_tflops / gpu.bf16_tflops,
+                    relative_speed=round(speed, 4),
+                    est_hours_per_run=costs.hours_per_run / speed,
                 )
             )
     return rows, sorted(probes.values(), key=lambda m: m.batch_size)

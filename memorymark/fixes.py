@@ -3,18 +3,17 @@
 For a model that runs out of memory even at batch 1, each candidate change (gradient
 checkpointing, bf16 weights, LoRA, their combination, a bigger catalog GPU) is simulated at
 batch 1 with no budget, so the answer says how far off each one is, not only whether it fits.
-This module composes settings and the simulated backend; it never touches a real device.
+This module composes settings and the simulated backend; it never touches a real device, and
+imports the engine only when it simulates, so the report can hold `Fix` records without torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from memorymark import gpus
-from memorymark.devices import capacity_bytes, resolve_gpu
 from memorymark.settings import Settings
-from memorymark.sim import SimBackend
-from memorymark.workload import Workload
 
 # No budget: the peak of a step that would not fit is what we want to know.
 _UNBOUNDED = 2**62
@@ -36,9 +35,23 @@ class Fix:
         """True when batch 1 fits within the GPU's usable memory less the margin."""
         return self.peak_bytes <= self.capacity_bytes
 
+    def to_dict(self) -> dict[str, Any]:
+        """The fix as one entry of the JSON report's `fixes` list (GiB are 2**30 bytes)."""
+        return {
+            "label": self.label,
+            "gpu_name": self.gpu.name,
+            "batch_1_peak_gb": round(self.peak_bytes / 2**30, 3),
+            "limit_gb": round(self.capacity_bytes / 2**30, 3),
+            "fits": self.fits,
+            "settings": self.settings.to_dict(),
+        }
+
 
 def simulated_peak(settings: Settings, batch_size: int = 1) -> int:
     """The simulated peak of one step at `batch_size`, however large."""
+    from memorymark.sim import SimBackend
+    from memorymark.workload import Workload
+
     backend = SimBackend(Workload(replace(settings, backend="sim")), capacity_bytes=_UNBOUNDED)
     with backend.session():
         return backend.measure(batch_size).peak_bytes
@@ -62,6 +75,8 @@ def _variants(s: Settings) -> list[tuple[str, Settings]]:
 
 def what_would_fit(settings: Settings) -> list[Fix]:
     """Each candidate change with its batch-1 peak, then the smallest catalog GPU that fits."""
+    from memorymark.devices import capacity_bytes, resolve_gpu
+
     gpu = resolve_gpu(settings, "sim")
     fixes = []
     for label, variant in _variants(settings):

@@ -27,6 +27,15 @@ class TrainingPlan:
         """Samples per optimizer step: micro_batch x accumulation_steps."""
         return self.micro_batch * self.accumulation_steps
 
+    def to_dict(self) -> dict[str, int | None]:
+        """The plan as the JSON report's `plan` object."""
+        return {
+            "micro_batch": self.micro_batch,
+            "accumulation_steps": self.accumulation_steps,
+            "effective_batch": self.effective_batch,
+            "target_batch": self.target_batch,
+        }
+
 
 def plan_batches(optimal_batch: int, target_batch: int | None) -> TrainingPlan:
     """The fewest accumulation steps that reach `target_batch` with micro-batches that fit."""

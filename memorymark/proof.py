@@ -9,6 +9,7 @@ itself.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -54,6 +55,8 @@ class ProtocolResult:
     peak_bytes: int
     fits: bool
     max_batch: int | None = None
+    measured: bool = False
+    """True when taken on the GPU itself; False when simulated."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,8 +64,12 @@ class BackwardProof:
     """Peaks of the four protocols at one batch size, with the prototype's verdict."""
 
     batch_size: int
-    memory_source: str
     results: tuple[ProtocolResult, ...]
+
+    @property
+    def memory_source(self) -> str:
+        """'measured' or 'simulated', as every figure of the proof was obtained."""
+        return "measured" if all(r.measured for r in self.results) else "simulated"
 
     def peak(self, key: str) -> int:
         """The peak bytes of one protocol."""
@@ -102,24 +109,31 @@ def protocol_settings(settings: Settings, key: str) -> Settings:
     return replace(settings, **{"optimizer": optimizer, **overrides})
 
 
-def prove_backward(settings: Settings, batch_size: int, *, sweeps: bool = False) -> BackwardProof:
-    """Measure the four protocols at `batch_size`; with `sweeps`, also each one's max batch."""
-    results = []
-    source = "simulated"
+def iter_protocols(
+    settings: Settings, batch_size: int, *, sweeps: bool = False
+) -> Iterator[ProtocolResult]:
+    """Yield each protocol's result as it lands (for live progress), in PROTOCOLS order."""
     for key, label, _ in PROTOCOLS:
         variant = protocol_settings(settings, key)
         m = measure(variant, batch_size)
-        source = "measured" if m.measured else "simulated"
         max_batch = None
         if sweeps:
             analysis = Analysis(replace(variant, current_batch=batch_size))
             for _ in analysis.stream():
                 pass
-            best = analysis.report().optimal
+            best = analysis.report(fixes=False).optimal
             max_batch = best.batch_size if best else 0
-        results.append(
-            ProtocolResult(
-                key=key, label=label, peak_bytes=m.peak_bytes, fits=m.fits, max_batch=max_batch
-            )
+        yield ProtocolResult(
+            key=key,
+            label=label,
+            peak_bytes=m.peak_bytes,
+            fits=m.fits,
+            max_batch=max_batch,
+            measured=m.measured,
         )
-    return BackwardProof(batch_size=batch_size, memory_source=source, results=tuple(results))
+
+
+def prove_backward(settings: Settings, batch_size: int, *, sweeps: bool = False) -> BackwardProof:
+    """Measure the four protocols at `batch_size`; with `sweeps`, also each one's max batch."""
+    results = tuple(iter_protocols(settings, batch_size, sweeps=sweeps))
+    return BackwardProof(batch_size=batch_size, results=results)

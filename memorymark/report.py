@@ -16,8 +16,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from memorymark import models
+from memorymark.fixes import Fix
 from memorymark.gpus import GPU
 from memorymark.measurement import Breakdown, Measurement
+from memorymark.plan import TrainingPlan, plan_batches
 from memorymark.settings import Costs, Settings
 from memorymark.sweep import best_fit
 
@@ -41,6 +43,8 @@ class Report:
     backend: str
     measurements: tuple[Measurement, ...]
     elapsed_seconds: float
+    fixes: tuple[Fix, ...] = ()
+    """When nothing fits: each change that might, with its simulated batch-1 peak."""
 
     # -- memory --------------------------------------------------------------------------------
     @property
@@ -190,6 +194,12 @@ class Report:
             return 0.0
         return round(self.annual_cost_usd * (1 - 1 / speedup), 2)
 
+    @property
+    def plan(self) -> TrainingPlan | None:
+        """Micro-batch x accumulation steps for the target batch (or the optimal batch alone)."""
+        optimal = self.optimal
+        return plan_batches(optimal.batch_size, self.settings.target_batch) if optimal else None
+
     def with_costs(self, costs: Costs) -> Report:
         """The same measurements priced with other cost inputs."""
         return replace(self, costs=costs)
@@ -253,6 +263,8 @@ class Report:
             "elapsed_seconds": round(self.elapsed_seconds, 3),
             "usd_per_hour": self.usd_per_hour,
             "annual_cost_usd": round(self.annual_cost_usd, 2),
+            "plan": self.plan.to_dict() if self.plan else None,
+            "fixes": [fix.to_dict() for fix in self.fixes],
             "settings": self.settings.to_dict(),
             "costs": self.costs.to_dict(),
         }

@@ -144,7 +144,8 @@ def test_breakdown_bar_stacks_every_category_to_the_peak() -> None:
 def gpu_fit(name: str, max_batch: int | None, hours: float) -> GpuFit:
     gpu = gpus.find_gpu(name)
     return GpuFit(gpu=gpu, max_batch=max_batch, peak_bytes=GIB if max_batch else None,
-                  usd_per_hour=gpu.usd_per_hour, est_hours_per_run=hours)  # fmt: skip
+                  usd_per_hour=gpu.usd_per_hour, relative_speed=1.0,
+                  est_hours_per_run=hours)  # fmt: skip
 
 
 def test_compare_figure_and_table_show_every_gpu() -> None:
@@ -175,7 +176,7 @@ def sample_proof() -> BackwardProof:
         )  # fmt: skip
         for k, v in peaks.items()
     )
-    return BackwardProof(batch_size=16, memory_source="simulated", results=results)
+    return BackwardProof(batch_size=16, results=results)
 
 
 def test_proof_figure_shows_ratios_and_each_protocols_max_batch() -> None:

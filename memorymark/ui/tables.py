@@ -7,7 +7,6 @@ page lays the table out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from memorymark.compare import GpuFit
@@ -16,8 +15,8 @@ from memorymark.report import gib
 
 
 def rescale_hours(rows: Sequence[GpuFit], hours_per_run: float) -> list[GpuFit]:
-    """Rows computed for a 1-hour run on the chosen GPU, scaled to `hours_per_run` (linear)."""
-    return [replace(r, est_hours_per_run=r.est_hours_per_run * hours_per_run) for r in rows]
+    """The rows priced for a run of `hours_per_run` on the chosen GPU (no new probes)."""
+    return [r.with_hours(hours_per_run) for r in rows]
 
 
 def compare_table(rows: Sequence[GpuFit]) -> list[dict[str, Any]]:
