@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from memorymark import models
 from memorymark.fixes import Fix
 from memorymark.gpus import GPU
-from memorymark.measurement import Breakdown, Measurement
+from memorymark.measurement import Measurement
 from memorymark.plan import TrainingPlan, plan_batches
 from memorymark.settings import Costs, Settings
 from memorymark.sweep import best_fit
@@ -171,7 +170,10 @@ class Report:
         if not timed:
             return None
         best = max(m.samples_per_second for m in timed)
-        return min((m for m in timed if m.samples_per_second >= fraction * best), key=_batch)
+        return min(
+            (m for m in timed if m.samples_per_second >= fraction * best),
+            key=lambda m: m.batch_size,
+        )
 
     @property
     def usd_per_hour(self) -> float:
@@ -227,101 +229,7 @@ class Report:
         return min((m.batch_size for m in self.measurements if not m.fits), default=None)
 
     def to_dict(self) -> dict[str, Any]:
-        """The `analyze --json` object: the original API's /analyze fields plus what was added.
+        """The `analyze --json` object (see memorymark/report_json.py)."""
+        from memorymark.report_json import report_to_dict
 
-        `speedup` is the throughput ratio (`speedup_source` says when it falls back to the batch
-        ratio, which `batch_ratio` always holds); memory keys are described in the module doc.
-        """
-        optimal, current = self.optimal, self.current
-        breakdown: Breakdown | None = optimal.breakdown if optimal else None
-        return {
-            "model_name": self.settings.model,
-            "model_display_name": models.find_model(self.settings.model).display_name,
-            "device": self.backend,
-            "gpu_name": self.gpu.name,
-            "gpu_total_gb": gib(self.gpu.total_bytes),
-            "optimal_batch_size": optimal.batch_size if optimal else None,
-            "optimal_memory_gb": gib(optimal.peak_bytes) if optimal else None,
-            "current_batch_size": self.settings.current_batch,
-            "current_memory_gb": gib(current.peak_bytes) if current and current.fits else None,
-            "waste_gb": gib(self.waste_bytes),
-            "waste_percent": self.waste_percent,
-            "speedup": self.speedup,
-            "speedup_source": self.speedup_source,
-            "cost_savings_annual": self.cost_savings_annual,
-            "results": [_row(m) for m in sorted(self.measurements, key=_batch)],
-            "backend": self.backend,
-            "memory_source": self.memory_source,
-            "usable_gb": gib(self.gpu.usable_bytes),
-            **self._memory_dict(),
-            **self._throughput_dict(),
-            "current_fits": self.current_fits,
-            "capped_at_max_batch": self.capped,
-            "verdict": self.verdict(),
-            "breakdown": breakdown.to_dict() if breakdown else None,
-            "probes": len(self.measurements),
-            "elapsed_seconds": round(self.elapsed_seconds, 3),
-            "usd_per_hour": self.usd_per_hour,
-            "annual_cost_usd": round(self.annual_cost_usd, 2),
-            "plan": self.plan.to_dict() if self.plan else None,
-            "fixes": [fix.to_dict() for fix in self.fixes],
-            "settings": self.settings.to_dict(),
-            "costs": self.costs.to_dict(),
-        }
-
-    def _memory_dict(self) -> dict[str, Any]:
-        """Which memory number is which: allocated, reserved, the limit and the margin."""
-        optimal, current = self.optimal, self.current
-        current_fit = current if current is not None and current.fits else None
-        return {
-            "optimal_allocated_gb": _gib_or_none(optimal and optimal.cuda_allocated_bytes),
-            "optimal_reserved_gb": _gib_or_none(optimal and optimal.cuda_reserved_bytes),
-            "current_reserved_gb": _gib_or_none(current_fit and current_fit.cuda_reserved_bytes),
-            "limit_gb": gib(self.limit_bytes),
-            "margin_gb": gib(self.margin_bytes),
-            "headroom_gb": _gib_or_none(self.headroom_bytes),
-            "predicted_oom_batch": self.predicted_oom_batch,
-            "fit_criterion": "the GPU's own out-of-memory error"
-            if self.measured
-            else "predicted reserved bytes within usable memory less the margin",
-            "gpu_overheads_gb": {
-                "context": gib(self.gpu.context_bytes),
-                "workspaces": gib(self.gpu.workspace_bytes),
-                "fragmentation_allowance": gib(self.gpu.fragmentation_bytes),
-            },
-        }
-
-    def _throughput_dict(self) -> dict[str, Any]:
-        """Throughput at the optimal and current batch, and where larger batches stop paying."""
-        optimal, current, knee = self.optimal, self.current, self.knee()
-        return {
-            "batch_ratio": self.batch_ratio,
-            "throughput_source": self.throughput_source,
-            "optimal_samples_per_second": _sps(optimal),
-            "current_samples_per_second": _sps(current if current and current.fits else None),
-            "diminishing_returns_batch": knee.batch_size if knee else None,
-            "diminishing_returns_fraction": KNEE_FRACTION,
-        }
-
-
-def _row(m: Measurement) -> dict[str, Any]:
-    """One results row: the original API's three keys, then what later issues added."""
-    return {
-        "batch_size": m.batch_size,
-        "memory_gb": gib(m.peak_bytes),
-        "success": m.fits,
-        "reserved_gb": _gib_or_none(m.cuda_reserved_bytes),
-        "samples_per_second": _sps(m),
-    }
-
-
-def _batch(m: Measurement) -> int:
-    return m.batch_size
-
-
-def _gib_or_none(n_bytes: int | None) -> float | None:
-    return None if n_bytes is None else gib(n_bytes)
-
-
-def _sps(m: Measurement | None) -> float | None:
-    return None if m is None or m.samples_per_second is None else round(m.samples_per_second, 2)
+        return report_to_dict(self)

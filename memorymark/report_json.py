@@ -1,0 +1,119 @@
+"""The JSON form of a Report: the `analyze --json` contract, kept apart from the arithmetic.
+
+The original API's `/analyze` fields come first under their original names (`*_gb` are GiB,
+2**30 bytes), then what later issues added. No torch, no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from memorymark import models
+from memorymark.measurement import Breakdown, Measurement
+from memorymark.report import KNEE_FRACTION, gib
+
+if TYPE_CHECKING:
+    from memorymark.report import Report
+
+
+def report_to_dict(r: Report) -> dict[str, Any]:
+    """The `analyze --json` object: the original API's /analyze fields plus what was added.
+
+    `speedup` is the throughput ratio (`speedup_source` says when it falls back to the batch
+    ratio, which `batch_ratio` always holds); memory keys are described in memorymark/report.py.
+    """
+    optimal, current = r.optimal, r.current
+    breakdown: Breakdown | None = optimal.breakdown if optimal else None
+    return {
+        "model_name": r.settings.model,
+        "model_display_name": models.find_model(r.settings.model).display_name,
+        "device": r.backend,
+        "gpu_name": r.gpu.name,
+        "gpu_total_gb": gib(r.gpu.total_bytes),
+        "optimal_batch_size": optimal.batch_size if optimal else None,
+        "optimal_memory_gb": gib(optimal.peak_bytes) if optimal else None,
+        "current_batch_size": r.settings.current_batch,
+        "current_memory_gb": gib(current.peak_bytes) if current and current.fits else None,
+        "waste_gb": gib(r.waste_bytes),
+        "waste_percent": r.waste_percent,
+        "speedup": r.speedup,
+        "speedup_source": r.speedup_source,
+        "cost_savings_annual": r.cost_savings_annual,
+        "results": [_row(m) for m in sorted(r.measurements, key=_batch)],
+        "backend": r.backend,
+        "memory_source": r.memory_source,
+        "usable_gb": gib(r.gpu.usable_bytes),
+        **_memory_dict(r),
+        **_throughput_dict(r),
+        "current_fits": r.current_fits,
+        "capped_at_max_batch": r.capped,
+        "verdict": r.verdict(),
+        "breakdown": breakdown.to_dict() if breakdown else None,
+        "probes": len(r.measurements),
+        "elapsed_seconds": round(r.elapsed_seconds, 3),
+        "usd_per_hour": r.usd_per_hour,
+        "annual_cost_usd": round(r.annual_cost_usd, 2),
+        "plan": r.plan.to_dict() if r.plan else None,
+        "fixes": [fix.to_dict() for fix in r.fixes],
+        "settings": r.settings.to_dict(),
+        "costs": r.costs.to_dict(),
+    }
+
+
+def _memory_dict(r: Report) -> dict[str, Any]:
+    """Which memory number is which: allocated, reserved, the limit and the margin."""
+    optimal, current = r.optimal, r.current
+    current_fit = current if current is not None and current.fits else None
+    return {
+        "optimal_allocated_gb": _gib_or_none(optimal and optimal.cuda_allocated_bytes),
+        "optimal_reserved_gb": _gib_or_none(optimal and optimal.cuda_reserved_bytes),
+        "current_reserved_gb": _gib_or_none(current_fit and current_fit.cuda_reserved_bytes),
+        "limit_gb": gib(r.limit_bytes),
+        "margin_gb": gib(r.margin_bytes),
+        "headroom_gb": _gib_or_none(r.headroom_bytes),
+        "predicted_oom_batch": r.predicted_oom_batch,
+        "fit_criterion": "the GPU's own out-of-memory error"
+        if r.measured
+        else "predicted reserved bytes within usable memory less the margin",
+        "gpu_overheads_gb": {
+            "context": gib(r.gpu.context_bytes),
+            "workspaces": gib(r.gpu.workspace_bytes),
+            "fragmentation_allowance": gib(r.gpu.fragmentation_bytes),
+        },
+    }
+
+
+def _throughput_dict(r: Report) -> dict[str, Any]:
+    """Throughput at the optimal and current batch, and where larger batches stop paying."""
+    optimal, current, knee = r.optimal, r.current, r.knee()
+    return {
+        "batch_ratio": r.batch_ratio,
+        "throughput_source": r.throughput_source,
+        "optimal_samples_per_second": _sps(optimal),
+        "current_samples_per_second": _sps(current if current and current.fits else None),
+        "diminishing_returns_batch": knee.batch_size if knee else None,
+        "diminishing_returns_fraction": KNEE_FRACTION,
+    }
+
+
+def _row(m: Measurement) -> dict[str, Any]:
+    """One results row: the original API's three keys, then what later issues added."""
+    return {
+        "batch_size": m.batch_size,
+        "memory_gb": gib(m.peak_bytes),
+        "success": m.fits,
+        "reserved_gb": _gib_or_none(m.cuda_reserved_bytes),
+        "samples_per_second": _sps(m),
+    }
+
+
+def _batch(m: Measurement) -> int:
+    return m.batch_size
+
+
+def _gib_or_none(n_bytes: int | None) -> float | None:
+    return None if n_bytes is None else gib(n_bytes)
+
+
+def _sps(m: Measurement | None) -> float | None:
+    return None if m is None or m.samples_per_second is None else round(m.samples_per_second, 2)
