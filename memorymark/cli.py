@@ -254,6 +254,7 @@ def gpu_table() -> list[dict[str, Any]]:
             "usable_gb": round(g.usable_gib, 2),
             "usd_per_hour": g.usd_per_hour,
             "bf16_tflops": g.bf16_tflops,
+            "fp32_tflops": g.fp32_tflops,
             "bandwidth_gb_per_s": round(g.memory_bandwidth_bytes_per_s / 1e9),
             "aliases": g.aliases,
         }

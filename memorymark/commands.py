@@ -206,7 +206,7 @@ def _models(args: argparse.Namespace) -> int:
         return 0
     for row in rows:
         print(
-            f"{row['key']:<12} {row['name']:<34} {row['parameters'] / 1e6:8.1f}M  "
+            f"{row['key']:<14} {row['name']:<34} {row['parameters'] / 1e6:9.1f}M  "
             f"{row['default_task']}"
         )
     return 0
@@ -217,11 +217,15 @@ def _gpus(args: argparse.Namespace) -> int:
     if args.json:
         cli.print_json(rows)
         return 0
-    print(f"{'GPU':<12} {'total GiB':>9} {'usable GiB':>10} {'$/hour':>7} {'bf16 TFLOP/s':>12}")
+    print(
+        f"{'GPU':<12} {'total GiB':>9} {'usable GiB':>10} {'$/hour':>7} {'bf16 TFLOP/s':>12} "
+        f"{'fp32 TFLOP/s':>12} {'GB/s':>6}"
+    )
     for row in rows:
         print(
             f"{row['name']:<12} {row['total_gb']:>9} {row['usable_gb']:>10} "
-            f"{row['usd_per_hour']:>7} {row['bf16_tflops']:>12}"
+            f"{row['usd_per_hour']:>7} {row['bf16_tflops']:>12} {row['fp32_tflops']:>12} "
+            f"{row['bandwidth_gb_per_s']:>6}"
         )
     return 0
 
