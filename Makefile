@@ -28,7 +28,9 @@ lint: $(VENV)/.dev-installed
 	$(BIN)/ruff format --check .
 
 bench: $(VENV)/.dev-installed  ## prints the figures the README and closing notes quote
-	$(BIN)/python benchmarks/sweep_cost.py
+	PYTHONPATH=. $(BIN)/python benchmarks/sweep_cost.py
+	PYTHONPATH=. $(BIN)/python benchmarks/cuda_rules.py
+	PYTHONPATH=. $(BIN)/python benchmarks/big_models.py
 
 # The browser test drives Debian's Chromium (a tool's own browser download fails offline).
 browser-deps:
