@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import streamlit as st
 
-from memorymark.ui import sidebar, sweep_runner, views
+from memorymark.ui import results, sidebar, sweep_runner, views
 
 
 def analyze_page() -> None:
     """Settings in the sidebar, Analyze / Cancel, the live sweep, then the results."""
     settings, costs = sidebar.settings_sidebar()
+    requested = sidebar.analysis_requested()  # a fix applied with one click
     st.title("MemoryMark")
     st.caption(
         "The largest batch size that really trains: a full training step (forward, loss, "
@@ -26,7 +27,8 @@ def analyze_page() -> None:
     job = sweep_runner.current_job()
     running = job is not None and job.running
     analyze_col, cancel_col, _ = st.columns([1, 1, 6])
-    if analyze_col.button("Analyze", type="primary", disabled=running, key="analyze"):
+    clicked = analyze_col.button("Analyze", type="primary", disabled=running, key="analyze")
+    if (clicked or requested) and not running:
         sweep_runner.start_sweep(settings)
         st.rerun()
     if cancel_col.button("Cancel", disabled=not running, key="cancel") and job is not None:
@@ -39,7 +41,7 @@ def analyze_page() -> None:
         views.live_sweep(job)
     elif report is not None:
         views.finished_sweep(report, job)
-        views.results(report.with_costs(costs))
+        results.results(report.with_costs(costs))
     elif job is not None and job.settings == settings and job.state in ("failed", "cancelled"):
         views.live_sweep(job)
         if job.state == "failed":

@@ -15,7 +15,7 @@ from types import ModuleType
 import torch
 
 from memorymark.devices import open_backend
-from memorymark.fixes import Fix, what_would_fit
+from memorymark.fixes import FitAnswer, what_would_fit
 from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.settings import Costs, Settings
@@ -30,7 +30,7 @@ class Analysis:
         self.backend, self.gpu = open_backend(settings, cuda)
         self.measurements: list[Measurement] = []
         self.elapsed_seconds = 0.0
-        self._fixes: tuple[Fix, ...] | None = None
+        self._fixes: FitAnswer | None = None
 
     @property
     def backend_name(self) -> str:
@@ -66,8 +66,12 @@ class Analysis:
         )
         if fixes and self.measurements and report.optimal is None:
             if self._fixes is None:
-                self._fixes = tuple(what_would_fit(self.settings))
-            report = replace(report, fixes=self._fixes)
+                self._fixes = what_would_fit(self.settings)
+            report = replace(
+                report,
+                fixes=self._fixes.fixes,
+                batch_1_required_bytes=self._fixes.required_bytes,
+            )
         return report
 
 

@@ -49,7 +49,11 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", help="sequence-classification, causal-lm or image-classification")
     p.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per sample (text)")
     p.add_argument("--image-size", type=int, default=d.image_size, help="pixels per side (images)")
-    p.add_argument("--optimizer", default=d.optimizer, help="adamw, sgd (momentum) or none")
+    p.add_argument(
+        "--optimizer",
+        default=d.optimizer,
+        help="adamw, adamw-fused, sgd (momentum), adafactor or none",
+    )
     p.add_argument("--mode", default=d.mode, help="train (dropout on) or eval")
     p.add_argument("--loss", default=d.loss, help="task (from labels) or logits-mean")
     p.add_argument(
@@ -82,6 +86,9 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
         "--lora-targets",
         default="",
         help="comma-separated modules LoRA adapts (default: per model)",
+    )
+    p.add_argument(
+        "--forward-only", action="store_true", help="only the forward pass, under no_grad"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
 
@@ -140,9 +147,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_workload_flags(measure)
     measure.add_argument("--batch-size", type=_positive_int, required=True)
-    measure.add_argument(
-        "--forward-only", action="store_true", help="only the forward pass, under no_grad"
-    )
 
     proof = sub.add_parser(
         "validate-backward",

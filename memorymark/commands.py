@@ -153,12 +153,16 @@ def _print_plan_and_fixes(r: Report) -> None:
             f"{plan.accumulation_steps} accumulation steps = {plan.effective_batch} samples/step"
         )
     if r.fixes:
-        print(f"\nWhat would make batch 1 fit ({r.memory_source} peaks at batch 1):")
+        needed = r.batch_1_required_bytes
+        print(
+            f"\nBatch 1 needs {gib(needed or 0):.2f} GiB here; what would make it fit "
+            f"({r.memory_source}, batch 1, what the allocator would reserve):"
+        )
         for fix in r.fixes:
             verdict = "fits" if fix.fits else "still too big"
             print(
-                f"  {fix.label:<34} {gib(fix.peak_bytes):9.2f} GiB of {gib(fix.capacity_bytes):.2f}"
-                f" on {fix.gpu.name}  {verdict}"
+                f"  {fix.label:<34} {gib(fix.required_bytes):9.2f} GiB of "
+                f"{gib(fix.capacity_bytes):.2f} on {fix.gpu.name}  {verdict}"
             )
 
 

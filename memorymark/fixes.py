@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from memorymark import gpus
+from memorymark.measurement import Measurement
 from memorymark.settings import Settings
 
 # No budget: the peak of a step that would not fit is what we want to know.
@@ -22,39 +23,53 @@ LORA_RANK = 16
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Fix:
-    """One change and its simulated peak at batch 1 against the GPU it targets."""
+    """One change and its simulated batch-1 step against the GPU it targets."""
 
     label: str
     settings: Settings
     gpu: gpus.GPU
     peak_bytes: int
+    """Peak of live tensor bytes at batch 1 (the report's "memory")."""
+    required_bytes: int
+    """What the GPU must hold at batch 1: predicted reserved bytes, as a sweep decides fit."""
     capacity_bytes: int
 
     @property
     def fits(self) -> bool:
         """True when batch 1 fits within the GPU's usable memory less the margin."""
-        return self.peak_bytes <= self.capacity_bytes
+        return self.required_bytes <= self.capacity_bytes
 
     def to_dict(self) -> dict[str, Any]:
         """The fix as one entry of the JSON report's `fixes` list (GiB are 2**30 bytes)."""
         return {
             "label": self.label,
             "gpu_name": self.gpu.name,
-            "batch_1_peak_gb": round(self.peak_bytes / 2**30, 3),
+            "batch_1_memory_gb": round(self.peak_bytes / 2**30, 3),
+            "batch_1_required_gb": round(self.required_bytes / 2**30, 3),
             "limit_gb": round(self.capacity_bytes / 2**30, 3),
             "fits": self.fits,
             "settings": self.settings.to_dict(),
         }
 
 
-def simulated_peak(settings: Settings, batch_size: int = 1) -> int:
-    """The simulated peak of one step at `batch_size`, however large."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FitAnswer:
+    """The unchanged settings' batch-1 step, and each way out."""
+
+    required_bytes: int
+    """What batch 1 needs as configured (predicted reserved bytes)."""
+    fixes: tuple[Fix, ...]
+
+
+def simulated_step(settings: Settings, gpu: gpus.GPU, batch_size: int = 1) -> Measurement:
+    """One simulated step at `batch_size` for `gpu`'s kernels, with no memory limit."""
     from memorymark.sim import SimBackend
     from memorymark.workload import Workload
 
-    backend = SimBackend(Workload(replace(settings, backend="sim")), capacity_bytes=_UNBOUNDED)
+    workload = Workload(replace(settings, backend="sim"))
+    backend = SimBackend(workload, capacity_bytes=_UNBOUNDED, gpu=gpu)
     with backend.session():
-        return backend.measure(batch_size).peak_bytes
+        return backend.measure(batch_size)
 
 
 def _variants(s: Settings) -> list[tuple[str, Settings]]:
@@ -73,39 +88,49 @@ def _variants(s: Settings) -> list[tuple[str, Settings]]:
     return out
 
 
-def what_would_fit(settings: Settings) -> list[Fix]:
-    """Each candidate change with its batch-1 peak, then the smallest catalog GPU that fits."""
+def what_would_fit(settings: Settings) -> FitAnswer:
+    """Batch 1 as configured, each candidate change, then the smallest catalog GPU that fits."""
     from memorymark.devices import capacity_bytes, resolve_gpu
 
     gpu = resolve_gpu(settings, "sim")
+    limit = capacity_bytes(settings, gpu)
     fixes = []
     for label, variant in _variants(settings):
         try:
-            peak = simulated_peak(variant)
+            m = simulated_step(variant, gpu)
         except ValueError:
             continue  # this model has no such switch (checkpointing on a plain ResNet, ...)
-        fixes.append(
-            Fix(
-                label=label,
-                settings=variant,
-                gpu=gpu,
-                peak_bytes=peak,
-                capacity_bytes=capacity_bytes(settings, gpu),
-            )
-        )
-    peak = simulated_peak(settings)
+        fixes.append(_fix(label, variant, gpu, m, limit))
+    base = simulated_step(settings, gpu)
+    # Another architecture may pick other attention kernels: one step per architecture.
+    by_arch = {gpu.arch: base}
     for bigger in sorted(gpus.CATALOG, key=lambda g: g.usable_bytes):
+        if bigger.usable_bytes <= gpu.usable_bytes:
+            continue
         variant = replace(settings, gpu=bigger.name, gpu_memory_gib=None)
-        capacity = capacity_bytes(variant, bigger)
-        if bigger.usable_bytes > gpu.usable_bytes and peak <= capacity:
+        if bigger.arch not in by_arch:
+            by_arch[bigger.arch] = simulated_step(variant, bigger)
+        m = by_arch[bigger.arch]
+        if m.required_bytes <= capacity_bytes(variant, bigger):
             fixes.append(
-                Fix(
-                    label=f"a bigger GPU: {bigger.name}",
-                    settings=variant,
-                    gpu=bigger,
-                    peak_bytes=peak,
-                    capacity_bytes=capacity,
+                _fix(
+                    f"a bigger GPU: {bigger.name}",
+                    variant,
+                    bigger,
+                    m,
+                    capacity_bytes(variant, bigger),
                 )
             )
             break
-    return fixes
+    return FitAnswer(required_bytes=base.required_bytes, fixes=tuple(fixes))
+
+
+def _fix(label: str, settings: Settings, gpu: gpus.GPU, m: Measurement, limit: int) -> Fix:
+    return Fix(
+        label=label,
+        settings=settings,
+        gpu=gpu,
+        peak_bytes=m.peak_bytes,
+        required_bytes=m.required_bytes,
+        capacity_bytes=limit,
+    )

@@ -48,6 +48,20 @@ class ModelSourceError(ValueError):
     """A model spec that cannot be resolved: bad file, unknown type, hub unreachable."""
 
 
+_config_root: Path | None = None
+
+
+def restrict_config_files(root: Path | None) -> None:
+    """Read `file:` configs only from under `root` (None lifts the limit).
+
+    A hosted app takes model specs from links and text boxes; without this, anyone could make
+    it read (or probe for) any path on the server. The app limits them to its upload folder.
+    """
+    global _config_root
+    _config_root = root.resolve() if root is not None else None
+    from_config_file.cache_clear()
+
+
 def resolve(spec: str) -> models.ModelEntry:
     """The entry for a `file:`, `hf:`, `timm:` or `torchvision:` spec."""
     prefix, _, name = spec.partition(":")
@@ -75,6 +89,12 @@ def resolve(spec: str) -> models.ModelEntry:
 @cache
 def from_config_file(path: str) -> models.ModelEntry:
     """An entry for any transformers config.json on disk."""
+    if _config_root is not None and not Path(path).expanduser().resolve().is_relative_to(
+        _config_root
+    ):
+        raise ModelSourceError(
+            "this app reads config files only from its uploads: upload the config.json instead"
+        )
     data = _read_config(Path(path).expanduser())
     model_type = data.get("model_type")
     tasks = tasks_for(model_type)

@@ -43,7 +43,9 @@ class Report:
     measurements: tuple[Measurement, ...]
     elapsed_seconds: float
     fixes: tuple[Fix, ...] = ()
-    """When nothing fits: each change that might, with its simulated batch-1 peak."""
+    """When nothing fits: each change that might, with its simulated batch-1 step."""
+    batch_1_required_bytes: int | None = None
+    """When nothing fits: what batch 1 needs as configured (simulated, no memory limit)."""
 
     # -- memory --------------------------------------------------------------------------------
     @property

@@ -55,6 +55,9 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "annual_cost_usd": round(r.annual_cost_usd, 2),
         "plan": r.plan.to_dict() if r.plan else None,
         "fixes": [fix.to_dict() for fix in r.fixes],
+        "batch_1_required_gb": None
+        if r.batch_1_required_bytes is None
+        else gib(r.batch_1_required_bytes),
         "settings": r.settings.to_dict(),
         "costs": r.costs.to_dict(),
     }

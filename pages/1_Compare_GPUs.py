@@ -45,8 +45,9 @@ st.plotly_chart(
 )
 st.dataframe(tables.compare_table(rows), hide_index=True, width="stretch", height="content")
 st.caption(
-    f"Memory simulated on fake tensors from {len(probes)} probes shared by all GPUs. Hours "
-    f"and cost per run are estimated: your {costs.hours_per_run:g} h per run, scaled by "
-    "peak bf16 TFLOP/s against the GPU chosen in the sidebar; prices are catalog "
-    "on-demand defaults."
+    f"Memory simulated on fake tensors from {len(probes)} probes shared by all GPUs. Relative "
+    "speed, hours and cost per run are estimated from peak TFLOP/s at the run's precision "
+    f"({settings.precision}: {tables.rate_words(settings.precision)}): your "
+    f"{costs.hours_per_run:g} h per run on {chosen}, divided by each GPU's speed relative to "
+    "it. Prices are catalog on-demand defaults."
 )

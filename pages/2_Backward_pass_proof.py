@@ -1,13 +1,14 @@
 """Backward-pass proof: why inference-style numbers crash real training, on one batch size.
 
-A thin page: sidebar -> Settings -> `prove_backward` (cached) -> chart and table from memorymark.ui.
+A thin page: sidebar -> Settings -> `iter_protocols` (streamed, cached) -> chart and table from
+memorymark.ui.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from memorymark.proof import prove_backward
+from memorymark.proof import PROTOCOLS, BackwardProof, iter_protocols
 from memorymark.ui import charts, page_charts, page_runs, sidebar, tables, views
 
 st.set_page_config(page_title="Backward-pass proof · MemoryMark", layout="wide")
@@ -23,17 +24,21 @@ if settings is None:
 
 batch = settings.current_batch
 key = ("proof", settings, batch)
-if page_runs.cached_result(key) is None and not st.button("Run the proof", type="primary"):
+button = st.empty()  # gone while the proof runs: a second click would start it over
+if page_runs.cached_result(key) is None and not button.button("Run the proof", type="primary"):
     st.info(
         f"Click **Run the proof** to measure the four protocols at batch {batch} "
-        "(the sidebar's current batch size)."
+        "(the sidebar's current batch size), and sweep each one for its max batch."
     )
     st.stop()
-proof, error = page_runs.run_cached(
+button.empty()
+proof, error = page_runs.run_streamed(
     key,
-    lambda: prove_backward(settings, batch, sweeps=True),
+    lambda: iter_protocols(settings, batch, sweeps=True),
     settings=settings,
-    spinner="Measuring four protocols and sweeping each one...",
+    steps=[label for _, label, _ in PROTOCOLS],
+    describe=lambda r: tables.protocol_line(r, batch),
+    build=lambda results: BackwardProof(batch_size=batch, results=tuple(results)),
 )
 if error is not None:
     views.show_error(error)

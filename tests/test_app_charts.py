@@ -7,43 +7,10 @@ import io
 import json
 
 import pytest
+from app_samples import A10, MIB, by_name, gpu_fit, probe, sample_proof, sample_report
 
-from memorymark import gpus
-from memorymark.compare import GpuFit
-from memorymark.measurement import Breakdown, Measurement
-from memorymark.proof import BackwardProof, ProtocolResult
-from memorymark.report import GIB, Report
-from memorymark.settings import Costs, Settings
+from memorymark.report import GIB
 from memorymark.ui import charts, downloads, page_charts, probe_log, tables
-
-A10 = gpus.find_gpu("A10")
-MIB = 2**20
-
-
-def probe(batch: int, *, fits: bool = True, per_sample: int = 100 * MIB) -> Measurement:
-    """A measurement whose peak is 1 GiB + per_sample * batch (an exactly affine model)."""
-    peak = GIB + per_sample * batch
-    breakdown = Breakdown(parameters=GIB // 2, optimizer_state=GIB // 2, activations=peak - GIB)
-    return Measurement(
-        batch_size=batch,
-        fits=fits,
-        peak_bytes=peak,
-        backend="sim",
-        measured=False,
-        breakdown=breakdown if fits else None,
-        error=None if fits else "simulated out of memory",
-    )
-
-
-def by_name(fig, name: str):  # noqa: ANN001, ANN201 - a plotly figure and its trace
-    return next(t for t in fig.data if t.name == name)
-
-
-def sample_report(batches=(8, 16, 192, 200), current: int = 16) -> Report:  # noqa: ANN001
-    ms = tuple(probe(b, fits=b < 200) for b in batches)
-    settings = Settings(model="tiny-bert", gpu="A10", current_batch=current)
-    return Report(settings=settings, costs=Costs(), gpu=A10, backend="sim", measurements=ms,
-                  elapsed_seconds=1.5)  # fmt: skip
 
 
 def test_affine_fit_recovers_the_line_through_fitting_probes_only() -> None:
@@ -114,7 +81,7 @@ def test_sweep_figure_draws_the_margin_limit_below_usable() -> None:
     fig = charts.sweep_figure([probe(8)], A10, memory_source="simulated", max_batch=64,
                               limit_bytes=limit)  # fmt: skip
     line = fig.data[2]
-    assert line.name == f"limit: usable less margin ({limit / GIB:.2f} GiB)"
+    assert line.name == f"usable less margin ({limit / GIB:.2f} GiB)"
     assert list(line.y) == [pytest.approx(limit / GIB)] * 2
 
 
@@ -141,13 +108,6 @@ def test_breakdown_bar_stacks_every_category_to_the_peak() -> None:
     assert fig.layout.barmode == "stack"
 
 
-def gpu_fit(name: str, max_batch: int | None, hours: float) -> GpuFit:
-    gpu = gpus.find_gpu(name)
-    return GpuFit(gpu=gpu, max_batch=max_batch, peak_bytes=GIB if max_batch else None,
-                  usd_per_hour=gpu.usd_per_hour, relative_speed=1.0,
-                  est_hours_per_run=hours)  # fmt: skip
-
-
 def test_compare_figure_and_table_show_every_gpu() -> None:
     rows = [gpu_fit("T4", 112, 1.92), gpu_fit("A10", 176, 1.0), gpu_fit("H100", None, 0.126)]
     fig = page_charts.compare_figure(rows, chosen="A10")
@@ -160,23 +120,6 @@ def test_compare_figure_and_table_show_every_gpu() -> None:
     assert table[1]["Hours per run (estimated)"] == 2.0
     assert table[1]["$ per run (estimated)"] == pytest.approx(1.72)
     assert table[2]["Peak at max batch (GiB, simulated)"] is None
-
-
-def sample_proof() -> BackwardProof:
-    peaks = {"forward_only": 1, "forward_backward": 3, "full_step_eval": 4, "full_step": 6}
-    max_batches = {"forward_only": 4096, "forward_backward": 272, "full_step_eval": 264,
-                   "full_step": 176}  # fmt: skip
-    results = tuple(
-        ProtocolResult(
-            key=k,
-            label=k.replace("_", " "),
-            peak_bytes=v * GIB // 2,
-            fits=True,
-            max_batch=max_batches[k],
-        )  # fmt: skip
-        for k, v in peaks.items()
-    )
-    return BackwardProof(batch_size=16, results=results)
 
 
 def test_proof_figure_shows_ratios_and_each_protocols_max_batch() -> None:

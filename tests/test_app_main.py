@@ -3,62 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from app_helpers import TIMEOUT, FakeAnalysis, app, chart, metrics, run_until, trace
 from streamlit.testing.v1 import AppTest
 
 import memorymark.models
 from memorymark import gpus
-from memorymark.measurement import Breakdown, Measurement
-from memorymark.report import GIB, Report
-from memorymark.settings import Costs, Settings
+from memorymark.report import GIB
+from memorymark.settings import Settings
 from memorymark.ui import sidebar, sweep_runner
-
-APP = "../app.py"  # AppTest resolves paths against this file
-TIMEOUT = 60  # the first run imports torch and transformers
-A10 = gpus.find_gpu("A10")
-
-
-class FakeAnalysis:
-    """The engine's Analysis with a known answer: peak = 1 GiB + 0.1 GiB per sample on an A10.
-
-    Probes 8, 16, 192 (19.2+1 GiB fits in 20.92 usable) and 200 (21 GiB does not). When `gate`
-    is set, every probe after the first waits for it, so a test can watch a sweep mid-flight.
-    """
-
-    created: list[Settings] = []
-    gate: threading.Event | None = None
-    error: Exception | None = None
-    base_bytes = GIB
-
-    def __init__(self, settings: Settings) -> None:
-        if type(self).error is not None:
-            raise type(self).error
-        type(self).created.append(settings)
-        self.settings, self.gpu, self.measurements = settings, A10, []
-
-    def stream(self) -> Iterator[Measurement]:
-        for i, batch in enumerate((8, 16, 192, 200)):
-            if i and type(self).gate is not None:
-                type(self).gate.wait(10)
-            peak = type(self).base_bytes + batch * GIB // 10
-            fits = peak <= A10.usable_bytes
-            parts = Breakdown(parameters=GIB // 4, optimizer_state=GIB // 2,
-                              activations=peak - 3 * GIB // 4)  # fmt: skip
-            self.measurements.append(Measurement(
-                batch_size=batch, fits=fits, peak_bytes=peak, backend="sim", measured=False,
-                breakdown=parts if fits else None, error=None if fits else "simulated OOM",
-            ))  # fmt: skip
-            yield self.measurements[-1]
-
-    def report(self, costs: Costs | None = None) -> Report:
-        return Report(settings=self.settings, costs=costs or Costs(), gpu=A10, backend="sim",
-                      measurements=tuple(self.measurements), elapsed_seconds=0.5)  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -79,36 +35,6 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> type[FakeAnalysis]:
     return Fake
 
 
-def app(sync: bool = True, **query: str) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.query_params.update(query)
-    if sync:
-        at.session_state[sweep_runner.SYNC_KEY] = True
-    return at.run()
-
-
-def run_until(at: AppTest, done: Callable[[AppTest], bool], timeout: float = 30) -> AppTest:
-    """Rerun the script (as the page's fragment would) until `done`, or fail."""
-    deadline = time.monotonic() + timeout
-    while not done(at):
-        assert time.monotonic() < deadline, "the sweep did not finish in time"
-        time.sleep(0.1)
-        at.run()
-    return at
-
-
-def metrics(at: AppTest) -> dict[str, str]:
-    return {m.label: m.value for m in at.metric}
-
-
-def chart(at: AppTest, index: int = 0) -> dict:
-    return json.loads(at.get("plotly_chart")[index].proto.spec)
-
-
-def trace(spec: dict, name: str) -> dict:
-    return next(t for t in spec["data"] if t.get("name") == name)
-
-
 def test_analyze_shows_metrics_chart_verdict_and_downloads(fake) -> None:  # noqa: ANN001
     at = app(model="tiny-bert")
     assert not at.exception
@@ -119,10 +45,13 @@ def test_analyze_shows_metrics_chart_verdict_and_downloads(fake) -> None:  # noq
     assert shown["Optimal batch size"] == "192"
     assert shown["Memory at batch 16 (simulated)"] == "2.60 GiB"
     assert shown["Memory at the optimal batch (simulated)"] == "20.20 GiB"
-    assert shown["Speedup (est. from batch ratio)"] == "12.0x"
-    assert shown["Annual savings (estimated)"] == "$158"  # 0.86 $/h * 2 h * 100 * (1 - 1/12)
+    # samples/s 1000*b/(b+16): 923.08 at 192 over 500 at 16; the batch ratio is secondary.
+    assert shown["Speedup (estimated throughput)"] == "1.85x"
+    speedup = next(m for m in at.metric if m.label.startswith("Speedup"))
+    assert speedup.proto.delta == "batch ratio 12.0x"
+    assert shown["Annual savings (estimated)"] == "$79"  # 0.86 $/h * 2 h * 100 * (1 - 1/1.846)
     assert at.success[0].value.startswith("Batch 16 uses 12% of this A10's usable memory")
-    spec = chart(at)
+    spec = chart(at, "sweep_chart")
     assert trace(spec, "fits")["x"] == [8, 16, 192]
     assert trace(spec, "OOM")["x"] == [200]
     assert "simulated" in spec["layout"]["title"]["text"]
@@ -136,7 +65,7 @@ def test_a_cost_slider_reprices_without_a_second_sweep(fake) -> None:  # noqa: A
     at = app(model="tiny-bert")
     at.button(key="analyze").click().run()
     at.slider(key="mm_usd_per_hour").set_value(2.0).run()
-    assert metrics(at)["Annual savings (estimated)"] == "$367"  # 2 * 2 * 100 * 11/12
+    assert metrics(at)["Annual savings (estimated)"] == "$183"  # 2 * 2 * 100 * (1 - 1/1.846)
     assert at.query_params["usd_per_hour"] == "2.0"
     assert len(fake.created) == 1
 
@@ -158,7 +87,7 @@ def test_while_a_sweep_runs_analyze_is_disabled_and_cancel_stops_it(fake) -> Non
     at.button(key="analyze").click().run()
     run_until(at, lambda at: "1 probes" in at.get("progress")[0].proto.text)
     assert at.button(key="analyze").disabled and not at.button(key="cancel").disabled
-    assert trace(chart(at), "fits")["x"] == [8]
+    assert trace(chart(at, "sweep_chart"), "fits")["x"] == [8]
     at.button(key="cancel").click().run()
     fake.gate.set()
     run_until(at, lambda at: bool(at.warning))
@@ -247,14 +176,21 @@ def test_the_link_opens_the_same_configuration() -> None:
 
 
 def test_a_model_outside_the_catalog_comes_from_the_text_box_and_the_link() -> None:
-    config = Path(memorymark.models.CONFIG_DIR, "tiny-bert.json")
-    at = app(model=f"file:{config}")
+    at = app(model="timm:resnet18")
     assert not at.exception
-    assert at.text_input(key="mm_model_spec").value == f"file:{config}"
-    assert at.query_params["model"] == f"file:{config}"
+    assert at.text_input(key="mm_model_spec").value == "timm:resnet18"
+    assert at.query_params["model"] == "timm:resnet18"
     at.text_input(key="mm_model_spec").set_value("nonsense:x").run()
     assert "unknown model source 'nonsense'" in at.error[0].value
     assert not at.button  # no Analyze until the settings can run
+
+
+def test_a_link_cannot_make_the_app_read_a_server_path() -> None:
+    config = Path(memorymark.models.CONFIG_DIR, "tiny-bert.json")
+    at = app(model=f"file:{config}")
+    assert not at.exception
+    assert any("only from its uploads" in w.value for w in at.warning)
+    assert at.text_input(key="mm_model_spec").value == ""  # the defaults, not the path
 
 
 def test_the_real_engine_on_a_tiny_model_finds_an_oom_boundary() -> None:
@@ -262,12 +198,17 @@ def test_the_real_engine_on_a_tiny_model_finds_an_oom_boundary() -> None:
     at.button(key="analyze").click().run()
     assert not at.exception
     optimal = int(metrics(at)["Optimal batch size"])
-    spec = chart(at)
+    spec = chart(at, "sweep_chart")
     assert optimal in trace(spec, "fits")["x"]
     assert trace(spec, "OOM")["x"] and min(trace(spec, "OOM")["x"]) > optimal
     assert trace(spec, f"optimal (batch {optimal})")["x"] == [optimal]
     names = [t["name"] for t in spec["data"]]
     assert {"usable (0.56 GiB)", "GPU total (1.00 GiB)", "fit"} <= set(names)
+    speed = chart(at, "throughput_chart")  # the engine's roofline estimate, per fitting probe
+    line = trace(speed, "samples/s (estimated)")
+    assert optimal in line["x"] and all(y > 0 for y in line["y"])
+    assert "estimated from FLOPs and bytes" in speed["layout"]["title"]["text"]
+    assert f"per_device_train_batch_size={optimal}," in at.code[1].value
 
 
 def test_the_real_engine_through_the_worker_thread_and_fragment() -> None:

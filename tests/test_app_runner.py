@@ -29,7 +29,9 @@ class FakeAnalysis:
     """Stands in for memorymark.analysis.Analysis; `before_probe(batch)` runs before each yield."""
 
     before_probe: Callable[[int], None] = staticmethod(lambda batch: None)
+    on_report: Callable[[], None] = staticmethod(lambda: None)
     batches = (8, 16, 64, 72)
+    fits_below = 72
 
     def __init__(self, settings: Settings) -> None:
         self.settings, self.gpu, self.measurements = settings, A10, []
@@ -37,10 +39,11 @@ class FakeAnalysis:
     def stream(self) -> Iterator[Measurement]:
         for batch in self.batches:
             type(self).before_probe(batch)
-            self.measurements.append(m(batch, fits=batch < 72))
+            self.measurements.append(m(batch, fits=batch < type(self).fits_below))
             yield self.measurements[-1]
 
     def report(self, costs: Costs | None = None) -> Report:
+        type(self).on_report()
         return Report(settings=self.settings, costs=costs or Costs(), gpu=A10, backend="sim",
                       measurements=tuple(self.measurements), elapsed_seconds=0.0)  # fmt: skip
 
@@ -74,6 +77,17 @@ def test_a_job_records_every_probe_caches_the_report_and_ends_done(fake) -> None
     assert j.report.optimal.batch_size == 64
     assert j.cache.get(SIM) is j.report
     assert all(x.timeline == () for x in j.report.measurements)  # the cache keeps no timelines
+
+
+def test_when_nothing_fits_the_job_says_it_is_looking_for_fixes(fake) -> None:  # noqa: ANN001
+    j = job()
+    seen = []
+    fake.batches = (8, 4, 2, 1)
+    fake.fits_below = 0
+    fake.on_report = staticmethod(lambda: seen.append(j.state))
+    j.run()
+    assert seen == ["fixing"] and j.state == "done"
+    assert j.report.optimal is None
 
 
 def test_a_failure_becomes_one_line_and_the_state_failed(fake) -> None:  # noqa: ANN001

@@ -15,6 +15,15 @@ from memorymark.workload import Workload
 BIG = 8 * 2**30
 
 
+@pytest.fixture(autouse=True)
+def any_config_path():
+    """The app limits config files to its upload folder once imported; these tests read tmp."""
+    before = model_sources._config_root
+    model_sources.restrict_config_files(None)
+    yield
+    model_sources.restrict_config_files(before)
+
+
 def write_config(tmp_path, **data):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(data))
@@ -154,3 +163,28 @@ def test_a_library_that_will_not_import_is_one_line(monkeypatch):
     with pytest.raises(ValueError, match="torchvision is not usable here") as info:
         models.build_model(entry, models.IMAGE_CLASSIFICATION)
     assert "pip install torchvision" in str(info.value)
+
+
+def test_config_files_can_be_limited_to_one_folder(tmp_path):
+    inside = tmp_path / "uploads"
+    inside.mkdir()
+    allowed = write_config(
+        inside,
+        model_type="bert",
+        hidden_size=32,
+        num_attention_heads=2,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        vocab_size=100,
+    )
+    outside = write_config(tmp_path, model_type="gpt2")
+    model_sources.restrict_config_files(inside)
+    try:
+        assert models.find_model(f"file:{allowed}").source == "config"
+        with pytest.raises(ValueError, match="reads config files only from its uploads"):
+            models.find_model(f"file:{outside}")
+        with pytest.raises(ValueError, match="only from its uploads"):
+            models.find_model(f"file:{inside}/../config.json")
+    finally:
+        model_sources.restrict_config_files(None)
+    assert models.find_model(f"file:{outside}").source == "config"

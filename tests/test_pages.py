@@ -53,6 +53,10 @@ def test_compare_shows_every_catalog_gpu_from_one_set_of_probes() -> None:
     assert a10["Hours per run (estimated)"] == 4.0  # the chosen GPU keeps the user's hours
     assert a10["$ per run (estimated)"] == pytest.approx(4 * 0.86)
     assert "probes shared by all GPUs" in at.main.caption[-1].value
+    assert "estimated from peak TFLOP/s at the run's precision (32-true: FP32)" in (
+        at.main.caption[-1].value
+    )
+    assert a10["Relative speed (estimated)"] == 1.0
 
 
 def test_compare_rescales_hours_without_running_the_probes_again(monkeypatch) -> None:  # noqa: ANN001
@@ -87,6 +91,10 @@ def test_proof_shows_four_protocols_with_ratios_and_max_batches() -> None:
     assert "batch 8" in at.info[0].value
     at = click(at, "Run the proof")
     assert not at.exception
+    assert at.status[0].label == "All 4 measured"  # the status box listed each as it landed
+    landed = [m.value for m in at.status[0].markdown]
+    assert len(landed) == 4 and landed[0].startswith("**Forward only (no_grad, eval)**: ")
+    assert all("at batch 8 (simulated); max batch" in line for line in landed)
     bars = chart(at)["data"][0]
     assert len(bars["x"]) == 4 and bars["x"][0].startswith("Forward only")
     assert all("max batch" in text for text in bars["text"])

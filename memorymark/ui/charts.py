@@ -36,6 +36,16 @@ LAYOUT = dict(
     margin=dict(l=10, r=10, t=40, b=10),
     legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
 )
+# The memory and throughput charts sit side by side: legends in two columns, and a bottom margin
+# that holds the longer legend, so both plot areas (and their batch axes) line up.
+PAIR_LAYOUT = dict(
+    LAYOUT,
+    margin=dict(LAYOUT["margin"], b=155),
+    legend=dict(
+        orientation="h", yref="container", yanchor="bottom", y=0, x=0,
+        entrywidth=0.5, entrywidthmode="fraction",
+    ),
+)  # fmt: skip
 
 
 def source_label(memory_source: str) -> str:
@@ -122,7 +132,7 @@ def _capacity_lines(gpu: GPU, x_range: list[float], limit_bytes: int | None) -> 
     ]
     if limit_bytes is not None and limit_bytes < gpu.usable_bytes:
         limit = limit_bytes / GIB
-        name = f"limit: usable less margin ({limit:.2f} GiB)"
+        name = f"usable less margin ({limit:.2f} GiB)"
         lines.append(_hline(name, limit, x_range, AMBER, "dot"))
     return lines
 
@@ -165,7 +175,7 @@ def sweep_figure(
         title=f"Peak memory vs batch size on {gpu.name}: {source_label(memory_source)}",
         xaxis=dict(title="batch size", range=x_range, autorange=False),
         yaxis=dict(title="peak memory (GiB)", range=y_range, autorange=False),
-        uirevision="sweep", height=420, **LAYOUT,
+        uirevision="sweep", height=420, **PAIR_LAYOUT,
     )  # fmt: skip
     return fig
 

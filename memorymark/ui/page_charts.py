@@ -25,7 +25,10 @@ def compare_figure(rows: Sequence[GpuFit], *, chosen: str | None = None) -> go.F
     fig = make_subplots(
         rows=1,
         cols=2,
-        subplot_titles=("Max batch that trains (simulated)", "Cost per training run (estimated)"),
+        subplot_titles=(
+            "Max batch that trains (simulated)",
+            "Cost per training run (estimated from peak TFLOP/s)",
+        ),
     )
     fig.add_trace(
         go.Bar(

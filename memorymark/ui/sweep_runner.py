@@ -30,7 +30,7 @@ from memorymark.settings import Settings
 JOB_KEY = "mm_job"
 SYNC_KEY = "mm_sync_sweeps"
 """Session flag: run sweeps in the script thread (AppTest has no browser to poll a fragment)."""
-RUNNING_STATES = ("starting", "waiting", "running")
+RUNNING_STATES = ("starting", "waiting", "running", "fixing")
 
 
 class ResultCache:
@@ -111,7 +111,8 @@ class SweepJob:
     measurements: list[Measurement] = field(default_factory=list)
     probe_seconds: list[float] = field(default_factory=list)
     state: str = "starting"
-    """starting, waiting (for the device lock), running, done, cancelled or failed."""
+    """starting, waiting (for the device lock), running, fixing (nothing fit: simulating what
+    would), done, cancelled or failed."""
     error: str | None = None
     gpu: GPU | None = None
     backend_name: str | None = None
@@ -173,6 +174,8 @@ class SweepJob:
         if self.cancel_event.is_set():
             self.state = "cancelled"
             return
+        if not any(m.fits for m in self.measurements):
+            self.state = "fixing"  # the report simulates each way out: a few more steps
         self.report = slim(analysis.report())
         self.cache.put(self.settings, self.report)
         self.state = "done"

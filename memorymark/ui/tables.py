@@ -1,7 +1,8 @@
 """Tables the pages show: rows of plain values from engine results, pure functions, no Streamlit.
 
-Column names carry units and say which figures are simulated or estimated. Must not know how a
-page lays the table out.
+Column names carry units and say which figures are simulated, measured or estimated; so do the
+one-line texts of the fixes for a model that does not fit. Must not know how a page lays the
+table out.
 """
 
 from __future__ import annotations
@@ -10,13 +11,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from memorymark.compare import GpuFit
-from memorymark.proof import BackwardProof
-from memorymark.report import gib
+from memorymark.proof import BackwardProof, ProtocolResult
+from memorymark.report import Report, gib
 
 
 def rescale_hours(rows: Sequence[GpuFit], hours_per_run: float) -> list[GpuFit]:
     """The rows priced for a run of `hours_per_run` on the chosen GPU (no new probes)."""
     return [r.with_hours(hours_per_run) for r in rows]
+
+
+def rate_words(precision: str) -> str:
+    """Which peak rate a run at `precision` uses, as `compare.peak_tflops` picks it."""
+    return "FP32" if precision == "32-true" else "bf16/fp16 tensor cores"
 
 
 def compare_table(rows: Sequence[GpuFit]) -> list[dict[str, Any]]:
@@ -29,6 +35,7 @@ def compare_table(rows: Sequence[GpuFit]) -> list[dict[str, Any]]:
             "Max batch (simulated)": r.max_batch,
             "Peak at max batch (GiB, simulated)": gib(r.peak_bytes) if r.peak_bytes else None,
             "$ per hour (catalog)": r.usd_per_hour,
+            "Relative speed (estimated)": round(r.relative_speed, 2),
             "Hours per run (estimated)": round(r.est_hours_per_run, 2),
             "$ per run (estimated)": r.est_cost_per_run_usd,
         }
@@ -51,6 +58,14 @@ def proof_table(proof: BackwardProof) -> list[dict[str, Any]]:
     ]
 
 
+def protocol_line(r: ProtocolResult, batch_size: int) -> str:
+    """One protocol as it lands: `**Forward only**: 0.25 GiB at batch 16 (simulated), ...`."""
+    source = "measured" if r.measured else "simulated"
+    peak = f"{gib(r.peak_bytes):.3f} GiB" if r.fits else "out of memory"
+    most = "" if r.max_batch is None else f"; max batch {r.max_batch}"
+    return f"**{r.label}**: {peak} at batch {batch_size} ({source}){most}"
+
+
 def proof_summary(proof: BackwardProof) -> str:
     """One sentence: what the inference-style protocol recommends vs what training allows."""
     by_key = {r.key: r for r in proof.results}
@@ -69,3 +84,50 @@ def proof_summary(proof: BackwardProof) -> str:
         f"Both protocols allow batch {full.max_batch} here, yet the full "
         f"step {peaks} at batch {proof.batch_size}."
     )
+
+
+def _gib_text(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} GiB"
+
+
+def memory_rows(report: Report) -> list[dict[str, str]]:
+    """Which memory number is which: allocated vs reserved at the optimal batch, usable capacity,
+    the margin, the limit, the headroom and the first batch that does not fit."""
+    d, src = report.to_dict(), report.memory_source
+    at = f" at batch {d['optimal_batch_size']}" if d["optimal_batch_size"] else ""
+    over, oom = d["gpu_overheads_gb"], d["predicted_oom_batch"]
+    gpu_src = "measured total" if report.gpu.measured else "catalog"
+    rows = [
+        ("Allocated" + at, _gib_text(d["optimal_allocated_gb"]), src,
+         "live tensors, as torch.cuda.max_memory_allocated() counts them (512-byte blocks)"),
+        ("Reserved" + at, _gib_text(d["optimal_reserved_gb"]), src,
+         "what the caching allocator holds from the GPU: this must fit the limit"),
+        ("GPU total", _gib_text(d["gpu_total_gb"]), gpu_src, "memory PyTorch reports"),
+        ("Usable capacity", _gib_text(d["usable_gb"]), f"{gpu_src}, less overheads",
+         f"total less the CUDA context ({over['context']:.2f} GiB), cuBLAS workspaces "
+         f"({over['workspaces']:.2f}) and a fragmentation allowance "
+         f"({over['fragmentation_allowance']:.2f})"),
+        ("Margin", _gib_text(d["margin_gb"]), "your setting",
+         f"{report.settings.margin} of usable, kept free in case the prediction is low"),
+        ("Limit", _gib_text(d["limit_gb"]), "usable less margin", d["fit_criterion"]),
+        ("Headroom" + at, _gib_text(d["headroom_gb"]), src,
+         "usable less what the optimal batch needs: its distance from an out-of-memory"),
+        ("First batch that does not fit", "none tried" if oom is None else f"batch {oom}",
+         src, "the smallest batch measured out of memory"),
+    ]  # fmt: skip
+    return [{"Figure": f, "Value": v, "Source": s, "Meaning": m} for f, v, s, m in rows]
+
+
+def how_far_off(peak_bytes: int, capacity_bytes: int) -> str:
+    """`2.32 GiB of 0.55 GiB: 4.2x the limit` or `... 0.27 GiB to spare`."""
+    shown = f"{gib(peak_bytes):.2f} GiB of {gib(capacity_bytes):.2f} GiB"
+    if peak_bytes <= capacity_bytes:
+        return f"{shown}: fits, {gib(capacity_bytes - peak_bytes):.2f} GiB to spare"
+    if capacity_bytes <= 0:
+        return f"{shown}: the margin leaves no room at all"
+    return f"{shown}: {peak_bytes / capacity_bytes:.1f}x the limit"
+
+
+def baseline_peak(report: Report) -> int | None:
+    """What batch 1 needs with the unchanged settings (simulated), when nothing fits."""
+    return report.batch_1_required_bytes

@@ -1,8 +1,9 @@
-"""How the main page shows a sweep: the live panel while it runs, the results once it is done.
+"""How the main page shows a sweep: the live panel while it runs, the final panel once it is done.
 
-Owns the Streamlit layout of a sweep (chart, progress, terminal log, metric cards, bars,
-verdict, downloads) and the wording of errors with their next step. Reads `SweepJob` and
-`Report`; must not start, stop or time sweeps itself (that is `sweep_runner`'s job).
+Owns the Streamlit layout of a sweep (memory chart and throughput chart side by side, progress,
+terminal log) and the wording of errors with their next step. Reads `SweepJob` and `Report`;
+must not start, stop or time sweeps itself (that is `sweep_runner`'s job), and leaves the
+results below the panel to `results`.
 """
 
 from __future__ import annotations
@@ -14,24 +15,40 @@ import streamlit as st
 from memorymark.devices import capacity_bytes
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
-from memorymark.report import GIB, Report
+from memorymark.report import Report
 from memorymark.settings import Settings
-from memorymark.ui import charts, downloads, probe_log
+from memorymark.ui import charts, probe_log, throughput_chart
 from memorymark.ui.sweep_runner import SweepJob, sweep_progress
 
 POLL_SECONDS = 0.5
-LOG_HEIGHT = 360
+LOG_HEIGHT = 220
+# What each state of a job is doing, for the progress bar.
+STATE_WORDS = {
+    "starting": "Starting",
+    "waiting": "Waiting",
+    "running": "Sweeping",
+    "fixing": "Nothing fits: simulating what would (checkpointing, bf16, LoRA, a bigger GPU)",
+}
+NEXT_STEPS = (  # (any of these words, and any of these too, or none needed) -> the next step
+    (("unknown model",), (), "pick a model from the list, or check the spec's spelling."),
+    (("gpu",), ("unknown", "sees no"), "pick another GPU, or set Backend to sim under Advanced."),
+    (("seq_len", "position"), (), "lower the sequence length in the sidebar."),
+    (("lora",), (), "name the modules to adapt in 'LoRA target modules', or set the rank to 0."),
+    (("checkpointing",), (), "untick Gradient checkpointing, or pick another model."),
+    (("hub",), (), "download the model's config.json and upload it in the sidebar instead."),
+    (("config file", "model_type"), (), "upload a transformers config.json (it has a model_type)."),
+    (("not usable here",), (), "install that library next to torch, or pick a catalog model."),
+    (("margin",), (), 'write the margin as "2%" or "512MiB" (Advanced).'),
+    (("step", "max_batch"), (), "under Advanced, make the largest batch at least the step."),
+)
 
 
 def next_step(error: str) -> str:
     """What to do about a failed run, by what its message says."""
     text = error.lower()
-    if "gpu" in text and ("unknown" in text or "sees no" in text):
-        return "pick another GPU, or set Backend to sim under Advanced."
-    if "seq_len" in text or "position" in text:
-        return "lower the sequence length in the sidebar."
-    if "step" in text or "max_batch" in text:
-        return "make the largest batch to try at least the batch step (Advanced)."
+    for words, also, step in NEXT_STEPS:
+        if any(w in text for w in words) and (not also or any(a in text for a in also)):
+            return step
     return "check the settings in the sidebar, or try a smaller model to see whether it runs."
 
 
@@ -54,9 +71,10 @@ def sweep_panel(
     memory_source: str,
     log: str,
     optimal: Measurement | None = None,
+    knee_batch: int | None = None,
 ) -> None:
-    """The chart of every probe next to the terminal-style log."""
-    chart_col, log_col = st.columns([3, 2])
+    """Memory and throughput charts of every probe side by side, the terminal-style log below."""
+    memory_col, speed_col = st.columns(2)
     fig = charts.sweep_figure(
         measurements,
         gpu,
@@ -65,10 +83,18 @@ def sweep_panel(
         optimal=optimal,
         limit_bytes=capacity_bytes(settings, gpu),
     )
-    chart_col.plotly_chart(fig, key="sweep_chart", width="stretch")
-    with log_col:
-        st.caption("Live log")
-        st.code(log, language=None, height=LOG_HEIGHT, wrap_lines=True)
+    memory_col.plotly_chart(fig, key="sweep_chart", width="stretch")
+    speed = throughput_chart.throughput_figure(
+        measurements,
+        gpu,
+        x_range=charts.axis_ranges(measurements, gpu, settings.max_batch)[0],
+        current_batch=settings.current_batch,
+        optimal_batch=optimal.batch_size if optimal else None,
+        knee_batch=knee_batch,
+    )
+    speed_col.plotly_chart(speed, key="throughput_chart", width="stretch")
+    st.caption("Live log")
+    st.code(log, language=None, height=LOG_HEIGHT, wrap_lines=True)
 
 
 def _draw_job(job: SweepJob) -> None:
@@ -79,8 +105,7 @@ def _draw_job(job: SweepJob) -> None:
             "as soon as that one ends (real-GPU sweeps run one at a time)."
         )
     progress = 1.0 if not job.running else sweep_progress(ms, job.settings.step)
-    what = {"starting": "Starting", "waiting": "Waiting", "running": "Sweeping"}
-    label = what.get(job.state, job.state.capitalize())
+    label = STATE_WORDS.get(job.state, job.state.capitalize())
     st.progress(progress, text=f"{label}: {len(ms)} probes, {job.elapsed_seconds:.1f} s")
     if job.gpu is None:
         return
@@ -107,15 +132,19 @@ def live_sweep(job: SweepJob) -> None:
 
 
 def finished_sweep(report: Report, job: SweepJob | None) -> None:
-    """The final chart and log of a finished report (timings too when this session ran it)."""
+    """The final charts and log of a finished report (timings too when this session ran it)."""
     secs = job.probe_seconds if job is not None and job.report is report else None
-    backend = report.backend
     n, took = len(report.measurements), report.elapsed_seconds
     best = f"optimal batch {report.optimal.batch_size}" if report.optimal else "no batch fits"
     footer = f"done: {best} ({n} probes, {took:.1f} s)"
     log = probe_log.log_text(
-        header(report.settings, report.gpu, backend), report.measurements, report.gpu, secs, footer
+        header(report.settings, report.gpu, report.backend),
+        report.measurements,
+        report.gpu,
+        secs,
+        footer,
     )
+    knee = report.knee()
     sweep_panel(
         report.settings,
         report.gpu,
@@ -123,96 +152,5 @@ def finished_sweep(report: Report, job: SweepJob | None) -> None:
         memory_source=report.memory_source,
         log=log,
         optimal=report.optimal,
+        knee_batch=knee.batch_size if knee else None,
     )
-
-
-def speedup_source(report: Report) -> str:
-    """How the speedup (and so the savings) was obtained, in words for a label."""
-    if report.speedup_source == "throughput":
-        return f"{report.throughput_source or 'estimated'} throughput"
-    return "est. from batch ratio"
-
-
-def metric_cards(report: Report) -> list[tuple[str, str, str]]:
-    """(label, value, help) of the six cards; every memory label says measured or simulated."""
-    optimal, current = report.optimal, report.current
-    src, gpu, ratio = report.memory_source, report.gpu, report.speedup
-    fits = current is not None and current.fits
-    return [
-        ("Optimal batch size", str(optimal.batch_size) if optimal else "none",
-         f"The largest batch that trains on {gpu.name} ({src})"),
-        (f"Memory at batch {report.settings.current_batch} ({src})",
-         charts.gib_text(current.peak_bytes) if fits else "OOM",
-         f"Peak of a full training step; {gpu.usable_gib:.2f} GiB usable"),
-        (f"Memory at the optimal batch ({src})",
-         charts.gib_text(optimal.peak_bytes) if optimal else "n/a",
-         f"of {gpu.usable_gib:.2f} GiB usable, {gpu.total_gib:.2f} GiB total"),
-        ("Usable memory wasted", f"{report.waste_percent:.1f}%",
-         f"{report.waste_bytes / GIB:.2f} GiB left idle by the current batch"),
-        (f"Speedup ({speedup_source(report)})", f"{ratio:.1f}x" if ratio else "n/a",
-         "samples/s at the optimal batch over the current one; without a throughput, the "
-         "batch ratio (the speedup if throughput grew with batch size)"),
-        ("Annual savings (estimated)", f"${report.cost_savings_annual:,.0f}",
-         f"of ${report.annual_cost_usd:,.0f}/year at ${report.usd_per_hour:.2f}/h"),
-    ]  # fmt: skip
-
-
-def _metrics(report: Report) -> None:
-    columns = [*st.columns(3), *st.columns(3)]
-    for column, (label, value, help_text) in zip(columns, metric_cards(report), strict=True):
-        column.metric(label, value, border=True, help=help_text)
-
-
-def _downloads(report: Report) -> None:
-    stem = downloads.file_stem(report)
-    left, right, _ = st.columns([1, 1, 3])
-    left.download_button(
-        "Download JSON report",
-        downloads.report_json(report),
-        file_name=f"{stem}.json",
-        mime="application/json",
-        on_click="ignore",
-        key="download_json",
-    )
-    right.download_button(
-        "Download probes CSV",
-        downloads.probes_csv(report),
-        file_name=f"{stem}.csv",
-        mime="text/csv",
-        on_click="ignore",
-        key="download_csv",
-    )
-
-
-def results(report: Report) -> None:
-    """Metric cards, verdict, current-vs-optimal bars, breakdown and downloads."""
-    if report.optimal is None:
-        st.error(
-            f"{report.verdict()}\n\nNext step: pick a GPU with more memory, a shorter "
-            "sequence or smaller images, or the sgd / none optimizer."
-        )
-    elif not report.current_fits:
-        st.warning(report.verdict())
-    else:
-        st.success(report.verdict())
-    if report.capped:
-        st.info(
-            f"Every batch up to {report.settings.max_batch} fits: raise 'Largest batch to "
-            "try' under Advanced to search further."
-        )
-    _metrics(report)
-    left, right = st.columns(2)
-    left.plotly_chart(charts.capacity_bars(report), key="capacity_bars", width="stretch")
-    if report.optimal is not None and report.optimal.breakdown is not None:
-        fig = charts.breakdown_bar(
-            report.optimal.breakdown,
-            batch_size=report.optimal.batch_size,
-            memory_source=report.memory_source,
-        )
-        right.plotly_chart(fig, key="breakdown_bar", width="stretch")
-    st.caption(
-        f"Memory {charts.source_label(report.memory_source)} on {report.gpu.name}; "
-        f"speedup and savings: {speedup_source(report)}. "
-        f"{len(report.measurements)} probes in {report.elapsed_seconds:.1f} s."
-    )
-    _downloads(report)

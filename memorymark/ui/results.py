@@ -1,0 +1,160 @@
+"""The main page's results once a sweep is done: verdict, metric cards, bars, which memory number
+is which, throughput in words, downloads, then what to take to the training script.
+
+Owns the layout and wording of a finished `Report` (every memory figure says simulated or
+measured, every speedup says estimated or measured). Must not run anything: the report holds
+every number, fixes included.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from memorymark.report import GIB, KNEE_FRACTION, Report
+from memorymark.ui import charts, downloads, tables, takeaway
+from memorymark.ui.throughput_chart import source_words
+
+SPEEDUP_HELP = (
+    "Training samples per second at the optimal batch over the current batch: estimated from "
+    "FLOPs and bytes on the GPU's roofline when simulated, timed when measured. The batch ratio "
+    "(optimal / current batch) would be the speedup only if throughput grew with batch size."
+)
+
+
+def speedup_source(report: Report) -> str:
+    """How the speedup (and so the savings) was obtained, in words for a label."""
+    if report.speedup_source == "throughput":
+        return f"{report.throughput_source or 'estimated'} throughput"
+    if report.speedup_source is None:
+        return "no batch fits"
+    return "batch ratio: throughput not known"
+
+
+def _times(ratio: float | None) -> str:
+    if ratio is None:
+        return "n/a"
+    return f"{ratio:.1f}x" if ratio >= 10 else f"{ratio:.2f}x"
+
+
+def metric_cards(report: Report) -> list[tuple[str, str, str, str | None]]:
+    """(label, value, help, delta) of the six cards; memory labels say measured or simulated."""
+    optimal, current = report.optimal, report.current
+    src, gpu = report.memory_source, report.gpu
+    fits = current is not None and current.fits
+    by_throughput = report.speedup_source == "throughput"
+    return [
+        ("Optimal batch size", str(optimal.batch_size) if optimal else "none",
+         f"The largest batch that trains on {gpu.name} ({src})", None),
+        (f"Memory at batch {report.settings.current_batch} ({src})",
+         charts.gib_text(current.peak_bytes) if fits else "OOM",
+         f"Peak of a full training step; {gpu.usable_gib:.2f} GiB usable", None),
+        (f"Memory at the optimal batch ({src})",
+         charts.gib_text(optimal.peak_bytes) if optimal else "n/a",
+         f"of {gpu.usable_gib:.2f} GiB usable, {gpu.total_gib:.2f} GiB total", None),
+        ("Usable memory wasted", f"{report.waste_percent:.1f}%",
+         f"{report.waste_bytes / GIB:.2f} GiB left idle by the current batch", None),
+        (f"Speedup ({speedup_source(report)})", _times(report.speedup), SPEEDUP_HELP,
+         f"batch ratio {_times(report.batch_ratio)}" if by_throughput and report.batch_ratio
+         else None),
+        ("Annual savings (estimated)", f"${report.cost_savings_annual:,.0f}",
+         f"The time saved processing the same samples {_times(report.speedup)} faster, of "
+         f"${report.annual_cost_usd:,.0f}/year at ${report.usd_per_hour:.2f}/h", None),
+    ]  # fmt: skip
+
+
+def throughput_note(report: Report) -> str | None:
+    """Throughput at the current and optimal batch, and where larger batches stop paying off."""
+    optimal, current = report.optimal, report.current
+    if optimal is None or not optimal.samples_per_second:
+        return None
+    text = (
+        f"Throughput, {source_words(report.throughput_source)}: "
+        f"{optimal.samples_per_second:,.1f} samples/s at batch {optimal.batch_size}"
+    )
+    if current is not None and current.fits and current.samples_per_second:
+        text += f", {current.samples_per_second:,.1f} at batch {current.batch_size}"
+    knee = report.knee()
+    if knee is None or knee.batch_size >= optimal.batch_size:
+        return text + ". It was still growing at the optimal batch."
+    text += (
+        f". Larger batches stop paying off at batch {knee.batch_size}: it reaches "
+        f"{100 * KNEE_FRACTION:.0f}% of the best throughput measured"
+    )
+    if report.settings.strategy == "fast":
+        text += " (coarse: a fast sweep measures few batches; the linear strategy measures more)"
+    return text + "."
+
+
+def _verdict(report: Report) -> None:
+    if report.optimal is None:
+        step = (
+            "one of the changes below."
+            if report.fixes
+            else "pick a GPU with more memory, a shorter sequence or smaller images, or the "
+            "sgd / none optimizer."
+        )
+        st.error(f"{report.verdict()}\n\nNext step: {step}")
+    elif not report.current_fits:
+        st.warning(report.verdict())
+    else:
+        st.success(report.verdict())
+    if report.capped:
+        st.info(
+            f"Every batch up to {report.settings.max_batch} fits: raise 'Largest batch to "
+            "try' under Advanced to search further."
+        )
+
+
+def _metrics(report: Report) -> None:
+    columns = [*st.columns(3), *st.columns(3)]
+    for column, (label, value, help_text, delta) in zip(columns, metric_cards(report), strict=True):
+        column.metric(
+            label, value, delta=delta, delta_color="gray", delta_arrow="off", border=True,
+            height="stretch", help=help_text,
+        )  # fmt: skip
+
+
+def _charts(report: Report) -> None:
+    left, right = st.columns(2)
+    left.plotly_chart(charts.capacity_bars(report), key="capacity_bars", width="stretch")
+    if report.optimal is not None and report.optimal.breakdown is not None:
+        fig = charts.breakdown_bar(
+            report.optimal.breakdown,
+            batch_size=report.optimal.batch_size,
+            memory_source=report.memory_source,
+        )
+        right.plotly_chart(fig, key="breakdown_bar", width="stretch")
+
+
+def _downloads(report: Report) -> None:
+    stem = downloads.file_stem(report)
+    left, right, _ = st.columns([1, 1, 3])
+    left.download_button(
+        "Download JSON report", downloads.report_json(report), file_name=f"{stem}.json",
+        mime="application/json", on_click="ignore", key="download_json",
+    )  # fmt: skip
+    right.download_button(
+        "Download probes CSV", downloads.probes_csv(report), file_name=f"{stem}.csv",
+        mime="text/csv", on_click="ignore", key="download_csv",
+    )  # fmt: skip
+
+
+def results(report: Report) -> None:
+    """Everything below the sweep panel, for a finished report."""
+    _verdict(report)
+    if report.fixes:
+        takeaway.fixes(report)
+    _metrics(report)
+    note = throughput_note(report)
+    if note:
+        st.caption(note)
+    _charts(report)
+    with st.expander(f"Which memory number is which ({report.memory_source})"):
+        st.dataframe(tables.memory_rows(report), hide_index=True, width="stretch")
+    takeaway.training_script(report)
+    st.caption(
+        f"Memory {charts.source_label(report.memory_source)} on {report.gpu.name}; "
+        f"speedup and savings: {speedup_source(report)}. "
+        f"{len(report.measurements)} probes in {report.elapsed_seconds:.1f} s."
+    )
+    _downloads(report)

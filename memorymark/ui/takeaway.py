@@ -1,0 +1,85 @@
+"""What to do with the answer: ready-to-paste training settings for the configuration found, or,
+when nothing fits even at batch 1, the changes that would, each applicable in one click.
+
+Owns the layout of the snippets (Hugging Face, Lightning, PyTorch tabs, each with st.code's copy
+button) and of the fixes. The snippets' text comes from `memorymark.snippets`, the fixes from
+the report; must not run anything itself.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from memorymark.plan import TrainingPlan
+from memorymark.report import Report
+from memorymark.snippets import snippet
+from memorymark.ui import sidebar, tables
+
+DIALECTS = (("Hugging Face", "hf"), ("Lightning", "lightning"), ("PyTorch", "torch"))
+
+
+def plan_text(plan: TrainingPlan) -> str:
+    """The batch plan in one sentence."""
+    if plan.target_batch is None:
+        return (
+            f"Micro-batch {plan.micro_batch}, no gradient accumulation. Set a target global "
+            "batch in the sidebar to plan accumulation steps for it."
+        )
+    text = (
+        f"For a global batch of {plan.target_batch}: micro-batch {plan.micro_batch} x "
+        f"{plan.accumulation_steps} accumulation steps = {plan.effective_batch} samples per "
+        "optimizer step"
+    )
+    extra = plan.effective_batch - plan.target_batch
+    return text + (f" ({extra} more than asked: micro-batches that fit can't split it)." if extra
+                   else ".")  # fmt: skip
+
+
+def training_script(report: Report) -> None:
+    """The plan and the three snippets, when a batch fits."""
+    plan = report.plan
+    if plan is None:
+        return
+    st.subheader("Take it to your training script")
+    st.markdown(plan_text(plan))
+    for tab, (_, fmt) in zip(st.tabs([label for label, _ in DIALECTS]), DIALECTS, strict=True):
+        tab.code(snippet(fmt, report.settings, plan), language="python")
+    st.caption(
+        f"Batch sizes from this analysis ({report.memory_source} memory on {report.gpu.name}); "
+        "`model` and `dataset` are yours. The copy button is at the code's top right."
+    )
+
+
+def how_far_off_here(report: Report) -> str | None:
+    """As configured, how far batch 1 is from fitting (when a fix measured its peak)."""
+    peak = tables.baseline_peak(report)
+    if peak is None:
+        return None
+    return (
+        f"As configured on this {report.gpu.name}, batch 1 peaks at "
+        f"{tables.how_far_off(peak, report.limit_bytes)} (usable memory less the margin)."
+    )
+
+
+def fixes(report: Report) -> None:
+    """Each fix with its batch-1 peak against its limit, and a button that applies it."""
+    st.subheader("What would make it fit")
+    here = how_far_off_here(report)
+    if here:
+        st.markdown(here)
+    for i, fix in enumerate(report.fixes):
+        text_col, button_col = st.columns([4, 1], vertical_alignment="center")
+        mark = ":green[**fits**]" if fix.fits else ":red[still too big]"
+        text_col.markdown(
+            f"{mark} · **{fix.label}** on {fix.gpu.name}: batch 1 peaks at "
+            f"{tables.how_far_off(fix.required_bytes, fix.capacity_bytes)}"
+        )
+        button_col.button(
+            "Apply and analyze", key=f"apply_fix_{i}", on_click=sidebar.apply_and_analyze,
+            args=(fix.settings,), type="primary" if fix.fits else "secondary", width="stretch",
+        )  # fmt: skip
+    st.caption(
+        "Batch-1 peaks simulated on fake tensors with no memory limit; each limit is that "
+        "GPU's usable memory less your margin. A button loads the change into the sidebar and "
+        "analyzes it."
+    )

@@ -1,0 +1,140 @@
+"""The sidebar's training and search settings: precision, optimizer, checkpointing, LoRA, mode,
+batch sizes and strategy, then the advanced ones (attention, loss, protocol, backend, step,
+largest batch, margin, forward only).
+
+Each widget writes its `Settings` field's session-state key (`mm_<field>`); one that does not
+apply to the chosen model is not drawn. Must not know how a sweep runs or how results are drawn.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from memorymark import models
+from memorymark import settings as settings_mod
+from memorymark.settings import Settings
+from memorymark.ui.model_inputs import applicable
+from memorymark.ui.state_keys import key
+
+PROTOCOL_KEY = "mm_protocol"
+OPTIMIZER_HELP = (
+    "adamw: two state buffers per weight; adamw-fused: the same in one CUDA kernel (real runs "
+    "need CUDA); sgd: momentum, one buffer; adafactor: factored state (transformers); none: "
+    "no optimizer step"
+)
+
+
+def _protocol_of_state() -> str:
+    """The protocol the mode, loss and optimizer widgets add up to."""
+    chosen = (st.session_state[key(n)] for n in ("mode", "loss", "optimizer"))
+    return "inference-style" if tuple(chosen) == ("eval", "logits-mean", "none") else "full"
+
+
+def _apply_protocol() -> None:
+    """Protocol callback: set mode, loss and optimizer as the CLI's --protocol does."""
+    applied = Settings().with_protocol(st.session_state[PROTOCOL_KEY])
+    for name in ("mode", "loss", "optimizer"):
+        st.session_state[key(name)] = getattr(applied, name)
+
+
+def _lora_inputs(sb: Any) -> dict[str, Any]:
+    rank = sb.number_input(
+        "LoRA rank (0: train every weight)",
+        min_value=0,
+        step=4,
+        key=key("lora_rank"),
+        help="Adapters through peft: base weights frozen, no gradients or optimizer state "
+        "for them.",
+    )
+    if not rank:
+        return {"lora_targets": ""}
+    sb.text_input(
+        "LoRA target modules",
+        key=key("lora_targets"),
+        placeholder="the architecture's default",
+        help="Comma-separated module names, e.g. q_proj,v_proj; empty takes the default.",
+    )
+    return {}
+
+
+def _batch_inputs(sb: Any) -> None:
+    sb.number_input(
+        "Current batch size (what you train with today)", min_value=1, key=key("current_batch")
+    )
+    sb.number_input(
+        "Target global batch (optional)",
+        min_value=1,
+        value=None,
+        key=key("target_batch"),
+        placeholder="none",
+        help="The batch you want per optimizer step: the answer plans micro-batch x "
+        "gradient accumulation steps to reach it.",
+    )
+    sb.radio(
+        "Search strategy",
+        settings_mod.STRATEGIES,
+        key=key("strategy"),
+        horizontal=True,
+        help="fast: trace two batches, predict, verify, bisect. linear: 8, 16, 24, ... "
+        "until the first OOM (the prototype's protocol).",
+    )
+
+
+def training_inputs(sb: Any, entry: models.ModelEntry | None) -> dict[str, Any]:
+    """Draw the training and search widgets; return values that override their state."""
+    use = applicable(entry) if entry is not None else {}
+    sb.selectbox(
+        "Precision",
+        settings_mod.PRECISIONS,
+        key=key("precision"),
+        help="Lightning's names: autocast (-mixed; 16-mixed adds a GradScaler) or weights and "
+        "optimizer state in bf16 (bf16-true)",
+    )
+    sb.selectbox("Optimizer", settings_mod.OPTIMIZERS, key=key("optimizer"), help=OPTIMIZER_HELP)
+    if use.get("grad_checkpointing", True):
+        sb.checkbox(
+            "Gradient checkpointing",
+            key=key("grad_checkpointing"),
+            help="Recompute activations in backward instead of keeping them (the model's own "
+            "switch)",
+        )
+    overrides = _lora_inputs(sb)
+    sb.radio("Mode", settings_mod.MODES, key=key("mode"), horizontal=True)
+    _batch_inputs(sb)
+    with sb.expander("Advanced"):
+        _advanced_inputs(use)
+    return overrides
+
+
+def _advanced_inputs(use: dict[str, bool]) -> None:
+    if use.get("attention", True):
+        st.selectbox(
+            "Attention",
+            settings_mod.ATTENTIONS,
+            key=key("attention"),
+            help="sdpa: as CUDA dispatches scaled_dot_product_attention; eager: matmuls",
+        )
+    st.selectbox(
+        "Loss", settings_mod.LOSSES, key=key("loss"),
+        help="logits-mean is what inference-style tools measure",
+    )  # fmt: skip
+    st.session_state[PROTOCOL_KEY] = _protocol_of_state()
+    st.radio(
+        "Protocol", settings_mod.PROTOCOLS, key=PROTOCOL_KEY, on_change=_apply_protocol,
+        horizontal=True, help="A shortcut for mode, loss and optimizer, as the CLI's --protocol: "
+        "inference-style = eval + logits.mean() + no optimizer; full = train + task loss + adamw",
+    )  # fmt: skip
+    st.selectbox(
+        "Backend", settings_mod.BACKENDS, key=key("backend"),
+        help="auto: this machine's GPU when it is the one chosen, else simulated",
+    )  # fmt: skip
+    st.number_input("Batch step", min_value=1, key=key("step"))
+    st.number_input("Largest batch to try", min_value=1, key=key("max_batch"))
+    st.text_input(
+        "Safety margin below usable memory",
+        key=key("margin"),
+        help='A percentage ("2%") or a size ("512MiB"): headroom the answer keeps',
+    )
+    st.checkbox("Forward pass only (no_grad)", key=key("forward_only"))

@@ -1,0 +1,125 @@
+"""What the app's AppTest files share: a fake Analysis with a known answer, and small readers.
+
+Not a test module: `test_app_main.py` and `test_app_results.py` import it (pytest puts tests/ on
+the path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from streamlit.testing.v1 import AppTest
+
+from memorymark import gpus
+from memorymark.fixes import Fix
+from memorymark.measurement import Breakdown, Measurement
+from memorymark.report import GIB, Report
+from memorymark.settings import Costs, Settings
+from memorymark.ui import sweep_runner
+
+APP = "../app.py"  # AppTest resolves paths against the test file
+TIMEOUT = 60  # the first run imports torch and transformers
+A10 = gpus.find_gpu("A10")
+
+
+def rate(batch: int) -> float:
+    """Estimated samples/s of the fake: grows with batch size and levels off."""
+    return 1000 * batch / (batch + 16)
+
+
+class FakeAnalysis:
+    """The engine's Analysis with a known answer: peak = 1 GiB + 0.1 GiB per sample on an A10.
+
+    Probes 8, 16, 192 (19.2+1 GiB fits in 20.92 usable) and 200 (21 GiB does not), each fitting
+    one with an estimated `rate(batch)`. When `gate` is set, every probe after the first waits
+    for it, so a test can watch a sweep mid-flight. `fixes(settings)` fills the report's fixes
+    when nothing fits; gradient checkpointing brings the base down to 1 GiB.
+    """
+
+    created: list[Settings] = []
+    gate: threading.Event | None = None
+    error: Exception | None = None
+    base_bytes = GIB
+    batches: tuple[int, ...] = (8, 16, 192, 200)
+    rate: Callable[[int], float] = staticmethod(rate)
+    fixes: Callable[[Settings], tuple[Fix, ...]] = staticmethod(lambda settings: ())
+
+    def __init__(self, settings: Settings) -> None:
+        if type(self).error is not None:
+            raise type(self).error
+        type(self).created.append(settings)
+        self.settings, self.gpu, self.measurements = settings, A10, []
+
+    def _probe(self, batch: int) -> Measurement:
+        base = GIB if self.settings.grad_checkpointing else type(self).base_bytes
+        peak = base + batch * GIB // 10
+        fits = peak <= A10.usable_bytes
+        parts = Breakdown(parameters=GIB // 4, optimizer_state=GIB // 2,
+                          activations=peak - 3 * GIB // 4)  # fmt: skip
+        return Measurement(
+            batch_size=batch, fits=fits, peak_bytes=peak, backend="sim", measured=False,
+            predicted_allocated_bytes=peak + 512 if fits else None,
+            predicted_reserved_bytes=peak + 64 * 2**20 if fits else None,
+            samples_per_second=type(self).rate(batch) if fits else None,
+            throughput_source="estimated" if fits else None,
+            breakdown=parts if fits else None, error=None if fits else "simulated OOM",
+        )  # fmt: skip
+
+    def stream(self) -> Iterator[Measurement]:
+        for i, batch in enumerate(type(self).batches):
+            if i and type(self).gate is not None:
+                type(self).gate.wait(10)
+            self.measurements.append(self._probe(batch))
+            yield self.measurements[-1]
+
+    def report(self, costs: Costs | None = None) -> Report:
+        report = Report(settings=self.settings, costs=costs or Costs(), gpu=A10, backend="sim",
+                        measurements=tuple(self.measurements), elapsed_seconds=0.5)  # fmt: skip
+        if report.optimal is None:
+            # As the engine does: batch 1 as configured, simulated with no limit (base + 1 GiB).
+            report = dataclasses.replace(
+                report,
+                fixes=type(self).fixes(self.settings),
+                batch_1_required_bytes=type(self).base_bytes + GIB,
+            )
+        return report
+
+
+def app(sync: bool = True, **query: str) -> AppTest:
+    """The main page, run once with `query` as its link (sweeps inline unless `sync` is off)."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params.update(query)
+    if sync:
+        at.session_state[sweep_runner.SYNC_KEY] = True
+    return at.run()
+
+
+def run_until(at: AppTest, done: Callable[[AppTest], bool], timeout: float = 30) -> AppTest:
+    """Rerun the script (as the page's fragment would) until `done`, or fail."""
+    deadline = time.monotonic() + timeout
+    while not done(at):
+        assert time.monotonic() < deadline, "the sweep did not finish in time"
+        time.sleep(0.1)
+        at.run()
+    return at
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    """Each metric card's label -> value."""
+    return {m.label: m.value for m in at.metric}
+
+
+def chart(at: AppTest, key: str) -> dict:
+    """The figure JSON of the Plotly chart drawn with `key`."""
+    found = [c for c in at.get("plotly_chart") if c.proto.id.endswith(f"-{key}")]
+    assert found, f"no chart {key!r}"
+    return json.loads(found[0].proto.spec)
+
+
+def trace(spec: dict, name: str) -> dict:
+    """The trace called `name` in a figure's JSON."""
+    return next(t for t in spec["data"] if t.get("name") == name)

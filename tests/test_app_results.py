@@ -1,0 +1,228 @@
+"""The main page's newer pieces under AppTest: throughput, which memory number is which, the
+training-script snippets, the fixes when nothing fits, and every setting in the sidebar."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from app_helpers import A10, FakeAnalysis, app, chart, metrics, trace
+
+from memorymark import gpus, model_sources, models
+from memorymark.fixes import Fix
+from memorymark.report import GIB, gib
+from memorymark.settings import Settings
+from memorymark.ui import model_inputs, sweep_runner
+from memorymark.ui.state_keys import SETTING_FIELDS
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test gets its own result cache and device lock (they are process-wide in the app)."""
+    cache, lock = sweep_runner.ResultCache(), threading.Lock()
+    monkeypatch.setattr(sweep_runner, "result_cache", lambda: cache)
+    monkeypatch.setattr(sweep_runner, "device_lock", lambda: lock)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> type[FakeAnalysis]:
+    class Fake(FakeAnalysis):
+        created: list[Settings] = []
+
+    monkeypatch.setattr(sweep_runner, "Analysis", Fake)
+    return Fake
+
+
+def analyzed(**query: str):  # noqa: ANN201 - an AppTest after one click on Analyze
+    at = app(**query)
+    at.button(key="analyze").click().run()
+    assert not at.exception
+    return at
+
+
+def widget_keys(at, kind: str) -> set[str]:  # noqa: ANN001
+    return {w.key for w in at.get(kind)}
+
+
+def test_throughput_chart_and_where_larger_batches_stop_paying_off(fake) -> None:  # noqa: ANN001
+    fake.batches = (8, 16, 64, 192, 200)
+    fake.rate = staticmethod(lambda batch: 10.0 * min(batch, 64))  # flat from batch 64 on
+    at = analyzed(model="tiny-bert")
+    spec = chart(at, "throughput_chart")
+    line = trace(spec, "samples/s (estimated)")
+    assert (line["x"], line["y"]) == ([8, 16, 64, 192], [80, 160, 640, 640])
+    assert trace(spec, "current (batch 16)")["y"] == [160]
+    assert trace(spec, "optimal (batch 192)")["y"] == [640]
+    assert "estimated from FLOPs and bytes" in spec["layout"]["title"]["text"]
+    notes = [a["text"] for a in spec["layout"]["annotations"]]
+    assert "stops paying off at batch 64" in notes and "out of memory" in notes
+    assert spec["layout"]["xaxis"]["range"] == chart(at, "sweep_chart")["layout"]["xaxis"]["range"]
+    assert metrics(at)["Speedup (estimated throughput)"] == "4.00x"  # 640 / 160
+    caption = next(c.value for c in at.main.caption if c.value.startswith("Throughput"))
+    assert "Larger batches stop paying off at batch 64" in caption and "coarse" in caption
+
+
+def test_no_knee_line_while_throughput_still_grows_at_the_optimal_batch(fake) -> None:  # noqa: ANN001
+    at = analyzed(model="tiny-bert")
+    notes = [a["text"] for a in chart(at, "throughput_chart")["layout"].get("annotations", [])]
+    assert not any("stops paying off" in n for n in notes)
+    assert any("still growing at the optimal batch" in c.value for c in at.main.caption)
+
+
+def test_without_a_throughput_the_speedup_is_the_batch_ratio(fake) -> None:  # noqa: ANN001
+    fake.rate = staticmethod(lambda batch: 0.0)
+    shown = metrics(analyzed(model="tiny-bert"))
+    assert shown["Speedup (batch ratio: throughput not known)"] == "12.0x"
+
+
+def test_which_memory_number_is_which(fake) -> None:  # noqa: ANN001
+    at = analyzed(model="tiny-bert")
+    assert at.expander[0].label == "Which memory number is which (simulated)"
+    table = at.dataframe[0].value.set_index("Figure")
+    reserved = 20 * GIB + GIB // 5 + 64 * 2**20
+    assert table.loc["Allocated at batch 192", "Value"] == "20.20 GiB"
+    assert table.loc["Reserved at batch 192", "Value"] == f"{gib(reserved):.2f} GiB"
+    assert table.loc["Usable capacity", "Value"] == f"{gib(A10.usable_bytes):.2f} GiB"
+    margin = A10.usable_bytes * 2 // 100
+    assert table.loc["Margin", "Value"] == f"{gib(margin):.2f} GiB"
+    assert table.loc["Limit", "Value"] == f"{gib(A10.usable_bytes - margin):.2f} GiB"
+    assert (
+        table.loc["Headroom at batch 192", "Value"] == f"{gib(A10.usable_bytes - reserved):.2f} GiB"
+    )
+    assert table.loc["First batch that does not fit", "Value"] == "batch 200"
+    assert set(table.loc[["Allocated at batch 192", "Reserved at batch 192"], "Source"]) == {
+        "simulated"
+    }
+
+
+def test_snippets_and_the_plan_for_a_target_batch(fake) -> None:  # noqa: ANN001
+    at = analyzed(model="tiny-bert", target_batch="512", precision="bf16-mixed")
+    assert [t.label for t in at.tabs] == ["Hugging Face", "Lightning", "PyTorch"]
+    plan = next(m.value for m in at.markdown if m.value.startswith("For a global batch"))
+    assert "micro-batch 171 x 3 accumulation steps = 513 samples" in plan  # ceil(512/192) = 3
+    hf, lightning, torch_loop = (c.value for c in at.code[1:4])
+    assert "per_device_train_batch_size=171," in hf and "gradient_accumulation_steps=3," in hf
+    assert "bf16=True," in hf
+    assert 'precision="bf16-mixed"' in lightning and "accumulate_grad_batches=3" in lightning
+    assert "batch_size=171" in torch_loop and "accumulation_steps = 3" in torch_loop
+
+
+def fixes_for(settings: Settings) -> tuple[Fix, ...]:
+    limit = A10.usable_bytes - settings.margin_bytes(A10.usable_bytes)
+    h100 = gpus.find_gpu("H100")
+    return (
+        Fix(label="gradient checkpointing", settings=replace(settings, grad_checkpointing=True),
+            gpu=A10, peak_bytes=2 * GIB, required_bytes=2 * GIB, capacity_bytes=limit),
+        Fix(label="LoRA rank 16", settings=replace(settings, lora_rank=16), gpu=A10,
+            peak_bytes=41 * GIB, required_bytes=41 * GIB, capacity_bytes=limit),
+        Fix(label="a bigger GPU: H100 80GB", settings=replace(settings, gpu=h100.name), gpu=h100,
+            peak_bytes=31 * GIB, required_bytes=31 * GIB,
+            capacity_bytes=h100.usable_bytes),
+    )  # fmt: skip
+
+
+def test_nothing_fits_shows_how_far_off_each_fix_is_and_applies_one(fake) -> None:  # noqa: ANN001
+    fake.base_bytes = 30 * GIB  # batch 1 needs more than the A10 has
+    fake.fixes = staticmethod(fixes_for)
+    at = analyzed(model="tiny-bert")
+    assert at.error[0].value.startswith("No batch size trains on this A10")
+    assert "Next step: one of the changes below" in at.error[0].value
+    limit = gib(A10.usable_bytes * 98 // 100)
+    lines = [m.value for m in at.markdown]
+    assert f"batch 1 peaks at 31.00 GiB of {limit:.2f} GiB: 1.5x the limit" in lines[0]
+    assert any("**gradient checkpointing** on A10" in s and "fits" in s for s in lines)
+    assert any("**LoRA rank 16**" in s and "2.0x the limit" in s for s in lines)
+    assert "still too big" in next(s for s in lines if "LoRA" in s)
+    at.button(key="apply_fix_0").click().run()
+    assert not at.exception
+    assert at.checkbox(key="mm_grad_checkpointing").value is True
+    assert at.query_params["grad_checkpointing"] == "true"
+    assert fake.created[-1].grad_checkpointing and len(fake.created) == 2
+    assert metrics(at)["Optimal batch size"] == "192"  # checkpointing made it fit
+
+
+def test_settings_appear_only_when_they_apply() -> None:
+    at = app(model="tiny-gpt2", seq_len="64", attention="eager")
+    numbers, selects = widget_keys(at, "number_input"), widget_keys(at, "selectbox")
+    assert "mm_seq_len" in numbers and "mm_image_size" not in numbers
+    assert {"mm_task", "mm_attention"} <= selects  # GPT-2 trains causal-lm or classification
+    at.selectbox(key="mm_model").set_value("tiny-resnet").run()
+    numbers, selects = widget_keys(at, "number_input"), widget_keys(at, "selectbox")
+    assert "mm_image_size" in numbers and "mm_seq_len" not in numbers
+    assert not {"mm_task", "mm_attention"} & selects
+    assert "seq_len" not in at.query_params and "attention" not in at.query_params
+    at.selectbox(key="mm_model").set_value("tiny-gpt2").run()
+    assert at.number_input(key="mm_seq_len").value == 64  # kept for when it applies again
+    at.text_input(key="mm_model_spec").set_value("torchvision:resnet18").run()
+    assert "mm_grad_checkpointing" not in widget_keys(at, "checkbox")  # no switch there
+
+
+def test_every_setting_round_trips_through_the_link() -> None:
+    link = {
+        "model": "tiny-gpt2", "task": "sequence-classification", "seq_len": "64",
+        "optimizer": "adafactor", "mode": "eval", "loss": "logits-mean",
+        "precision": "bf16-true", "attention": "eager", "grad_checkpointing": "true",
+        "lora_rank": "8", "lora_targets": "c_attn", "forward_only": "true", "gpu": "T4",
+        "backend": "sim", "strategy": "linear", "step": "4", "current_batch": "8",
+        "max_batch": "256", "target_batch": "64", "margin": "5%",
+    }  # fmt: skip
+    at = app(**link)
+    assert not at.exception and not at.error
+    assert dict(at.query_params) == link
+    assert at.checkbox(key="mm_grad_checkpointing").value is True
+    assert at.number_input(key="mm_lora_rank").value == 8
+    assert at.text_input(key="mm_lora_targets").value == "c_attn"
+    assert at.number_input(key="mm_target_batch").value == 64
+    assert at.selectbox(key="mm_precision").value == "bf16-true"
+    at.number_input(key="mm_lora_rank").set_value(0).run()
+    assert "lora_rank" not in at.query_params and "lora_targets" not in at.query_params
+    at.number_input(key="mm_target_batch").set_value(None).run()
+    assert "target_batch" not in at.query_params
+
+
+def test_the_protocol_shortcut_sets_mode_loss_and_optimizer() -> None:
+    at = app(model="tiny-bert")
+    at.radio(key="mm_protocol").set_value("inference-style").run()
+    assert {k: at.query_params[k] for k in ("mode", "loss", "optimizer")} == {
+        "mode": "eval", "loss": "logits-mean", "optimizer": "none"}  # fmt: skip
+    assert at.radio(key="mm_protocol").value == "inference-style"
+    at.radio(key="mm_protocol").set_value("full").run()
+    assert not {"mode", "loss", "optimizer"} & set(dict(at.query_params))
+
+
+def test_a_bad_value_is_an_error_with_a_next_step_never_a_traceback() -> None:
+    at = app(model="tiny-bert")
+    at.text_input(key="mm_margin").set_value("lots").run()
+    assert not at.exception
+    assert "These settings cannot run: margin must be a percentage" in at.error[0].value
+    assert "Next step" in at.error[0].value
+
+
+def test_an_uploaded_config_becomes_a_file_model(monkeypatch, tmp_path: Path) -> None:  # noqa: ANN001
+    monkeypatch.setattr(model_inputs, "UPLOAD_DIR", tmp_path)
+    monkeypatch.setattr(model_sources, "_config_root", tmp_path.resolve())
+    data = Path(models.CONFIG_DIR, "tiny-bert.json").read_bytes()
+    at = app()
+    at.file_uploader(key="mm_upload").set_value(("my bert.json", data, "application/json")).run()
+    assert not at.exception
+    spec = at.text_input(key="mm_model_spec").value
+    assert spec.startswith(f"file:{tmp_path}/my-bert-") and spec.endswith("/config.json")
+    assert Path(spec[5:]).read_bytes() == data
+    assert at.query_params["model"] == spec
+    assert any("shared link opens it only here" in c.value for c in at.sidebar.caption)
+    at.file_uploader(key="mm_upload").clear().run()
+    assert at.text_input(key="mm_model_spec").value == ""
+
+
+def test_every_setting_has_a_widget_where_it_applies() -> None:
+    def keys(at) -> set[str]:  # noqa: ANN001
+        kinds = ("selectbox", "text_input", "number_input", "checkbox", "radio")
+        return {w.key for kind in kinds for w in at.get(kind)}
+
+    text = keys(app(model="tiny-gpt2", gpu_memory_gib="24", lora_rank="8"))
+    image = keys(app(model="tiny-resnet"))
+    drawn = {k.removeprefix("mm_") for k in text | image} | {"gpu"}  # gpu: the GPU choice
+    assert "mm_gpu_choice" in text
+    assert set(SETTING_FIELDS) <= drawn
