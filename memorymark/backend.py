@@ -32,6 +32,8 @@ class Backend:
     name = "base"
     measured = False
     device = "cpu"
+    holds_memory = True
+    """False when tensors allocate nothing (fake tensors): releasing needs no collection then."""
 
     def __init__(
         self, workload: Workload, *, capacity_bytes: int, budget_bytes: int | None = None
@@ -117,8 +119,9 @@ class Backend:
     def release(self) -> None:
         """Free the model, optimizer state and cached memory (the sweep calls this at the end)."""
         self._model = self._optimizer = self._tracker = None
-        gc.collect()
-        self._empty_cache()
+        if self.holds_memory:
+            gc.collect()
+            self._empty_cache()
 
     def _prepare(self) -> MemoryTracker:
         if self._tracker is not None:

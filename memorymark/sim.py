@@ -101,6 +101,7 @@ class SimBackend(Backend):
     name = "sim"
     measured = False
     device = "cpu"
+    holds_memory = False
 
     def __init__(
         self,
