@@ -3,6 +3,7 @@ known function of batch size, for testing search strategies exactly."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -50,3 +51,29 @@ class FunctionBackend:
 def function_backend() -> type[FunctionBackend]:
     """The FunctionBackend class, to build with a timeline and a capacity."""
     return FunctionBackend
+
+
+# The app tests' fixtures: imported lazily so engine-only test runs never load Streamlit.
+@pytest.fixture
+def fresh_caches(monkeypatch: pytest.MonkeyPatch) -> threading.Lock:
+    """An app test's own result cache and device lock (process-wide in the app)."""
+    from memorymark.ui import sweep_runner
+
+    cache, lock = sweep_runner.ResultCache(), threading.Lock()
+    monkeypatch.setattr(sweep_runner, "result_cache", lambda: cache)
+    monkeypatch.setattr(sweep_runner, "device_lock", lambda: lock)
+    return lock
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> type:
+    """Make the main page's sweeps run a fresh FakeAnalysis subclass (class state per test)."""
+    from app_helpers import FakeAnalysis
+
+    from memorymark.ui import sweep_runner
+
+    class Fake(FakeAnalysis):
+        created: list[Settings] = []
+
+    monkeypatch.setattr(sweep_runner, "Analysis", Fake)
+    return Fake

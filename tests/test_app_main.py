@@ -7,32 +7,22 @@ import threading
 from pathlib import Path
 
 import pytest
-from app_helpers import TIMEOUT, FakeAnalysis, app, chart, metrics, run_until, trace
+from app_helpers import (
+    TIMEOUT,
+    app,
+    chart,
+    metrics,
+    run_until,
+    trace,
+)
 from streamlit.testing.v1 import AppTest
 
 import memorymark.models
 from memorymark import gpus
 from memorymark.report import GIB
-from memorymark.settings import Settings
 from memorymark.ui import sidebar, sweep_runner
 
-
-@pytest.fixture(autouse=True)
-def fresh_caches(monkeypatch: pytest.MonkeyPatch) -> threading.Lock:
-    """Each test gets its own result cache and device lock (they are process-wide in the app)."""
-    cache, lock = sweep_runner.ResultCache(), threading.Lock()
-    monkeypatch.setattr(sweep_runner, "result_cache", lambda: cache)
-    monkeypatch.setattr(sweep_runner, "device_lock", lambda: lock)
-    return lock
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> type[FakeAnalysis]:
-    class Fake(FakeAnalysis):
-        created: list[Settings] = []
-
-    monkeypatch.setattr(sweep_runner, "Analysis", Fake)
-    return Fake
+pytestmark = pytest.mark.usefixtures("fresh_caches")
 
 
 def test_analyze_shows_metrics_chart_verdict_and_downloads(fake) -> None:  # noqa: ANN001
@@ -98,7 +88,7 @@ def test_while_a_sweep_runs_analyze_is_disabled_and_cancel_stops_it(fake) -> Non
 def _double_click() -> None:
     import streamlit as st
 
-    from memorymark.settings import Settings
+    from memorymark.settings import Settings  # AppTest runs this function's source alone
     from memorymark.ui import sweep_runner
 
     settings = Settings(model="tiny-bert", gpu="A10")

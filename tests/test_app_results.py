@@ -3,36 +3,20 @@ training-script snippets, the fixes when nothing fits, and every setting in the 
 
 from __future__ import annotations
 
-import threading
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from app_helpers import A10, FakeAnalysis, app, chart, metrics, trace
+from app_helpers import A10, app, chart, metrics, trace
 
 from memorymark import gpus, model_sources, models
 from memorymark.fixes import Fix
 from memorymark.report import GIB, gib
 from memorymark.settings import Settings
-from memorymark.ui import model_inputs, sweep_runner
+from memorymark.ui import model_inputs
 from memorymark.ui.state_keys import SETTING_FIELDS
 
-
-@pytest.fixture(autouse=True)
-def fresh_caches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test gets its own result cache and device lock (they are process-wide in the app)."""
-    cache, lock = sweep_runner.ResultCache(), threading.Lock()
-    monkeypatch.setattr(sweep_runner, "result_cache", lambda: cache)
-    monkeypatch.setattr(sweep_runner, "device_lock", lambda: lock)
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> type[FakeAnalysis]:
-    class Fake(FakeAnalysis):
-        created: list[Settings] = []
-
-    monkeypatch.setattr(sweep_runner, "Analysis", Fake)
-    return Fake
+pytestmark = pytest.mark.usefixtures("fresh_caches")
 
 
 def analyzed(**query: str):  # noqa: ANN201 - an AppTest after one click on Analyze
