@@ -13,6 +13,15 @@ from memorymark.sim import SimBackend
 from memorymark.workload import Workload
 
 BIG = 8 * 2**30
+# A one-layer BERT config.json, as a hub or an upload would hold it.
+TINY_BERT = {
+    "model_type": "bert",
+    "hidden_size": 32,
+    "num_attention_heads": 2,
+    "num_hidden_layers": 1,
+    "intermediate_size": 64,
+    "vocab_size": 100,
+}
 
 
 @pytest.fixture(autouse=True)
@@ -91,15 +100,7 @@ def test_a_hub_config_is_read_like_a_file(monkeypatch, tmp_path):
     import huggingface_hub
 
     path = write_config(
-        tmp_path,
-        model_type="bert",
-        hidden_size=32,
-        num_attention_heads=2,
-        num_hidden_layers=1,
-        intermediate_size=64,
-        vocab_size=100,
-        max_position_embeddings=64,
-        architectures=["BertForMaskedLM"],
+        tmp_path, **TINY_BERT, max_position_embeddings=64, architectures=["BertForMaskedLM"]
     )
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name, **kw: path)
     model_sources.from_hub.cache_clear()
@@ -168,15 +169,7 @@ def test_a_library_that_will_not_import_is_one_line(monkeypatch):
 def test_config_files_can_be_limited_to_one_folder(tmp_path):
     inside = tmp_path / "uploads"
     inside.mkdir()
-    allowed = write_config(
-        inside,
-        model_type="bert",
-        hidden_size=32,
-        num_attention_heads=2,
-        num_hidden_layers=1,
-        intermediate_size=64,
-        vocab_size=100,
-    )
+    allowed = write_config(inside, **TINY_BERT)
     outside = write_config(tmp_path, model_type="gpt2")
     model_sources.restrict_config_files(inside)
     try:
