@@ -85,7 +85,8 @@ def test_analyze_in_a_real_browser_draws_the_chart_and_the_answer(app_url: str) 
             expect(page.get_by_text("Optimal batch size")).to_be_visible(timeout=60_000)
             expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=30_000)
             expect(page.get_by_text("Every batch up to 64 fits")).to_be_visible()
-            assert "batch   64 fits" in page.locator("code").first.inner_text()
+            # expect() retries: right after the rerun, Streamlit may still show the live log.
+            expect(page.locator("code").first).to_contain_text("batch   64 fits", timeout=30_000)
             expect(page.locator(".js-plotly-plot").nth(1)).to_be_visible()  # throughput chart
             expect(page.get_by_role("tab", name="Hugging Face")).to_be_visible()
             expect(page.get_by_text("per_device_train_batch_size=64,")).to_be_visible()
