@@ -1,9 +1,11 @@
-"""One model across the whole GPU catalog, from one set of probes rather than a sweep per GPU.
+"""One model across the whole GPU catalog, without a full sweep per GPU.
 
-A simulated step's peak does not depend on the GPU it is compared against, so one measurement
-at batch B answers "does B fit?" for every GPU at once. Two traced batches predict each GPU's
-boundary (the fast strategy's timeline extrapolation); each prediction is then checked by
-measuring the boundary and the grid point above it, and every measurement is shared by all GPUs.
+Each GPU's answer must be the one `analyze --gpu` gives, and two things make a step GPU-specific:
+the attention kernels CUDA picks (by compute capability) and what the caching allocator reserves
+(it hands cached segments back only when the GPU's own limit is near). So two batches are traced
+once per compute capability, and their timeline extrapolation predicts every GPU of that
+capability; each prediction is then verified on that GPU's own simulated backend, by measuring
+the predicted boundary and the grid point above it: about two probes per GPU instead of a sweep.
 This module composes the engine; it knows nothing about how a step is measured.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from memorymark import gpus
-from memorymark.devices import capacity_bytes, open_backend, resolve_gpu
+from memorymark.devices import capacity_bytes, resolve_gpu, simulated_backend
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
 from memorymark.settings import Costs, Settings
@@ -57,58 +59,52 @@ def compare_gpus(
 ) -> tuple[list[GpuFit], list[Measurement]]:
     """Each catalog GPU's max batch for `settings`, and every measurement it took."""
     costs = costs or Costs()
-    largest = max(catalog, key=lambda g: g.usable_bytes)
-    # Simulate against the largest GPU: every smaller GPU's answer lies below its budget.
-    base = replace(
-        settings,
-        backend="sim" if settings.backend != "cpu" else "cpu",
-        gpu=largest.name,
-        gpu_memory_gib=None,
-    )
-    backend, _ = open_backend(base)
+    kind = "cpu" if settings.backend == "cpu" else "sim"
     # Run times are scaled against the GPU the user chose (their hours-per-run figure is for it).
     reference = resolve_gpu(settings, "sim")
-    step = settings.step
-    probes: dict[int, Measurement] = {}
-
-    def peak(batch: int) -> Measurement:
-        if batch not in probes:
-            probes[batch] = backend.measure(batch)
-        return probes[batch]
-
-    def fits(batch: int, gpu: GPU) -> bool:
-        m = peak(batch)
-        # The same quantity the simulated OOM tests: what the caching allocator would reserve
-        # (replayed against the largest GPU's budget, so a smaller GPU's answer is conservative:
-        # its allocator would hand cached segments back before failing).
-        return m.fits and m.required_bytes <= capacity_bytes(settings, gpu)
-
+    step, first = settings.step, max(settings.step, 2)
+    traces: dict[tuple[int, int], tuple[Measurement, Measurement]] = {}
+    measured: list[Measurement] = []
     rows = []
-    precision = settings.precision
-    with backend.session():
-        first, second = max(step, 2), 2 * max(step, 2)
-        small, large = peak(first), peak(second)
-        for gpu in catalog:
+    # Largest first, so each capability's traces come from the GPU most likely to fit them.
+    for gpu in sorted(catalog, key=lambda g: -g.usable_bytes):
+        backend = simulated_backend(settings, gpu, kind)
+        probes: dict[int, Measurement] = {}
+
+        def fits(batch: int, backend=backend, probes=probes) -> bool:  # noqa: ANN001
+            if batch not in probes:
+                probes[batch] = backend.measure(batch)
+                measured.append(probes[batch])
+            return probes[batch].fits
+
+        with backend.session():
+            if gpu.compute_capability not in traces:
+                fits(first), fits(2 * first)
+                traces[gpu.compute_capability] = (probes[first], probes[2 * first])
+            small, large = traces[gpu.compute_capability]
             limit = capacity_bytes(settings, gpu)
-            best = _boundary(gpu, small, large, step, settings.max_batch, fits, limit)
-            speed = peak_tflops(gpu, precision) / peak_tflops(reference, precision)
-            rows.append(
-                GpuFit(
-                    gpu=gpu,
-                    max_batch=best,
-                    peak_bytes=probes[best].peak_bytes if best else None,
-                    usd_per_hour=gpu.usd_per_hour,
-                    relative_speed=round(speed, 4),
-                    est_hours_per_run=costs.hours_per_run / speed,
-                )
+            best = _boundary(small, large, step, settings.max_batch, fits, limit)
+        speed = peak_tflops(gpu, settings.precision) / peak_tflops(reference, settings.precision)
+        rows.append(
+            GpuFit(
+                gpu=gpu,
+                max_batch=best,
+                peak_bytes=probes[best].peak_bytes if best else None,
+                usd_per_hour=gpu.usd_per_hour,
+                relative_speed=round(speed, 4),
+                est_hours_per_run=costs.hours_per_run / speed,
             )
-    return rows, sorted(probes.values(), key=lambda m: m.batch_size)
+        )
+    order = {g.name: i for i, g in enumerate(catalog)}
+    rows.sort(key=lambda r: order[r.gpu.name])
+    return rows, measured
 
 
-def _boundary(gpu, small, large, step, max_batch, fits, limit) -> int | None:  # noqa: ANN001
-    if not fits(small.batch_size, gpu):
-        below = [b for b in range(step - 1 if step > 1 else 1, 0, -1)]
-        return next((b for b in below if fits(b, gpu)), None)
+def _boundary(small, large, step, max_batch, fits, limit) -> int | None:  # noqa: ANN001
+    """The largest grid batch that `fits`, walking from the traces' prediction for `limit`."""
+    if not fits(small.batch_size):
+        below = range(min(step, small.batch_size) - 1, 0, -1)
+        return next((b for b in below if fits(b)), None)
     if small.fits and large.fits:
         guess = predict_max_batch(small, large, limit)
     else:
@@ -116,8 +112,8 @@ def _boundary(gpu, small, large, step, max_batch, fits, limit) -> int | None:  #
     top = max_batch // step * step
     batch = min(top, max(step, int(min(guess, top)) // step * step))
     # Walk from the prediction to the boundary; with an exact prediction this is two probes.
-    while batch > step and not fits(batch, gpu):
+    while batch > step and not fits(batch):
         batch -= step
-    while batch + step <= top and fits(batch + step, gpu):
+    while batch + step <= top and fits(batch + step):
         batch += step
-    return batch if fits(batch, gpu) else None
+    return batch if fits(batch) else None

@@ -153,20 +153,27 @@ def capacity_bytes(settings: Settings, gpu: gpus.GPU) -> int:
     return gpu.usable_bytes - settings.margin_bytes(gpu.usable_bytes)
 
 
+def simulated_backend(settings: Settings, gpu: gpus.GPU, name: str = "sim") -> Backend:
+    """A `sim` (fake tensors) or `cpu` (real CPU kernels) backend answering for `gpu`."""
+    workload = Workload(settings)
+    capacity = capacity_bytes(settings, gpu)
+    if name == "sim":  # kernels chosen as on this GPU's compute capability
+        backend: Backend = SimBackend(workload, capacity_bytes=capacity, gpu=gpu)
+    else:
+        backend = CpuBackend(workload, capacity_bytes=capacity)
+    # The step's time is estimated for the GPU simulated, not this machine's CPU.
+    backend.roofline = throughput.Roofline.for_gpu(gpu)
+    return backend
+
+
 def open_backend(settings: Settings, cuda: ModuleType = torch.cuda) -> tuple[Backend, gpus.GPU]:
     """The backend for `settings` and the GPU it answers for."""
     name = resolve_backend_name(settings, cuda)
     gpu = resolve_gpu(settings, name, cuda)
+    if name in ("sim", "cpu"):
+        return simulated_backend(settings, gpu, name), gpu
     workload = Workload(settings)
     capacity = capacity_bytes(settings, gpu)
-    if name in ("sim", "cpu"):
-        if name == "sim":  # kernels chosen as on this GPU's compute capability
-            simulated = SimBackend(workload, capacity_bytes=capacity, gpu=gpu)
-        else:
-            simulated = CpuBackend(workload, capacity_bytes=capacity)
-        # The step's time is estimated for the GPU simulated, not this machine's CPU.
-        simulated.roofline = throughput.Roofline.for_gpu(gpu)
-        return simulated, gpu
     if name == "cuda":
         backend = DeviceBackend(
             workload, capacity_bytes=capacity, name="cuda", device_module=cuda, peak_stats=True

@@ -1,4 +1,4 @@
-"""Compare GPUs: one model and its settings across the whole GPU catalog, from one set of probes.
+"""Compare GPUs: one model and its settings across the whole GPU catalog, without a sweep per GPU.
 
 A thin page: sidebar -> Settings -> `compare_gpus` (cached) -> table and chart from memorymark.ui.
 """
@@ -17,8 +17,9 @@ st.set_page_config(page_title="Compare GPUs · MemoryMark", layout="wide")
 settings, costs = sidebar.settings_sidebar()
 st.title("Compare GPUs")
 st.caption(
-    "The largest batch that trains on every catalog GPU. Memory is affine in batch size, "
-    "so one set of simulated probes serves every GPU: no sweep per GPU."
+    "The largest batch that trains on every catalog GPU, the same answer Analyze gives for "
+    "it. Two traced batches per GPU architecture predict every GPU's boundary; each is then "
+    "checked on that GPU: no sweep per GPU."
 )
 if settings is None:
     st.stop()
@@ -32,7 +33,7 @@ found, error = page_runs.run_cached(
     key,
     lambda: compare_gpus(settings, Costs(hours_per_run=1.0)),
     settings=settings,
-    spinner="Simulating one set of probes for every GPU...",
+    spinner="Simulating every GPU from shared traces...",
 )
 if error is not None:
     views.show_error(error)
@@ -45,7 +46,7 @@ st.plotly_chart(
 )
 st.dataframe(tables.compare_table(rows), hide_index=True, width="stretch", height="content")
 st.caption(
-    f"Memory simulated on fake tensors from {len(probes)} probes shared by all GPUs. Relative "
+    f"Memory simulated on fake tensors: {len(probes)} probes for {len(rows)} GPUs. Relative "
     "speed, hours and cost per run are estimated from peak TFLOP/s at the run's precision "
     f"({settings.precision}: {tables.rate_words(settings.precision)}): your "
     f"{costs.hours_per_run:g} h per run on {chosen}, divided by each GPU's speed relative to "

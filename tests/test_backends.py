@@ -1,5 +1,6 @@
 """Backends: the simulation equals real CPU execution, OOM is a result, and cleanup is complete."""
 
+import dataclasses
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -227,3 +228,18 @@ def test_open_backend_budgets_the_simulation_with_usable_memory():
     assert custom_backend.capacity_bytes < custom.usable_bytes < custom.total_bytes
     exact, _ = open_backend(Settings(model="tiny-bert", gpu="t4", backend="sim", margin="1GiB"))
     assert exact.capacity_bytes == gpus.find_gpu("t4").usable_bytes - 2**30
+
+
+def test_compare_gives_each_gpu_the_answer_analyze_gives_it():
+    from memorymark.analysis import analyze
+    from memorymark.compare import compare_gpus
+
+    settings = Settings(model="tiny-gpt2", seq_len=128, max_batch=4096)
+    small, large = gpus.custom_gpu(1.0), gpus.custom_gpu(2.0)
+    rows, probes = compare_gpus(settings, catalog=(small, large))
+    for row, gib in zip(rows, (1.0, 2.0), strict=True):
+        expected = analyze(dataclasses.replace(settings, gpu_memory_gib=gib)).optimal
+        assert row.max_batch == expected.batch_size
+    assert rows[0].max_batch < rows[1].max_batch
+    # One pair of traces per compute capability: the second GPU reuses the first one's.
+    assert [p.batch_size for p in probes].count(16) == 1

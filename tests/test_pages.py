@@ -52,7 +52,7 @@ def test_compare_shows_every_catalog_gpu_from_one_set_of_probes() -> None:
     a10 = table[table["GPU"] == "A10"].iloc[0]
     assert a10["Hours per run (estimated)"] == 4.0  # the chosen GPU keeps the user's hours
     assert a10["$ per run (estimated)"] == pytest.approx(4 * 0.86)
-    assert "probes shared by all GPUs" in at.main.caption[-1].value
+    assert f"probes for {len(gpus.CATALOG)} GPUs" in at.main.caption[-1].value
     assert "estimated from peak TFLOP/s at the run's precision (32-true: FP32)" in (
         at.main.caption[-1].value
     )
