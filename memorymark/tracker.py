@@ -153,8 +153,10 @@ class MemoryTracker(TorchDispatchMode):
         if self.work_counter is not None:
             self.work_counter.count(func, args, kwargs or {}, out)
         for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor) and id(leaf.untyped_storage()) not in self._records:
-                self._add(leaf.untyped_storage(), self.phase_category)
+            if isinstance(leaf, torch.Tensor):
+                storage = leaf.untyped_storage()
+                if id(storage) not in self._records:
+                    self._add(storage, self.phase_category)
         self.timeline.append(self.live_bytes)
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
