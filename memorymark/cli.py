@@ -52,7 +52,21 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--optimizer",
         default=d.optimizer,
-        help="adamw, adamw-fused, sgd (momentum), adafactor or none",
+        help="adamw (foreach, as on CUDA), adamw-fused, adamw-forloop, sgd (momentum), "
+        "sgd-forloop, adafactor or none; HF Trainer's adamw_torch / adamw_torch_fused too",
+    )
+    p.add_argument(
+        "--grad-accum",
+        type=_positive_int,
+        default=d.grad_accum,
+        metavar="N",
+        help="micro-batches whose gradients accumulate before each optimizer step",
+    )
+    p.add_argument(
+        "--max-grad-norm",
+        type=float,
+        metavar="NORM",
+        help="clip the gradients' total norm before the optimizer step (HF Trainer: 1.0)",
     )
     p.add_argument("--mode", default=d.mode, help="train (dropout on) or eval")
     p.add_argument("--loss", default=d.loss, help="task (from labels) or logits-mean")
@@ -205,6 +219,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "grad_checkpointing": args.grad_checkpointing,
         "lora_rank": args.lora_rank,
         "lora_targets": args.lora_targets,
+        "grad_accum": args.grad_accum,
+        "max_grad_norm": args.max_grad_norm,
     }
     for name in (
         "strategy",

@@ -1,10 +1,11 @@
 """Building the optimizer a setting names, the way a training script on CUDA would.
 
 adamw and sgd (momentum 0.9) take PyTorch's CUDA default implementation (foreach, from
-`cuda_rules`); adamw-fused asks for the fused kernel, which on real hardware needs CUDA (or a
-recent CPU build); adafactor is transformers' Adafactor with its default relative-step schedule,
-keeping factored second moments (a row and a column vector per matrix) instead of AdamW's two
-full buffers. This module knows nothing about measurement, except one accommodation noted below.
+`cuda_rules`); the -forloop variants ask for the per-tensor loop; adamw-fused asks for the fused
+kernel, which on real hardware needs CUDA (or a recent CPU build); adafactor is transformers'
+Adafactor with its default relative-step schedule, keeping factored second moments (a row and a
+column vector per matrix) instead of AdamW's two full buffers. This module knows nothing about
+measurement, except one accommodation noted below.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from memorymark import cuda_rules
-
-OPTIMIZERS = ("adamw", "adamw-fused", "sgd", "adafactor", "none")
+from memorymark.settings import OPTIMIZERS
 
 
 def _adafactor_class() -> type[torch.optim.Optimizer]:
@@ -47,8 +47,8 @@ def build_optimizer(
             params, lr=None, relative_step=True, scale_parameter=True, warmup_init=False
         )
     kwargs = cuda_rules.optimizer_kwargs(name)
-    if name in ("adamw", "adamw-fused"):
+    if name.startswith("adamw"):
         return torch.optim.AdamW(params, lr=1e-4, **kwargs)
-    if name == "sgd":
+    if name.startswith("sgd"):
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, **kwargs)
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)} (got {name!r})")

@@ -9,6 +9,7 @@ built-in models (to validate them) but never builds one, and never imports torch
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -16,7 +17,16 @@ from typing import Any
 
 from memorymark import models
 
-OPTIMIZERS = ("adamw", "adamw-fused", "sgd", "adafactor", "none")
+OPTIMIZERS = ("adamw", "adamw-fused", "adamw-forloop", "sgd", "sgd-forloop", "adafactor", "none")
+# Hugging Face Trainer's `optim` values (transformers' OptimizerNames) for the same optimizers:
+# accepted as input and written by the snippets. The for-loop variants have no Trainer name.
+HF_OPTIM_NAMES = {
+    "adamw": "adamw_torch",
+    "adamw-fused": "adamw_torch_fused",
+    "sgd": "sgd",
+    "adafactor": "adafactor",
+}
+_OPTIMIZER_ALIASES = {hf: ours for ours, hf in HF_OPTIM_NAMES.items()}
 MODES = ("train", "eval")
 LOSSES = ("task", "logits-mean")
 BACKENDS = ("auto", "cuda", "mps", "sim", "cpu")
@@ -35,7 +45,7 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def _at_least(name: str, value: float, low: float) -> None:
-    if value < low:
+    if not math.isfinite(value) or value < low:
         raise ValueError(f"{name} must be at least {low:g} (got {value:g})")
 
 
@@ -52,7 +62,10 @@ class Settings:
     image_size: int = 224
     """Height and width in pixels, for image models."""
     optimizer: str = "adamw"
-    """adamw, adamw-fused, sgd (momentum 0.9), adafactor, or none (no state, no step)."""
+    """adamw or sgd (momentum 0.9) as PyTorch runs them on CUDA by default (foreach kernels),
+    adamw-fused (the fused kernel), adamw-forloop / sgd-forloop (foreach=False), adafactor, or
+    none (no state, no step). Hugging Face Trainer's `optim` names (adamw_torch,
+    adamw_torch_fused) are accepted and stored as ours."""
     mode: str = "train"
     """train (dropout on, batch-norm statistics updated) or eval."""
     loss: str = "task"
@@ -68,6 +81,12 @@ class Settings:
     """Rank of LoRA adapters (peft); 0 trains every weight."""
     lora_targets: str = ""
     """Comma-separated module names LoRA adapts; empty takes the architecture's default."""
+    grad_accum: int = 1
+    """Micro-batches whose gradients accumulate before each optimizer step (the loop measured:
+    N forward/backward passes, then clipping and one optimizer step)."""
+    max_grad_norm: float | None = None
+    """Clip the gradients' total norm to this before the optimizer step, as HF Trainer does
+    (its default is 1.0); None: no clipping."""
     forward_only: bool = False
     """Run the forward pass under no_grad and nothing else (used by the backward-pass proof)."""
     gpu: str | None = None
@@ -102,6 +121,8 @@ class Settings:
                 f"seq_len {self.seq_len} exceeds {self.model}'s {entry.max_positions} positions"
             )
         _at_least("image_size", self.image_size, 8)
+        if self.optimizer in _OPTIMIZER_ALIASES:
+            object.__setattr__(self, "optimizer", _OPTIMIZER_ALIASES[self.optimizer])
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("mode", self.mode, MODES)
         _choice("loss", self.loss, LOSSES)
@@ -114,6 +135,11 @@ class Settings:
         _at_least("current_batch", self.current_batch, 1)
         _at_least("max_batch", self.max_batch, 1)
         _at_least("lora_rank", self.lora_rank, 0)
+        _at_least("grad_accum", self.grad_accum, 1)
+        if self.max_grad_norm is not None and not (
+            math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0
+        ):
+            raise ValueError(f"max_grad_norm must be a positive number (got {self.max_grad_norm})")
         if self.target_batch is not None:
             _at_least("target_batch", self.target_batch, 1)
         if self.gpu_memory_gib is not None:

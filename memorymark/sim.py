@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.amp.grad_scaler import OptState
 
 from memorymark import cuda_rules, gpus
 from memorymark.backend import Backend
@@ -67,7 +68,9 @@ def _step_without_readback(
     # GradScaler.step reads the inf/NaN flag back to the host (`.item()`); a fake tensor has no
     # value. Simulate the step that found none, the one that runs the optimizer and allocates:
     # unscale (its flag and temporaries count, and `update()` reads them), then step.
-    scaler.unscale_(optimizer)
+    # As GradScaler.step does: unscale unless clipping already did (torch/amp/grad_scaler.py).
+    if scaler._per_optimizer_states[id(optimizer)]["stage"] is not OptState.UNSCALED:
+        scaler.unscale_(optimizer)
     return optimizer.step(*args, **kwargs)
 
 

@@ -1,16 +1,19 @@
 """What one training step is: the model, its batch, its loss, its optimizer, run once.
 
-A Workload turns `Settings` into a model, an optimizer and a batch of the right shape, and runs
-one step exactly as a training script does: `model.train()`, forward with labels, the task's loss,
-`backward()`, `optimizer.step()`, `zero_grad(set_to_none=True)`. The precision is applied as the
-PyTorch AMP docs and Lightning do it: forward and loss under `torch.autocast` (bf16-mixed,
-16-mixed), a GradScaler for 16-mixed, weights and buffers converted for bf16-true. It knows nothing
-about how memory is measured, nor which device it runs on (`cuda_rules` decides how the precision
-is applied); the caller passes `on_phase` to hear when forward, backward and the optimizer start.
+A Workload turns `Settings` into a model, an optimizer and a batch of the right shape, and runs one
+optimizer step exactly as a training loop does: `model.train()`, then `grad_accum` times forward
+with labels, the task's loss (divided by `grad_accum`) and `backward()`, gradients adding up; then
+gradient clipping when asked, `optimizer.step()`, `zero_grad(set_to_none=True)`. The precision is
+applied as the PyTorch AMP docs and Lightning do it: forward and loss under `torch.autocast`
+(bf16-mixed, 16-mixed), a GradScaler for 16-mixed, weights and buffers converted for bf16-true. It
+knows nothing about how memory is measured, nor which device it runs on (`cuda_rules` decides how
+the precision is applied); the caller passes `on_phase` to hear when forward, backward and the
+optimizer start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -132,26 +135,26 @@ class Workload:
         device: torch.device | str,
         on_phase: Phase = _no_phase,
     ) -> None:
-        """Run one step at `batch_size`; raises the device's OOM error if it does not fit."""
+        """Run one optimizer step at micro-batch `batch_size`: `grad_accum` forward/backward
+        passes whose gradients add up, clipping if asked, then the optimizer step. Raises the
+        device's OOM error if it does not fit."""
         s = self.settings
-        autocast = cuda_rules.autocast(s.precision, torch.device(device).type)
         model.train(s.mode == "train")
-        on_phase(FORWARD)
-        batch = self.make_batch(batch_size, device)
         if s.forward_only:
-            with torch.no_grad(), autocast:
-                self._forward(model, batch)
+            on_phase(FORWARD)
+            with torch.no_grad(), self._autocast(device):
+                self._forward(model, self.make_batch(batch_size, device))
             return
         scaler = _SCALERS.get(optimizer) if optimizer is not None else None
         try:
-            with autocast:  # forward and loss only; backward runs in the dtypes forward chose
-                loss = self._loss(self._forward(model, batch))
-            del batch
-            on_phase(BACKWARD)
-            (loss if scaler is None else scaler.scale(loss)).backward()
-            del loss
+            for _ in range(s.grad_accum):
+                # From the second micro-batch on, every gradient is alive through forward and
+                # backward: that, not the first micro-batch, is the loop's peak.
+                self._forward_backward(model, batch_size, device, scaler, on_phase)
             if optimizer is not None:
                 on_phase(OPTIMIZER)
+                if s.max_grad_norm is not None:
+                    self._clip(model, optimizer, scaler)
                 if scaler is None:
                     optimizer.step()
                 else:
@@ -161,6 +164,43 @@ class Workload:
             # set_to_none frees the gradients, as training loops do; after an OOM it also drops
             # the partial gradients so the next probe starts from the same baseline.
             model.zero_grad(set_to_none=True)
+
+    def _forward_backward(
+        self,
+        model: nn.Module,
+        batch_size: int,
+        device: torch.device | str,
+        scaler: torch.amp.GradScaler | None,
+        on_phase: Phase,
+    ) -> None:
+        on_phase(FORWARD)
+        batch = self.make_batch(batch_size, device)
+        with self._autocast(
+            device
+        ):  # forward and loss only; backward runs in the dtypes forward chose
+            loss = self._loss(self._forward(model, batch))
+            if self.settings.grad_accum > 1:
+                loss = loss / self.settings.grad_accum  # as HF Trainer and Lightning scale it
+        del batch
+        on_phase(BACKWARD)
+        (loss if scaler is None else scaler.scale(loss)).backward()
+
+    def _autocast(self, device: torch.device | str) -> contextlib.AbstractContextManager[None]:
+        return cuda_rules.autocast(self.settings.precision, torch.device(device).type)
+
+    def _clip(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
+    ) -> None:
+        # HF Trainer and the AMP docs unscale before clipping, so the norm is of true gradients.
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        params = [p for p in model.parameters() if p.grad is not None]
+        # foreach=True: clip_grad_norm_'s own default on CUDA (torch/nn/utils/clip_grad.py picks
+        # foreach when `_has_foreach_support`, which fake CPU tensors would not get).
+        nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm, foreach=True)
 
     def _forward(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> Any:
         if self.entry.source not in ("timm", "torchvision"):

@@ -21,7 +21,8 @@ def test_defaults_are_the_issue_defaults():
         ({"seq_len": 513}, "seq_len 513 exceeds bert's 512 positions"),
         (
             {"optimizer": "adam"},
-            "optimizer must be one of adamw, adamw-fused, sgd, adafactor, none",
+            "optimizer must be one of adamw, adamw-fused, adamw-forloop, sgd, sgd-forloop, "
+            "adafactor, none",
         ),
         ({"current_batch": 0}, "current_batch must be at least 1"),
         ({"strategy": "binary"}, "strategy must be one of fast, linear"),

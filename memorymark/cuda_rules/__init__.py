@@ -45,12 +45,15 @@ def optimizer_kwargs(name: str) -> dict[str, Any]:
     torch/optim/optimizer.py `_default_to_fused_or_foreach` picks `foreach=True` when every
     parameter is a CUDA tensor (and for-loop on CPU). The foreach kernels allocate temporaries as
     large as all parameters of a dtype group, so the choice moves the optimizer-step peak by a
-    whole model's worth of bytes. Fused stays opt-in on CUDA, as in PyTorch (`adamw-fused`).
+    whole model's worth of bytes. Fused stays opt-in on CUDA, as in PyTorch (`adamw-fused`), and
+    so does the for-loop implementation (`foreach=False`: `adamw-forloop`, `sgd-forloop`).
     """
     if name in ("adamw", "sgd"):
         return {"foreach": True}
     if name == "adamw-fused":
         return {"fused": True}
+    if name in ("adamw-forloop", "sgd-forloop"):
+        return {"foreach": False}
     raise ValueError(f"no CUDA rule for optimizer {name!r}")
 
 
