@@ -8,12 +8,12 @@ out of 20 MiB segments, and keeps freed blocks cached instead of returning them 
 obtained with cudaMalloc) would report, and whether cudaMalloc would fail against a budget.
 
 Each rule cites the function of `c10/cuda/CUDACachingAllocator.cpp` it copies (pytorch/pytorch,
-read at commit 001074d2). Not modelled:
-expandable segments (`expandable_segments:True`), `garbage_collection_threshold`,
-`max_split_size_mb` and `roundup_power2_divisions` (all off by default), per-stream pools (a
-training step runs on one stream), CUDA graph private pools, and memory allocated outside the
-tracked storages (cuBLAS/cuDNN workspaces, kernels' own temporaries). Pure Python, no torch: the
-event log is a list of ints, see `replay`.
+read at commit 001074d2). Not modelled: expandable segments (`expandable_segments:True`),
+`garbage_collection_threshold`, `max_split_size_mb` and `roundup_power2_divisions` (all off by
+default), per-stream pools (a training step runs on one stream), CUDA graph private pools, and
+memory kernels allocate outside the tracked storages (cuDNN workspaces, kernels' own
+temporaries). The cuBLAS workspaces are replayed as `resident` requests. Pure Python, no torch:
+the event log is a list of ints, see `replay`.
 """
 
 from __future__ import annotations
@@ -98,6 +98,9 @@ class CachingAllocator:
         self.reserved_bytes = 0
         self.peak_allocated_bytes = 0
         self.peak_reserved_bytes = 0
+        self.alloc_retries = 0
+        """Times a cudaMalloc failed and succeeded after cached segments went back to the
+        device (`num_alloc_retries` in `memory_stats()`)."""
         # Cached blocks of each pool, sorted by (size, address) like BlockComparatorSize, so the
         # first entry not smaller than a request is the best fit, lowest address first.
         self._cached: dict[bool, list[tuple[int, int, _Block]]] = {True: [], False: []}
@@ -159,6 +162,8 @@ class CachingAllocator:
             self._release_cached_segments()
             if self.reserved_bytes + nbytes > self.budget_bytes:
                 raise AllocatorOutOfMemory(nbytes, self.reserved_bytes, self.budget_bytes)
+            # alloc_block(..., isRetry=true) counts `stats.num_alloc_retries += 1`.
+            self.alloc_retries += 1
         block = _Block(nbytes, self._next_addr, small)
         self._next_addr += nbytes
         self.reserved_bytes += nbytes
@@ -187,6 +192,8 @@ class Prediction:
     """True when cudaMalloc would have failed against the budget."""
     requested_bytes: int = 0
     """The segment that did not fit, when out_of_memory."""
+    alloc_retries: int = 0
+    """cudaMallocs that succeeded only after the cached segments went back to the device."""
 
 
 EventLog = tuple[int, Sequence[int]]
@@ -195,16 +202,25 @@ and takes the next sequence number; an event n < 0 frees the allocation numbered
 allocations outside the logs replayed together are ignored."""
 
 
-def replay(setup: EventLog, step: EventLog, budget_bytes: int | None = None) -> Prediction:
+def replay(
+    setup: EventLog,
+    step: EventLog,
+    budget_bytes: int | None = None,
+    resident: Sequence[int] = (),
+) -> Prediction:
     """Replay a fresh process: the `setup` events (weights, optimizer state), then one `step`.
 
-    Peak allocated is taken over the step only, as a measurement that resets peak statistics
-    before the step; peak reserved includes the segments the setup reserved, which stay cached.
+    `resident` lists requests made through the allocator outside the tracked storages that live
+    through the step (the cuBLAS workspaces, allocated at the first matmul and kept). Peak
+    allocated is taken over the step only, as a measurement that resets peak statistics before
+    the step; peak reserved includes the segments the setup reserved, which stay cached.
     """
     allocator = CachingAllocator(budget_bytes)
     live: dict[int, _Block] = {}
     try:
         _run(allocator, live, *setup)
+        for nbytes in resident:
+            allocator.malloc(nbytes)
         allocator.reset_peak()
         _run(allocator, live, *step)
     except AllocatorOutOfMemory as oom:
@@ -213,8 +229,13 @@ def replay(setup: EventLog, step: EventLog, budget_bytes: int | None = None) -> 
             oom.reserved_bytes + oom.requested_bytes,
             out_of_memory=True,
             requested_bytes=oom.requested_bytes,
+            alloc_retries=allocator.alloc_retries,
         )
-    return Prediction(allocator.peak_allocated_bytes, allocator.peak_reserved_bytes)
+    return Prediction(
+        allocator.peak_allocated_bytes,
+        allocator.peak_reserved_bytes,
+        alloc_retries=allocator.alloc_retries,
+    )
 
 
 def _run(

@@ -17,6 +17,7 @@ import torch
 from memorymark.devices import open_backend
 from memorymark.fixes import FitAnswer, what_would_fit
 from memorymark.measurement import Measurement
+from memorymark.plan import TrainingPlan, plan_for_target
 from memorymark.report import Report
 from memorymark.settings import Costs, Settings
 from memorymark.sweep import STRATEGIES, sweep
@@ -27,10 +28,12 @@ class Analysis:
 
     def __init__(self, settings: Settings, *, cuda: ModuleType = torch.cuda) -> None:
         self.settings = settings
+        self._cuda = cuda
         self.backend, self.gpu = open_backend(settings, cuda)
         self.measurements: list[Measurement] = []
         self.elapsed_seconds = 0.0
         self._fixes: FitAnswer | None = None
+        self._plans: dict[int | None, tuple[TrainingPlan | None, tuple[Measurement, ...]]] = {}
 
     @property
     def backend_name(self) -> str:
@@ -40,8 +43,12 @@ class Analysis:
     def stream(self) -> Iterator[Measurement]:
         """Yield each measurement the moment it exists; the backend is released at the end."""
         s = self.settings
+        policy = self.backend.policy
         strategy = STRATEGIES[s.strategy](
-            step=s.step, max_batch=s.max_batch, capacity_bytes=self.backend.capacity_bytes
+            step=s.step,
+            max_batch=s.max_batch,
+            capacity_bytes=policy.limit_bytes,
+            run_capacity_bytes=policy.capacity_bytes,
         )
         start = time.perf_counter()
         with contextlib.closing(sweep(self.backend, strategy, also=(s.current_batch,))) as probes:
@@ -64,6 +71,9 @@ class Analysis:
             measurements=tuple(self.measurements),
             elapsed_seconds=self.elapsed_seconds,
         )
+        if report.optimal is not None:
+            plan, probes = self._plan(report.optimal.batch_size, report.global_batch)
+            report = replace(report, plan=plan, plan_probes=probes)
         if fixes and self.measurements and report.optimal is None:
             if self._fixes is None:
                 self._fixes = what_would_fit(self.settings)
@@ -73,6 +83,37 @@ class Analysis:
                 batch_1_required_bytes=self._fixes.required_bytes,
             )
         return report
+
+    def _plan(
+        self, optimal_batch: int, target: int | None
+    ) -> tuple[TrainingPlan | None, tuple[Measurement, ...]]:
+        """The plan for `target` (once per target): divisors of it are checked with
+        accumulation on a backend of their own, since the sweep's steps did not accumulate."""
+        accumulating = self.settings.grad_accum
+        if target is None:
+            plan = TrainingPlan(
+                micro_batch=optimal_batch, accumulation_steps=accumulating, target_batch=None
+            )
+            return plan, ()
+        if target not in self._plans:
+            probes: list[Measurement] = []
+            # Any accumulation past one peaks alike: every gradient alive through the next
+            # micro-batch, so two micro-batches stand for them all.
+            backend, _ = open_backend(replace(self.settings, grad_accum=2), self._cuda)
+
+            def fits_accumulating(micro_batch: int) -> bool:
+                probes.append(backend.measure(micro_batch))
+                return probes[-1].fits
+
+            with backend.session():
+                plan = plan_for_target(
+                    target,
+                    optimal_batch,
+                    fits_accumulating,
+                    accumulation_measured=accumulating > 1,
+                )
+            self._plans[target] = plan, tuple(probes)
+        return self._plans[target]
 
 
 def analyze(settings: Settings, costs: Costs | None = None) -> Report:

@@ -1,12 +1,15 @@
 """The measurement every backend shares: one step at one batch size, tracked, OOM-safe.
 
-`Backend.measure(batch_size)` builds the model and optimizer state once (they stay resident
-between probes, as in training), runs one step under the memory tracker, catches an OOM, cleans
-up so the next probe starts from the same baseline, and returns a `Measurement`. A simulated
-step's allocations are replayed through the caching-allocator model (what the GPU would reserve
-decides whether it fits) and its operators are costed for an estimated throughput; a real device
-reports its own peak and times its steps. Subclasses say only where tensors live and how the
-device reports its own peak and time. This module knows nothing about which batch sizes are tried.
+`Backend.measure(batch_size)` builds the model and optimizer state once (they stay resident between
+probes, as in training), runs one step under the memory tracker, catches an OOM, cleans up so the
+next probe starts from the same baseline, and returns a `Measurement` judged by the one fit policy
+(memorymark/fit.py). A simulated step traces to its end whatever its size: its allocations are
+replayed through the caching-allocator model against the capacity (what the GPU would reserve
+decides), and, past it, with no limit to say what the step would need; its operators are costed for
+an estimated throughput. A real device reports its own peak, reserved bytes and allocation retries,
+read right after the first step, and then times further steps. Subclasses say only where tensors
+live and how the device reports its own peak and time. This module knows nothing about which batch
+sizes are tried.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 from torch import nn
 
 from memorymark import allocator, throughput
+from memorymark.fit import FitPolicy
 from memorymark.measurement import Measurement
 from memorymark.oom import StepError, is_oom, one_line
 from memorymark.throughput import Roofline, WorkCounter
@@ -36,13 +40,23 @@ class Backend:
     """False when tensors allocate nothing (fake tensors): releasing needs no collection then."""
 
     def __init__(
-        self, workload: Workload, *, capacity_bytes: int, budget_bytes: int | None = None
+        self,
+        workload: Workload,
+        *,
+        capacity_bytes: int,
+        margin_bytes: int = 0,
+        budget_bytes: int | None = None,
+        resident_allocations: tuple[int, ...] = (),
     ) -> None:
         self.workload = workload
-        self.capacity_bytes = capacity_bytes
-        """Bytes the step may use on the target GPU: what the fast strategy predicts against."""
+        self.policy = FitPolicy(capacity_bytes=capacity_bytes, margin_bytes=margin_bytes)
+        """Capacity and margin every verdict of this backend is judged against."""
         self.budget_bytes = budget_bytes
-        """Live bytes past which the tracker raises an OOM (None: only the device's own limit)."""
+        """Live bytes past which the tracker raises an OOM: for real CPU tensors, which must not
+        exhaust this machine (None: the step traces to its end, or the device says OOM)."""
+        self.resident_allocations = resident_allocations
+        """Requests the step makes through the allocator outside tracked storages (the cuBLAS
+        workspaces): the simulated replay serves them before the step."""
         self._model: nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._tracker: MemoryTracker | None = None
@@ -52,6 +66,12 @@ class Backend:
         """Peak rates of the target GPU for an estimated throughput (simulated steps only; set
         by `devices.open_backend`). None: no estimate."""
         self._timing = False
+        self._counters_before: dict[str, int] = {}
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The limit the recommended batch must stay within: what the search predicts against."""
+        return self.policy.limit_bytes
 
     # -- what subclasses provide -------------------------------------------------------------
     def _step_context(self) -> contextlib.AbstractContextManager[object]:
@@ -69,6 +89,10 @@ class Backend:
         """(allocated, reserved) peak bytes from the device, or None to use the tracker's."""
         return None
 
+    def _device_stats(self) -> dict[str, int] | None:
+        """The device's allocator counters and peaks now (CUDA's `memory_stats()`), or None."""
+        return None
+
     def _synchronize(self) -> None:
         """Wait for queued kernels, so the step's seconds are real."""
 
@@ -81,11 +105,11 @@ class Backend:
 
     # -- the shared measurement ----------------------------------------------------------------
     def measure(self, batch_size: int) -> Measurement:
-        """Run one step at `batch_size` and report its peak, or the OOM it hit."""
+        """Run one step at `batch_size` and report its peak and the policy's verdict."""
         if batch_size < 1:
             raise ValueError(f"batch size must be at least 1 (got {batch_size})")
         error = None
-        seconds = work = None
+        seconds = work = device = None
         try:
             tracker = self._prepare()
             tracker.reset_peak()
@@ -94,12 +118,15 @@ class Backend:
             # fresh-process prediction does).
             self._empty_cache()
             self._reset_device_peak()
+            self._counters_before = self._device_stats() or {}
             work = tracker.work_counter = self._work_counter()
             with self._step_context(), tracker:
                 self.workload.run_step(
                     self._model, self._optimizer, batch_size, self.device, self._on_phase
                 )
             self._synchronize()
+            # The first step's own figures, before timed steps add theirs.
+            device = self._device_peak(), self._device_stats()
             seconds = self._time_steps(batch_size)
         except Exception as exc:  # noqa: BLE001 - everything that is not an OOM is re-raised
             if isinstance(exc, ValueError) and self._tracker is None:
@@ -114,7 +141,9 @@ class Backend:
             if self._tracker is not None:
                 self._tracker.work_counter = None
             self._after_step(failed=error is not None)
-        return self._result(batch_size, error, seconds, work)
+        if device is None:
+            device = self._device_peak(), self._device_stats()
+        return self._result(batch_size, error, seconds, work, *device)
 
     def release(self) -> None:
         """Free the model, optimizer state and cached memory (the sweep calls this at the end)."""
@@ -170,47 +199,89 @@ class Backend:
         return WorkCounter(self.roofline)
 
     def _result(
-        self, batch_size: int, error: str | None, seconds: float | None, work: WorkCounter | None
+        self,
+        batch_size: int,
+        error: str | None,
+        seconds: float | None,
+        work: WorkCounter | None,
+        device_peak: tuple[int, int | None] | None,
+        stats: dict[str, int] | None,
     ) -> Measurement:
         tracker = self._tracker or self._failed_tracker
+        traced = error is None and self._tracker is not None
         tracked_peak = tracker.peak_bytes if tracker is not None else 0
-        device_peak = self._device_peak()
         peak, reserved = device_peak if device_peak is not None else (tracked_peak, None)
-        prediction = None
-        if error is None and not self.measured and self._tracker is not None:
-            prediction = self._predict(self._tracker)
-            if prediction.out_of_memory:
-                error = self._allocator_oom(prediction)
-        fits = error is None
-        sps, source = self._throughput(batch_size, seconds, work) if fits else (None, None)
+        prediction = retries = required = None
+        if traced and not self.measured:
+            out_of_memory, retries, prediction = self._predict(self._tracker)
+            required = prediction.reserved_bytes
+            if out_of_memory:
+                error = self._allocator_oom(required)
+        elif error is None:
+            # Measured: what the device held (reserved where it says, else live tensor bytes).
+            required = reserved if reserved is not None else peak
+            retries = self._counter_delta(stats, "num_alloc_retries")
+        verdict = self.policy.judge(
+            oom=error is not None, alloc_retries=retries, reserved_bytes=required
+        )
+        if error is None and not verdict.runs:
+            error = self._retry_note(retries, required)
+        ran = verdict.runs
+        samples = batch_size * self.workload.settings.grad_accum
+        sps, source = self._throughput(samples, seconds, work) if ran else (None, None)
         return Measurement(
             batch_size=batch_size,
-            fits=fits,
+            fits=verdict.fits,
+            runs=verdict.runs,
             peak_bytes=peak,
             reserved_bytes=reserved,
+            required_bytes=required,
+            alloc_retries=retries,
+            memory_stats=stats,
             predicted_allocated_bytes=prediction.allocated_bytes if prediction else None,
             predicted_reserved_bytes=prediction.reserved_bytes if prediction else None,
-            breakdown=tracker.peak_breakdown() if fits and tracker is not None else None,
-            step_seconds=seconds if fits and self.measured else None,
+            breakdown=tracker.peak_breakdown() if traced and tracker is not None else None,
+            step_seconds=seconds if ran and self.measured else None,
             samples_per_second=sps,
             throughput_source=source,
-            step_flops=work.flops if fits and work is not None else None,
+            step_flops=work.flops if ran and work is not None else None,
             backend=self.name,
             measured=self.measured,
             error=error,
-            timeline=tuple(tracker.timeline) if fits and tracker is not None else (),
+            timeline=tuple(tracker.timeline) if traced and tracker is not None else (),
         )
 
-    def _predict(self, tracker: MemoryTracker) -> allocator.Prediction:
-        """The caching allocator's view of a fresh process running this step, on the budget."""
-        step = (tracker.events_first_seq, tracker.events)
-        return allocator.replay(tracker.baseline_events, step, self.budget_bytes)
+    def _counter_delta(self, stats: dict[str, int] | None, name: str) -> int | None:
+        if stats is None or name not in stats:
+            return None
+        return stats[name] - self._counters_before.get(name, 0)
 
-    def _allocator_oom(self, prediction: allocator.Prediction) -> str:
+    def _predict(self, tracker: MemoryTracker) -> tuple[bool, int, allocator.Prediction]:
+        """Replay a fresh process running this step against the capacity: (out of memory,
+        allocation retries, what the step needs), the need replayed with no limit when the
+        capacity could not hold it."""
+        step = (tracker.events_first_seq, tracker.events)
+        setup, resident = tracker.baseline_events, self.resident_allocations
+        bounded = allocator.replay(setup, step, self.policy.capacity_bytes, resident)
+        if not bounded.out_of_memory:
+            return False, bounded.alloc_retries, bounded
+        return True, bounded.alloc_retries, allocator.replay(setup, step, None, resident)
+
+    def _allocator_oom(self, required_bytes: int) -> str:
         return (
-            f"simulated out of memory: the CUDA caching allocator would need another "
-            f"{_size(prediction.requested_bytes)} segment past a budget of "
-            f"{_size(self.budget_bytes or 0)}"
+            f"simulated out of memory: needs {_size(required_bytes)} of "
+            f"{_size(self.policy.capacity_bytes)}"
+        )
+
+    def _retry_note(self, retries: int | None, required: int | None) -> str:
+        if retries:
+            return (
+                f"fits only after the allocator flushed its cache and retried {retries} "
+                "allocation(s): one fragmentation pattern from an out-of-memory"
+            )
+        return (
+            f"reserved {_size(required or 0)}, past the capacity of "
+            f"{_size(self.policy.capacity_bytes)}"
         )
 
     @staticmethod

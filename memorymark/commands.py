@@ -15,7 +15,6 @@ from memorymark.analysis import Analysis, measure
 from memorymark.calibrate import NoGpuError
 from memorymark.measurement import Measurement
 from memorymark.oom import StepError
-from memorymark.plan import plan_batches
 from memorymark.proof import prove_backward
 from memorymark.report import Report, gib
 from memorymark.settings import Costs, Settings
@@ -78,35 +77,45 @@ def _analyze(args: argparse.Namespace, settings: Settings) -> int:
     elif fmt == "text":
         _print_report(report)
     else:
-        if report.optimal is None:
-            raise ValueError(
-                f"nothing fits, so there are no {fmt} settings to print: {report.verdict()}"
-            )
-        plan = plan_batches(report.optimal.batch_size, settings.target_batch)
-        print(snippet(fmt, settings, plan), end="")
+        if report.plan is None:
+            reason = report.plan_note or report.verdict()
+            raise ValueError(f"there are no {fmt} settings to print: {reason}")
+        print(snippet(fmt, settings, report.plan), end="")
     return 0
 
 
 def _print_probe(m: Measurement, usable_bytes: int) -> None:
-    status = "fits" if m.fits else "OOM "
-    share = 100 * m.required_bytes / usable_bytes
+    print(probe_line(m, usable_bytes), flush=True)
+
+
+def probe_line(m: Measurement, usable_bytes: int) -> str:
+    """One line per probe: the verdict, peak and reserved bytes, and what an OOM would need."""
+    status = "fits" if m.fits else ("runs" if m.runs else "OOM ")
     reserved = m.cuda_reserved_bytes
-    held = "" if reserved is None else f"  reserved {gib(reserved):8.3f} GiB"
+    held = "" if reserved is None or not m.runs else f"  reserved {gib(reserved):8.3f} GiB"
     rate = ""
     if m.samples_per_second is not None:
         rate = f"  {m.samples_per_second:9.1f} samples/s ({m.throughput_source})"
-    print(
+    if not m.runs:
+        if m.required_bytes is None:
+            need = "  (the device ran out of memory)"
+        else:
+            need = f"  needs {gib(m.required_bytes):.1f} GiB of {gib(usable_bytes):.1f}"
+        return f"  batch {m.batch_size:>6}  {status}{need}"
+    share = 100 * (m.required_bytes or m.peak_bytes) / usable_bytes
+    return (
         f"  batch {m.batch_size:>6}  {status}  peak {gib(m.peak_bytes):8.3f} GiB{held}  "
-        f"({share:5.1f}%){rate}",
-        flush=True,
+        f"({share:5.1f}%){rate}"
     )
 
 
 def _print_measurement(m: Measurement) -> None:
     source = "measured" if m.measured else "simulated"
+    verdict = "fits" if m.fits else ("runs, inside the margin" if m.runs else "out of memory")
+    need = "" if m.required_bytes is None else f", reserved {gib(m.required_bytes):.3f} GiB"
     print(
-        f"batch {m.batch_size}: {'fits' if m.fits else 'out of memory'}, "
-        f"peak {gib(m.peak_bytes):.3f} GiB ({source}, {m.backend})"
+        f"batch {m.batch_size}: {verdict}, peak {gib(m.peak_bytes):.3f} GiB{need} "
+        f"({source}, {m.backend})"
     )
     if m.breakdown:
         for name, n_bytes in m.breakdown.to_dict().items():
@@ -127,14 +136,23 @@ def _print_report(r: Report) -> None:
     held = "" if reserved is None else f", {reserved} GiB reserved"
     print(
         f"  optimal batch size   {d['optimal_batch_size']}  ({d['optimal_memory_gb']} GiB"
-        f"{held}, {r.memory_source})"
+        f"{held}, {r.memory_source}; keeps the margin free)"
     )
-    print(f"  current batch size   {d['current_batch_size']}  ({d['current_memory_gb']} GiB)")
+    print(
+        f"  max batch size       {d['max_batch_size']}  (runs with no headroom: "
+        f"{d['max_reserved_gb']} GiB reserved)"
+    )
     oom = d["predicted_oom_batch"]
     print(
         f"  usable memory        {d['usable_gb']} GiB, less a {d['margin_gb']} GiB margin"
         + ("" if oom is None else f"; batch {oom} does not fit")
     )
+    if not r.current_fits:
+        print(f"  current batch size   {d['current_batch_size']}  crashes: out of memory")
+        print(f"  {d['probes']} probes in {d['elapsed_seconds']:.1f} s")
+        _print_plan_and_fixes(r)
+        return
+    print(f"  current batch size   {d['current_batch_size']}  ({d['current_memory_gb']} GiB)")
     print(f"  waste                {d['waste_gb']} GiB  ({d['waste_percent']}% of usable)")
     _print_throughput(d)
     print(
@@ -148,10 +166,14 @@ def _print_report(r: Report) -> None:
 def _print_plan_and_fixes(r: Report) -> None:
     plan = r.plan
     if plan is not None and plan.target_batch is not None:
+        checked = "checked with accumulation" if r.plan_probes else "fits"
         print(
             f"  for a global batch of {plan.target_batch}: micro-batch {plan.micro_batch} x "
             f"{plan.accumulation_steps} accumulation steps = {plan.effective_batch} samples/step"
+            f" ({checked})"
         )
+    elif r.plan_note:
+        print(f"  {r.plan_note}")
     if r.fixes:
         needed = r.batch_1_required_bytes
         print(

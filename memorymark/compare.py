@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from memorymark import gpus
-from memorymark.devices import capacity_bytes, resolve_gpu, simulated_backend
+from memorymark.devices import fit_policy, resolve_gpu, simulated_backend
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
 from memorymark.settings import Costs, Settings
@@ -82,7 +82,7 @@ def compare_gpus(
                 fits(first), fits(2 * first)
                 traces[gpu.compute_capability] = (probes[first], probes[2 * first])
             small, large = traces[gpu.compute_capability]
-            limit = capacity_bytes(settings, gpu)
+            limit = fit_policy(settings, gpu).limit_bytes
             best = _boundary(small, large, step, settings.max_batch, fits, limit)
         speed = peak_tflops(gpu, settings.precision) / peak_tflops(reference, settings.precision)
         rows.append(

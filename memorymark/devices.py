@@ -14,9 +14,21 @@ import torch
 
 from memorymark import gpus, throughput
 from memorymark.backend import Backend
+from memorymark.fit import FitPolicy
 from memorymark.settings import Settings
 from memorymark.sim import SimBackend
 from memorymark.workload import Workload
+
+# The `torch.cuda.memory_stats()` entries a measurement keeps (names as documented there): the
+# step's peaks, and the counters the fit policy reads (an allocation retried after flushing the
+# cache, an OOM).
+MEMORY_STATS = (
+    "allocated_bytes.all.peak",
+    "reserved_bytes.all.peak",
+    "active_bytes.all.peak",
+    "num_alloc_retries",
+    "num_ooms",
+)
 
 
 class DeviceBackend(Backend):
@@ -32,9 +44,10 @@ class DeviceBackend(Backend):
         name: str,
         device_module: Any,
         peak_stats: bool,
+        margin_bytes: int = 0,
         timed_steps: int = 3,
     ) -> None:
-        super().__init__(workload, capacity_bytes=capacity_bytes)
+        super().__init__(workload, capacity_bytes=capacity_bytes, margin_bytes=margin_bytes)
         self.name = self.device = name
         self._module = device_module
         # torch.cuda keeps peak statistics; torch.mps does not, so there the tracker's peak
@@ -51,6 +64,12 @@ class DeviceBackend(Backend):
         if not self._peak_stats:
             return None
         return self._module.max_memory_allocated(), self._module.max_memory_reserved()
+
+    def _device_stats(self) -> dict[str, int] | None:
+        if not self._peak_stats:
+            return None
+        stats = self._module.memory_stats()
+        return {name: int(stats.get(name, 0)) for name in MEMORY_STATS}
 
     def _synchronize(self) -> None:
         self._module.synchronize()
@@ -77,8 +96,23 @@ class CpuBackend(Backend):
     measured = False
     device = "cpu"
 
-    def __init__(self, workload: Workload, *, capacity_bytes: int) -> None:
-        super().__init__(workload, capacity_bytes=capacity_bytes, budget_bytes=capacity_bytes)
+    def __init__(
+        self,
+        workload: Workload,
+        *,
+        capacity_bytes: int,
+        margin_bytes: int = 0,
+        resident_allocations: tuple[int, ...] = (),
+    ) -> None:
+        # Real tensors: the tracker stops the step at the capacity before it exhausts this
+        # machine's memory (no required bytes past it, unlike the simulation).
+        super().__init__(
+            workload,
+            capacity_bytes=capacity_bytes,
+            margin_bytes=margin_bytes,
+            budget_bytes=capacity_bytes,
+            resident_allocations=resident_allocations,
+        )
 
 
 def cuda_available(cuda: ModuleType = torch.cuda) -> bool:
@@ -147,20 +181,26 @@ def local_gpu(cuda: ModuleType = torch.cuda) -> gpus.GPU | None:
 DEFAULT_SIMULATED_GPU = "A10"
 
 
-def capacity_bytes(settings: Settings, gpu: gpus.GPU) -> int:
-    """Usable memory less the margin: the limit the search (and the simulated OOM) work to, so
-    the recommended batch never sits on the edge of an out-of-memory error."""
-    return gpu.usable_bytes - settings.margin_bytes(gpu.usable_bytes)
+def fit_policy(settings: Settings, gpu: gpus.GPU) -> FitPolicy:
+    """The capacity (what the caching allocator can reserve on `gpu`) and the margin the
+    settings keep below it: what every verdict of a run on `gpu` is judged against."""
+    capacity = gpu.usable_bytes
+    return FitPolicy(capacity_bytes=capacity, margin_bytes=settings.margin_bytes(capacity))
 
 
 def simulated_backend(settings: Settings, gpu: gpus.GPU, name: str = "sim") -> Backend:
     """A `sim` (fake tensors) or `cpu` (real CPU kernels) backend answering for `gpu`."""
     workload = Workload(settings)
-    capacity = capacity_bytes(settings, gpu)
+    policy = fit_policy(settings, gpu)
+    limits = {
+        "capacity_bytes": policy.capacity_bytes,
+        "margin_bytes": policy.margin_bytes,
+        "resident_allocations": gpu.workspace_allocations,
+    }
     if name == "sim":  # kernels chosen as on this GPU's compute capability
-        backend: Backend = SimBackend(workload, capacity_bytes=capacity, gpu=gpu)
+        backend: Backend = SimBackend(workload, gpu=gpu, **limits)
     else:
-        backend = CpuBackend(workload, capacity_bytes=capacity)
+        backend = CpuBackend(workload, **limits)
     # The step's time is estimated for the GPU simulated, not this machine's CPU.
     backend.roofline = throughput.Roofline.for_gpu(gpu)
     return backend
@@ -172,14 +212,14 @@ def open_backend(settings: Settings, cuda: ModuleType = torch.cuda) -> tuple[Bac
     gpu = resolve_gpu(settings, name, cuda)
     if name in ("sim", "cpu"):
         return simulated_backend(settings, gpu, name), gpu
-    workload = Workload(settings)
-    capacity = capacity_bytes(settings, gpu)
-    if name == "cuda":
-        backend = DeviceBackend(
-            workload, capacity_bytes=capacity, name="cuda", device_module=cuda, peak_stats=True
-        )
-        return backend, gpu
-    mps = DeviceBackend(
-        workload, capacity_bytes=capacity, name="mps", device_module=torch.mps, peak_stats=False
+    policy = fit_policy(settings, gpu)
+    backend = DeviceBackend(
+        Workload(settings),
+        capacity_bytes=policy.capacity_bytes,
+        margin_bytes=policy.margin_bytes,
+        name=name,
+        device_module=cuda if name == "cuda" else torch.mps,
+        # torch.mps keeps no peak statistics: there the tracker's live bytes are the peak.
+        peak_stats=name == "cuda",
     )
-    return mps, gpu
+    return backend, gpu

@@ -2,7 +2,8 @@
 
 For a model that runs out of memory even at batch 1, each candidate change (gradient
 checkpointing, bf16 weights, LoRA, their combination, a bigger catalog GPU) is simulated at
-batch 1 with no budget, so the answer says how far off each one is, not only whether it fits.
+batch 1; a simulated step traces to its end even past the GPU's capacity, so the answer says how
+far off each one is, not only whether it fits.
 This module composes settings and the simulated backend; it never touches a real device, and
 imports the engine only when it simulates, so the report can hold `Fix` records without torch.
 """
@@ -16,8 +17,6 @@ from memorymark import gpus
 from memorymark.measurement import Measurement
 from memorymark.settings import Settings
 
-# No budget: the peak of a step that would not fit is what we want to know.
-_UNBOUNDED = 2**62
 LORA_RANK = 16
 
 
@@ -62,12 +61,11 @@ class FitAnswer:
 
 
 def simulated_step(settings: Settings, gpu: gpus.GPU, batch_size: int = 1) -> Measurement:
-    """One simulated step at `batch_size` for `gpu`'s kernels, with no memory limit."""
-    from memorymark.sim import SimBackend
-    from memorymark.workload import Workload
+    """One simulated step at `batch_size` for `gpu`: past its capacity, the step still traces
+    to its end and reports what it would need (`required_bytes`)."""
+    from memorymark.devices import simulated_backend
 
-    workload = Workload(replace(settings, backend="sim"))
-    backend = SimBackend(workload, capacity_bytes=_UNBOUNDED, gpu=gpu)
+    backend = simulated_backend(replace(settings, backend="sim"), gpu)
     with backend.session():
         return backend.measure(batch_size)
 
@@ -90,10 +88,10 @@ def _variants(s: Settings) -> list[tuple[str, Settings]]:
 
 def what_would_fit(settings: Settings) -> FitAnswer:
     """Batch 1 as configured, each candidate change, then the smallest catalog GPU that fits."""
-    from memorymark.devices import capacity_bytes, resolve_gpu
+    from memorymark.devices import fit_policy, resolve_gpu
 
     gpu = resolve_gpu(settings, "sim")
-    limit = capacity_bytes(settings, gpu)
+    limit = fit_policy(settings, gpu).limit_bytes
     fixes = []
     for label, variant in _variants(settings):
         try:
@@ -111,18 +109,17 @@ def what_would_fit(settings: Settings) -> FitAnswer:
         if bigger.arch not in by_arch:
             by_arch[bigger.arch] = simulated_step(variant, bigger)
         m = by_arch[bigger.arch]
-        if m.required_bytes <= capacity_bytes(variant, bigger):
-            fixes.append(
-                _fix(
-                    f"a bigger GPU: {bigger.name}",
-                    variant,
-                    bigger,
-                    m,
-                    capacity_bytes(variant, bigger),
-                )
-            )
+        bigger_limit = fit_policy(variant, bigger).limit_bytes
+        if _required(m) <= bigger_limit:
+            fixes.append(_fix(f"a bigger GPU: {bigger.name}", variant, bigger, m, bigger_limit))
             break
-    return FitAnswer(required_bytes=base.required_bytes, fixes=tuple(fixes))
+    return FitAnswer(required_bytes=_required(base), fixes=tuple(fixes))
+
+
+def _required(m: Measurement) -> int:
+    # A simulated step always traces to its end, so it always says what it needs.
+    assert m.required_bytes is not None
+    return m.required_bytes
 
 
 def _fix(label: str, settings: Settings, gpu: gpus.GPU, m: Measurement, limit: int) -> Fix:
@@ -131,6 +128,6 @@ def _fix(label: str, settings: Settings, gpu: gpus.GPU, m: Measurement, limit: i
         settings=settings,
         gpu=gpu,
         peak_bytes=m.peak_bytes,
-        required_bytes=m.required_bytes,
+        required_bytes=_required(m),
         capacity_bytes=limit,
     )

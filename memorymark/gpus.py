@@ -1,8 +1,8 @@
 """The GPU catalog: what each GPU holds, costs and computes, and how much of it PyTorch can use.
 
 Owns the `GPU` record, the built-in `CATALOG`, name lookup (`find_gpu`), GPUs outside the catalog
-(`custom_gpu`, `detected_gpu`) and the overhead estimates (CUDA context, cuBLAS workspaces,
-allocator slack) that turn a device's total memory into the bytes a training step may use.
+(`custom_gpu`, `detected_gpu`), the CUDA context estimate that separates a device's total memory
+from what the caching allocator can reserve, and the cuBLAS workspaces every step allocates.
 
 Must not know torch: the UI and report code import it, so it never imports torch or touches a
 device; `detected_gpu` is handed a real device's properties by the code that asked torch. Nor
@@ -48,14 +48,13 @@ _CUBLAS_WORKSPACE_LARGE_BYTES = 4096 * 8 * 1024
 _CUBLASLT_WORKSPACE_BYTES = 1024 * 1024
 # Workspaces are kept per (cuBLAS handle, stream) and handles are per CPU thread (thread-local
 # PoolWindow, same file); autograd runs CUDA backward on its own device thread, so a training step
-# holds two sets: the forward thread's and the backward thread's.
+# holds two sets: the forward thread's and the backward thread's. getNewWorkspace() takes them
+# from the caching allocator (`c10::cuda::CUDACachingAllocator::get()->allocate(size)`), so they
+# count in memory_allocated/reserved: the allocator replay serves them, they are not overhead.
 _WORKSPACE_SETS = 2
-# Allocator slack: PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp) carves blocks
-# from 2 MiB segments (kSmallBuffer) and 20 MiB ones (kLargeBuffer), rounding large requests to
-# 2 MiB (kRoundLarge), so reserved-but-unallocated memory is never zero. Public OOM reports show
-# it at 0.4% (331 MiB of 79.11 GiB, vllm-project/vllm#27508) to 2.3% (912 MiB of 39.50 GiB,
-# TianheWu/CoSeR#10) of capacity; 3% of total is a deliberate, slightly conservative allowance.
-FRAGMENTATION_FRACTION = 0.03
+# No "fragmentation allowance": the allocator replay (memorymark/allocator.py) already models
+# rounding, segment packing, caching and release-and-retry. An earlier 3% of total double-counted
+# it, and put the simulated maximum below real A10 runs for BERT, GPT-2 and ResNet-50.
 
 # A custom GPU bigger than this is a typo (the largest single GPUs hold under 300 GB in 2026).
 MAX_CUSTOM_GIB = 2048.0
@@ -132,22 +131,24 @@ class GPU:
         return _CONTEXT_BYTES[self.arch]
 
     @property
-    def workspace_bytes(self) -> int:
-        """cuBLAS + cuBLASLt workspaces PyTorch allocates for a training step."""
+    def workspace_allocations(self) -> tuple[int, ...]:
+        """The cuBLAS and cuBLASLt workspace requests a training step makes through the caching
+        allocator (one set per thread that runs matmuls), in bytes."""
         large = self.arch in ("hopper", "blackwell")
         cublas = _CUBLAS_WORKSPACE_LARGE_BYTES if large else _CUBLAS_WORKSPACE_BYTES
-        return _WORKSPACE_SETS * (cublas + _CUBLASLT_WORKSPACE_BYTES)
+        return (cublas, _CUBLASLT_WORKSPACE_BYTES) * _WORKSPACE_SETS
 
     @property
-    def fragmentation_bytes(self) -> int:
-        """Allowance for the caching allocator's reserved-but-unusable memory."""
-        return int(self.total_bytes * FRAGMENTATION_FRACTION)
+    def workspace_bytes(self) -> int:
+        """cuBLAS + cuBLASLt workspaces PyTorch allocates for a training step (inside usable
+        memory: the caching allocator serves them)."""
+        return sum(self.workspace_allocations)
 
     @property
     def usable_bytes(self) -> int:
-        """What tensors of a training step may occupy."""
-        overhead = self.context_bytes + self.workspace_bytes + self.fragmentation_bytes
-        return self.total_bytes - overhead
+        """What the caching allocator can reserve for a training step: total less the CUDA
+        context (the capacity every fit verdict is judged against)."""
+        return self.total_bytes - self.context_bytes
 
     @property
     def total_gib(self) -> float:

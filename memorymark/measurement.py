@@ -43,8 +43,10 @@ class Measurement:
     """One full training step (or the step the settings describe) at one batch size."""
 
     batch_size: int
+    """The micro-batch: samples per forward/backward pass."""
     fits: bool
-    """False when the step ran out of memory (on the GPU, or past the simulated budget)."""
+    """The fit policy's verdict with the margin (memorymark/fit.py): the step runs and its
+    reserved peak leaves the margin free. The recommended batch is the largest that fits."""
     peak_bytes: int
     """Peak allocated bytes of the step; for an OOM, the peak reached before it failed."""
     backend: str
@@ -69,6 +71,19 @@ class Measurement:
     """Training throughput at this batch size: measured, or estimated from FLOPs and bytes."""
     throughput_source: str | None = None
     """'measured', 'estimated', or None when no throughput is known."""
+    runs: bool | None = None
+    """The fit policy's verdict with no margin: the step completes with no OOM and no allocation
+    retry within the capacity. None when constructed without one: the same as `fits`."""
+    required_bytes: int | None = None
+    """What the device must hold for this step: its peak reserved bytes (simulated: predicted,
+    and for a step past the capacity what it would need; measured: `max_memory_reserved`).
+    None for a measured OOM, whose need the device never reached."""
+    alloc_retries: int | None = None
+    """Allocations that succeeded only after the allocator flushed its cache (measured:
+    `num_alloc_retries` during the step; simulated: the replay's). None when unknown."""
+    memory_stats: dict[str, int] | None = None
+    """Measured on CUDA: `torch.cuda.memory_stats()` entries read right after the first step of
+    the probe, before any timed step (peaks, `num_alloc_retries`, `num_ooms`)."""
     step_flops: int | None = None
     """FLOPs the step's matmuls, convolutions and attention ran (estimated throughput only)."""
     error: str | None = None
@@ -76,13 +91,11 @@ class Measurement:
     timeline: tuple[int, ...] = field(default=(), repr=False, compare=False)
     """Live bytes after each operator of the step: what the fast strategy extrapolates."""
 
-    @property
-    def required_bytes(self) -> int:
-        """What the GPU must hold for this step: the predicted reserved bytes when simulated (a
-        cudaMalloc past the limit is what fails), else the peak allocated bytes."""
-        if self.predicted_reserved_bytes is not None:
-            return self.predicted_reserved_bytes
-        return self.peak_bytes
+    def __post_init__(self) -> None:
+        if self.runs is None:
+            object.__setattr__(self, "runs", self.fits)
+        if self.fits and not self.runs:
+            raise ValueError("a step that fits with the margin also runs without it")
 
     @property
     def cuda_allocated_bytes(self) -> int:
@@ -105,6 +118,10 @@ class Measurement:
             "success": self.fits,
             "peak_bytes": self.peak_bytes,
             "memory_gb": round(self.peak_bytes / 2**30, 4),
+            "runs": self.runs,
+            "required_bytes": self.required_bytes,
+            "alloc_retries": self.alloc_retries,
+            "memory_stats": self.memory_stats,
             "reserved_bytes": self.reserved_bytes,
             "predicted_allocated_bytes": self.predicted_allocated_bytes,
             "predicted_reserved_bytes": self.predicted_reserved_bytes,

@@ -1,13 +1,16 @@
-"""From the largest batch that fits to the batch a user wants: micro-batch x accumulation steps.
+"""From the batch that fits to the global batch a user wants: micro-batch x accumulation steps.
 
-Pure arithmetic on the report's answer. Memory grows with batch size, so any micro-batch at or
-below the largest measured fit also fits; the plan picks the fewest accumulation steps and then
-the smallest micro-batch that still reaches the target, so no step is wasted on padding.
+With gradient accumulation, every gradient stays alive through the next micro-batch's forward and
+backward, so a micro-batch that fits alone may not fit while accumulating. A plan therefore takes
+the largest micro-batch that divides the target exactly *and* fits with accumulation, checked by
+the caller's `fits_accumulating` (a measured or simulated step with accumulation). Memory grows
+with the micro-batch, so the divisors are bisected, not all tried. Pure arithmetic apart from that
+callback: no torch.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -37,13 +40,41 @@ class TrainingPlan:
         }
 
 
-def plan_batches(optimal_batch: int, target_batch: int | None) -> TrainingPlan:
-    """The fewest accumulation steps that reach `target_batch` with micro-batches that fit."""
-    if optimal_batch < 1:
-        raise ValueError("no batch size fits, so there is nothing to accumulate")
-    if target_batch is None:
-        return TrainingPlan(micro_batch=optimal_batch, accumulation_steps=1, target_batch=None)
-    steps = math.ceil(target_batch / optimal_batch)
-    # ceil keeps micro x steps >= target; with the fewest steps, this micro-batch <= optimal.
-    micro = math.ceil(target_batch / steps)
-    return TrainingPlan(micro_batch=micro, accumulation_steps=steps, target_batch=target_batch)
+def divisors_up_to(n: int, largest: int) -> list[int]:
+    """The divisors of `n` that are at most `largest`, smallest first."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted({d for d in small + [n // d for d in small] if d <= largest})
+
+
+def plan_for_target(
+    target_batch: int,
+    largest_fit: int,
+    fits_accumulating: Callable[[int], bool],
+    *,
+    accumulation_measured: bool = False,
+) -> TrainingPlan | None:
+    """The exact plan for `target_batch` with the largest micro-batch, or None when no divisor of
+    the target fits with accumulation.
+
+    `largest_fit` is the largest micro-batch measured to fit (with the settings' own
+    accumulation). When `accumulation_measured`, those measurements already accumulated, so any
+    divisor up to it fits; otherwise a divisor below the target is checked with
+    `fits_accumulating(micro_batch)`.
+    """
+    if target_batch <= largest_fit:
+        return TrainingPlan(
+            micro_batch=target_batch, accumulation_steps=1, target_batch=target_batch
+        )
+    candidates = divisors_up_to(target_batch, largest_fit)
+    if not accumulation_measured:
+        lo, hi = -1, len(candidates)  # candidates[lo] fits (-1: none known), candidates[hi] not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits_accumulating(candidates[mid]) else (lo, mid)
+        candidates = candidates[: lo + 1]
+    if not candidates:
+        return None
+    micro = candidates[-1]
+    return TrainingPlan(
+        micro_batch=micro, accumulation_steps=target_batch // micro, target_batch=target_batch
+    )

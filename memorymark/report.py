@@ -5,9 +5,13 @@ price slider builds a new Report from the same measurements, so it never re-runs
 Memory figures are bytes inside and GiB (2**30 bytes) only where the JSON contract or a person
 reads them (`gib`). Which memory figure is which: "memory" is the peak of live tensor bytes
 (measured: `max_memory_allocated`); "allocated" is what CUDA would count (512-byte blocks);
-"reserved" is what the caching allocator holds from the device, and what must fit in "usable"
-less the margin. Speedup is throughput at the optimal batch over throughput at the current one,
-measured on a GPU or estimated from FLOPs and bytes in simulation.
+"reserved" (a measurement's `required_bytes`) is what the caching allocator holds from the
+device, judged by the fit policy against "usable" (the capacity) and the margin below it. The
+optimal batch is the largest that fits with the margin, the maximum the largest that runs
+without it. A current batch that does not run is never priced as if it ran: no waste, speedup
+or savings against it, and a plan that keeps its global batch. Speedup is throughput at the
+optimal batch over throughput at the current one, measured on a GPU or estimated from FLOPs and
+bytes in simulation.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 from memorymark.fixes import Fix
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
-from memorymark.plan import TrainingPlan, plan_batches
+from memorymark.plan import TrainingPlan
 from memorymark.settings import Costs, Settings
 from memorymark.sweep import best_fit
 
@@ -30,6 +34,11 @@ KNEE_FRACTION = 0.95
 def gib(n_bytes: float) -> float:
     """Bytes as GiB (2**30 bytes), rounded for display and JSON."""
     return round(n_bytes / GIB, 3)
+
+
+def _held(m: Measurement) -> int:
+    """What the device holds for a step that ran: its reserved peak, else its live bytes."""
+    return m.required_bytes if m.required_bytes is not None else m.peak_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,6 +55,12 @@ class Report:
     """When nothing fits: each change that might, with its simulated batch-1 step."""
     batch_1_required_bytes: int | None = None
     """When nothing fits: what batch 1 needs as configured (simulated, no memory limit)."""
+    plan: TrainingPlan | None = None
+    """Micro-batch x accumulation steps for the global batch (`global_batch`), checked with
+    accumulation by the engine; None when no plan reaches it. Without a global batch to reach,
+    the optimal batch with the settings' own accumulation."""
+    plan_probes: tuple[Measurement, ...] = ()
+    """The steps with accumulation the plan was checked with."""
 
     # -- memory --------------------------------------------------------------------------------
     @property
@@ -72,12 +87,18 @@ class Report:
         return None
 
     @property
+    def max_fit(self) -> Measurement | None:
+        """The largest batch measured to run with no margin (no OOM, no allocation retry)."""
+        return best_fit(list(self.measurements), runs=True)
+
+    @property
     def current_fits(self) -> bool:
-        """False when the current batch ran out of memory, or a smaller batch already did."""
+        """False when the current batch does not run (out of memory), or a smaller one did not."""
         current = self.current
         if current is not None:
-            return current.fits
-        return all(m.fits or m.batch_size > self.settings.current_batch for m in self.measurements)
+            return bool(current.runs)
+        limit = self.settings.current_batch
+        return all(m.runs or m.batch_size > limit for m in self.measurements)
 
     @property
     def capped(self) -> bool:
@@ -85,17 +106,27 @@ class Report:
         return self.optimal is not None and all(m.fits for m in self.measurements)
 
     @property
-    def waste_bytes(self) -> int:
-        """Usable memory the current batch size leaves idle (0 if it does not fit)."""
-        current = self.current
-        if current is None or not current.fits:
-            return 0
-        return max(0, self.gpu.usable_bytes - current.peak_bytes)
+    def global_batch(self) -> int | None:
+        """The global batch the plan must reach: the target asked for, else the current batch
+        when it does not run (the plan keeps it with accumulation), else None."""
+        if self.settings.target_batch is not None:
+            return self.settings.target_batch
+        return None if self.current_fits else self.settings.current_batch
 
     @property
-    def waste_percent(self) -> float:
+    def waste_bytes(self) -> int | None:
+        """Usable memory the current batch leaves idle: capacity less what it reserves. None
+        when it does not run, or was not measured."""
+        current = self.current
+        if current is None or not current.runs:
+            return None
+        return max(0, self.gpu.usable_bytes - _held(current))
+
+    @property
+    def waste_percent(self) -> float | None:
         """waste_bytes as a percentage of usable memory."""
-        return round(100 * self.waste_bytes / self.gpu.usable_bytes, 1)
+        waste = self.waste_bytes
+        return None if waste is None else round(100 * waste / self.gpu.usable_bytes, 1)
 
     @property
     def margin_bytes(self) -> int:
@@ -112,7 +143,7 @@ class Report:
     def headroom_bytes(self) -> int | None:
         """Usable memory the optimal batch leaves free: its distance from an out-of-memory."""
         optimal = self.optimal
-        return None if optimal is None else self.gpu.usable_bytes - optimal.required_bytes
+        return None if optimal is None else self.gpu.usable_bytes - _held(optimal)
 
     @property
     def predicted_oom_batch(self) -> int | None:
@@ -122,9 +153,10 @@ class Report:
     # -- time and money --------------------------------------------------------------------------
     @property
     def batch_ratio(self) -> float | None:
-        """optimal batch / current batch: the speedup if throughput grew with batch size."""
+        """optimal batch / current batch: the speedup if throughput grew with batch size (None
+        when the current batch does not run: there is nothing to compare against)."""
         optimal = self.optimal
-        if optimal is None:
+        if optimal is None or not self.current_fits:
             return None
         return round(optimal.batch_size / self.settings.current_batch, 3)
 
@@ -138,7 +170,7 @@ class Report:
     def throughput_ratio(self) -> float | None:
         """samples/s at the optimal batch / samples/s at the current one, when both are known."""
         optimal, current = self.optimal, self.current
-        if optimal is None or current is None or not current.fits:
+        if optimal is None or current is None or not current.runs:
             return None
         if not (optimal.samples_per_second and current.samples_per_second):
             return None
@@ -190,19 +222,15 @@ class Report:
         return self.usd_per_hour * self.costs.hours_per_run * self.costs.runs_per_year
 
     @property
-    def cost_savings_annual(self) -> float:
+    def cost_savings_annual(self) -> float | None:
         """The time saved processing the same samples `speedup` times faster, priced:
-        cost * (1 - 1/speedup), at least 0."""
+        cost * (1 - 1/speedup), at least 0; None when the current batch does not run."""
+        if not self.current_fits:
+            return None
         speedup = self.speedup
-        if speedup is None or speedup <= 1 or not self.current_fits:
+        if speedup is None or speedup <= 1:
             return 0.0
         return round(self.annual_cost_usd * (1 - 1 / speedup), 2)
-
-    @property
-    def plan(self) -> TrainingPlan | None:
-        """Micro-batch x accumulation steps for the target batch (or the optimal batch alone)."""
-        optimal = self.optimal
-        return plan_batches(optimal.batch_size, self.settings.target_batch) if optimal else None
 
     def with_costs(self, costs: Costs) -> Report:
         """The same measurements priced with other cost inputs."""
@@ -212,23 +240,44 @@ class Report:
     def verdict(self) -> str:
         """One sentence a person reads first."""
         optimal, current = self.optimal, self.current
-        b = self.settings.current_batch
+        b, gpu = self.settings.current_batch, self.gpu.name
         if optimal is None:
-            return f"No batch size trains on this {self.gpu.name}: even batch 1 runs out of memory."
-        above = "" if self.capped else f", {self._first_failure()} does not"
-        if not self.current_fits:
-            return (
-                f"Batch {b} runs out of memory on this {self.gpu.name}; "
-                f"batch {optimal.batch_size} trains{above}."
+            return f"No batch size trains on this {gpu}: even batch 1 runs out of memory."
+        maximum = self.max_fit
+        if maximum is not None and maximum.batch_size > optimal.batch_size:
+            answer = (
+                f"batch {optimal.batch_size} trains with the margin free "
+                f"({maximum.batch_size} runs with none)"
             )
-        used = 0.0 if current is None else 100 * current.peak_bytes / self.gpu.usable_bytes
-        return (
-            f"Batch {b} uses {used:.0f}% of this {self.gpu.name}'s usable memory; "
-            f"batch {optimal.batch_size} trains{above}."
-        )
+        else:
+            above = "" if self.capped else f", {self._first_failure()} does not"
+            answer = f"batch {optimal.batch_size} trains{above}"
+        if not self.current_fits:
+            needs = ""
+            if current is not None and current.required_bytes is not None:
+                needs = (
+                    f" (needs {gib(current.required_bytes):.1f} of "
+                    f"{gib(self.gpu.usable_bytes):.1f} GiB)"
+                )
+            return f"Batch {b} crashes with out of memory on this {gpu}{needs}; {answer}."
+        if current is not None and not current.fits:
+            return f"Batch {b} runs on this {gpu} but leaves less than the margin free; {answer}."
+        used = 0.0 if current is None else 100 * _held(current) / self.gpu.usable_bytes
+        return f"Batch {b} uses {used:.0f}% of this {gpu}'s usable memory; {answer}."
 
     def _first_failure(self) -> int | None:
         return min((m.batch_size for m in self.measurements if not m.fits), default=None)
+
+    @property
+    def plan_note(self) -> str | None:
+        """Why there is no plan for the global batch, when there is none."""
+        target = self.global_batch
+        if target is None or self.plan is not None or self.optimal is None:
+            return None
+        return (
+            f"no plan reaches a global batch of {target}: no micro-batch that divides it fits "
+            "with gradient accumulation (every gradient stays alive through the next micro-batch)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The `analyze --json` object (see memorymark/report_json.py)."""

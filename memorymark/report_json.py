@@ -12,6 +12,12 @@ from memorymark import models
 from memorymark.measurement import Breakdown, Measurement
 from memorymark.report import KNEE_FRACTION, gib
 
+# The one fit policy (memorymark/fit.py), in words, for every backend alike.
+FIT_CRITERION = (
+    "runs: no out-of-memory and no allocation retry, reserved bytes within usable memory; "
+    "fits (recommended): runs and reserved bytes within usable memory less the margin"
+)
+
 if TYPE_CHECKING:
     from memorymark.report import Report
 
@@ -22,7 +28,7 @@ def report_to_dict(r: Report) -> dict[str, Any]:
     `speedup` is the throughput ratio (`speedup_source` says when it falls back to the batch
     ratio, which `batch_ratio` always holds); memory keys are described in memorymark/report.py.
     """
-    optimal, current = r.optimal, r.current
+    optimal, current, maximum = r.optimal, r.current, r.max_fit
     breakdown: Breakdown | None = optimal.breakdown if optimal else None
     return {
         "model_name": r.settings.model,
@@ -33,8 +39,8 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "optimal_batch_size": optimal.batch_size if optimal else None,
         "optimal_memory_gb": gib(optimal.peak_bytes) if optimal else None,
         "current_batch_size": r.settings.current_batch,
-        "current_memory_gb": gib(current.peak_bytes) if current and current.fits else None,
-        "waste_gb": gib(r.waste_bytes),
+        "current_memory_gb": gib(current.peak_bytes) if current and current.runs else None,
+        "waste_gb": _gib_or_none(r.waste_bytes),
         "waste_percent": r.waste_percent,
         "speedup": r.speedup,
         "speedup_source": r.speedup_source,
@@ -42,6 +48,8 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "results": [_row(m) for m in sorted(r.measurements, key=_batch)],
         "backend": r.backend,
         "memory_source": r.memory_source,
+        "max_batch_size": maximum.batch_size if maximum else None,
+        "max_reserved_gb": _gib_or_none(maximum and maximum.required_bytes),
         "usable_gb": gib(r.gpu.usable_bytes),
         **_memory_dict(r),
         **_throughput_dict(r),
@@ -53,7 +61,10 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "elapsed_seconds": round(r.elapsed_seconds, 3),
         "usd_per_hour": r.usd_per_hour,
         "annual_cost_usd": round(r.annual_cost_usd, 2),
+        "global_batch": r.global_batch,
         "plan": r.plan.to_dict() if r.plan else None,
+        "plan_note": r.plan_note,
+        "plan_probes": [_row(m) for m in r.plan_probes],
         "fixes": [fix.to_dict() for fix in r.fixes],
         "batch_1_required_gb": None
         if r.batch_1_required_bytes is None
@@ -66,7 +77,7 @@ def report_to_dict(r: Report) -> dict[str, Any]:
 def _memory_dict(r: Report) -> dict[str, Any]:
     """Which memory number is which: allocated, reserved, the limit and the margin."""
     optimal, current = r.optimal, r.current
-    current_fit = current if current is not None and current.fits else None
+    current_fit = current if current is not None and current.runs else None
     return {
         "optimal_allocated_gb": _gib_or_none(optimal and optimal.cuda_allocated_bytes),
         "optimal_reserved_gb": _gib_or_none(optimal and optimal.cuda_reserved_bytes),
@@ -75,13 +86,11 @@ def _memory_dict(r: Report) -> dict[str, Any]:
         "margin_gb": gib(r.margin_bytes),
         "headroom_gb": _gib_or_none(r.headroom_bytes),
         "predicted_oom_batch": r.predicted_oom_batch,
-        "fit_criterion": "the GPU's own out-of-memory error"
-        if r.measured
-        else "predicted reserved bytes within usable memory less the margin",
+        "fit_criterion": FIT_CRITERION,
         "gpu_overheads_gb": {
             "context": gib(r.gpu.context_bytes),
-            "workspaces": gib(r.gpu.workspace_bytes),
-            "fragmentation_allowance": gib(r.gpu.fragmentation_bytes),
+            # Served by the caching allocator inside usable memory, so inside the replay too.
+            "cublas_workspaces_in_step": gib(r.gpu.workspace_bytes),
         },
     }
 
@@ -100,13 +109,21 @@ def _throughput_dict(r: Report) -> dict[str, Any]:
 
 
 def _row(m: Measurement) -> dict[str, Any]:
-    """One results row: the original API's three keys, then what later issues added."""
+    """One results row: the original API's three keys, then what later issues added.
+
+    `success` is the recommended verdict (fits with the margin), `runs` the one with none;
+    `required_bytes` is what the step needs (past the capacity too, when simulated; null for a
+    measured OOM)."""
     return {
         "batch_size": m.batch_size,
         "memory_gb": gib(m.peak_bytes),
         "success": m.fits,
+        "runs": m.runs,
+        "required_bytes": m.required_bytes,
         "reserved_gb": _gib_or_none(m.cuda_reserved_bytes),
+        "alloc_retries": m.alloc_retries,
         "samples_per_second": _sps(m),
+        "error": m.error,
     }
 
 

@@ -99,7 +99,7 @@ def target_capability(settings: Settings, gpu: gpus.GPU | None = None) -> tuple[
 
 
 class SimBackend(Backend):
-    """Simulates the step for a target GPU: the budget is that GPU's usable memory."""
+    """Simulates the step for a target GPU, judged against that GPU's capacity."""
 
     name = "sim"
     measured = False
@@ -111,10 +111,19 @@ class SimBackend(Backend):
         workload: Workload,
         *,
         capacity_bytes: int,
+        margin_bytes: int = 0,
         gpu: gpus.GPU | None = None,
+        resident_allocations: tuple[int, ...] = (),
         cuda_rules: bool = True,
     ) -> None:
-        super().__init__(workload, capacity_bytes=capacity_bytes, budget_bytes=capacity_bytes)
+        # No tracker budget: fake tensors cost nothing, so a step past the capacity traces to
+        # its end and the replay says what it would need.
+        super().__init__(
+            workload,
+            capacity_bytes=capacity_bytes,
+            margin_bytes=margin_bytes,
+            resident_allocations=resident_allocations,
+        )
         self._fake_mode = FakeTensorMode()
         self.compute_capability = target_capability(workload.settings, gpu)
         """(major, minor) of the GPU whose kernel choices the step imitates."""

@@ -2,24 +2,26 @@
 
 Two strategies search the grid step, 2*step, 3*step, ... (never past `max_batch`):
 
-- `linear`: every grid point from the first until the first OOM (the original prototype's protocol);
+- `linear`: every grid point from the first until the first that does not run (the original
+  prototype's protocol: until the first OOM);
 - `fast`: trace two small batches, extrapolate the step's allocation timeline to predict the
   largest batch that fits, verify it, show the next grid point does not fit, and bisect only if
   the prediction missed.
 
-"Fits" is always the backend's verdict: on a GPU, no out-of-memory error; simulated, the caching
-allocator model's predicted reserved bytes stay within the capacity. The fast strategy's timeline
-counts live tensor bytes (allocated, not reserved), so its prediction is only a first guess;
-verification measures the answer, so both strategies agree wherever "fits" is monotone in batch.
-Both answer with the largest grid point measured as fitting whose next grid point was measured
-not to fit (or the cap). When even the first grid point does not fit, both bisect below it. This
-module knows nothing about models or devices: a backend is anything with `measure(batch_size)`,
-`capacity_bytes` and `release()`.
+Every verdict is the backend's, by the one fit policy (memorymark/fit.py): a batch *runs* when
+its step completes with no OOM and no allocation retry within the capacity, and *fits* when it
+also leaves the margin free. Both strategies find the recommended batch (the largest that fits)
+and then the maximum (the largest that runs), usually one or two probes more. The timeline counts
+live tensor bytes (allocated, not reserved), so a prediction is only a first guess; verification
+measures the answer, so both strategies agree wherever the verdicts are monotone in batch. Below
+the first grid point every batch size counts, so a model that only trains at batch 3 gets that
+answer. This module knows nothing about models or devices: a backend is anything with
+`measure(batch_size)`, `capacity_bytes` and `release()`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Protocol
 
 from memorymark.measurement import Measurement
@@ -36,16 +38,30 @@ class Measurer(Protocol):
 
 
 class Strategy:
-    """Proposes batch sizes one at a time, seeing every result before the next proposal."""
+    """Proposes batch sizes one at a time, seeing every result before the next proposal.
 
-    name = "base"
+    Two boundaries are searched, both by the fit policy's verdicts (memorymark/fit.py): the
+    recommended batch, the largest that `fits` (its reserved peak leaves the margin free), then
+    the maximum, the largest that `runs` (no OOM and no allocation retry within the capacity).
+    `capacity_bytes` is the margin's limit, `run_capacity_bytes` the whole capacity.
+    """
 
-    def __init__(self, *, step: int = 8, max_batch: int = 4096, capacity_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        step: int = 8,
+        max_batch: int = 4096,
+        capacity_bytes: int = 0,
+        run_capacity_bytes: int | None = None,
+    ) -> None:
         if step < 1 or max_batch < step:
             raise ValueError(f"step must be at least 1 and max_batch at least step ({step})")
         self.step = step
         self.max_grid = max_batch // step * step
         self.capacity_bytes = capacity_bytes
+        self.run_capacity_bytes = (
+            capacity_bytes if run_capacity_bytes is None else run_capacity_bytes
+        )
         self.results: dict[int, Measurement] = {}
 
     def observe(self, measurement: Measurement) -> None:
@@ -59,100 +75,158 @@ class Strategy:
     def _fits(self, batch_size: int) -> bool:
         return self.results[batch_size].fits
 
-    def _below_grid(self, lowest_failure: int) -> Iterator[int]:
-        # Bisect 1 .. lowest_failure-1, so a model that only trains at tiny batches still gets
-        # an answer (and a model that does not train at batch 1 gets that answer).
-        lo, hi = 0, lowest_failure
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
+    def _runs(self, batch_size: int) -> bool:
+        return bool(self.results[batch_size].runs)
+
+    def _unit(self, lo: int) -> int:
+        # The grid's step from the first grid point up; below it, every batch size counts, so a
+        # model that only trains at tiny batches still gets an exact answer.
+        return self.step if lo >= self.step else 1
+
+    def _bisect(self, lo: int, hi: int, passes: Predicate) -> Iterator[int]:
+        # lo passes (0 stands for "nothing smaller to try") and hi does not. Steps that were
+        # traced say what they need, which is close to linear in batch size near the top, so
+        # the next probe goes where the line through lo and hi crosses the capacity; a probe
+        # that does not halve the gap is followed by a plain halving, so the worst case stays
+        # logarithmic.
+        interpolate = True
+        while hi - lo > self._unit(lo):
+            unit = self._unit(lo)
+            half = lo + (hi - lo) // unit // 2 * unit
+            mid = self._interpolate(lo, hi, passes, unit) if interpolate else None
+            mid = half if mid is None else mid
             yield mid
-            lo, hi = (mid, hi) if self._fits(mid) else (lo, mid)
+            gap = hi - lo
+            lo, hi = (mid, hi) if passes(mid) else (lo, mid)
+            interpolate = 2 * (hi - lo) <= gap
 
-    def _bisect(self, lo: int, hi: int) -> Iterator[int]:
-        # lo fits and hi does not, both on the grid: halve the grid points between them.
-        while hi - lo > self.step:
-            mid = lo + (hi - lo) // self.step // 2 * self.step
-            yield mid
-            lo, hi = (mid, hi) if self._fits(mid) else (lo, mid)
+    def _interpolate(self, lo: int, hi: int, passes: Predicate, unit: int) -> int | None:
+        """The grid point where required bytes, linear between lo and hi, reach the capacity
+        `passes` judges against; None when lo or hi says nothing of its needs."""
+        low, high = self.results.get(lo), self.results.get(hi)
+        if low is None or high is None or low.required_bytes is None:
+            return None
+        if high.required_bytes is None or high.required_bytes <= low.required_bytes:
+            return None
+        capacity = self.run_capacity_bytes if passes == self._runs else self.capacity_bytes
+        slope = (high.required_bytes - low.required_bytes) / (hi - lo)
+        crossing = lo + (capacity - low.required_bytes) / slope
+        guess = lo + int((crossing - lo) // unit) * unit
+        return min(max(guess, lo + unit), hi - unit)
 
-
-class LinearStrategy(Strategy):
-    """step, 2*step, 3*step, ... until the first OOM or the cap."""
-
-    name = "linear"
-
-    def propose(self) -> Iterator[int]:
-        """Every grid point in order until one does not fit."""
-        batch = self.step
-        while batch <= self.max_grid:
-            yield batch
-            if not self._fits(batch):
-                if batch == self.step:
-                    yield from self._below_grid(batch)
-                return
-            batch += self.step
-
-
-class FastStrategy(Strategy):
-    """Trace two batches, predict the boundary from the allocation timeline, verify, bisect."""
-
-    name = "fast"
-
-    def propose(self) -> Iterator[int]:
-        """About four probes when the prediction holds: two traces, the answer, the one above."""
-        first = max(self.step, 2)  # batch 1 often runs extra ops, so its timeline would not align
-        yield first
-        if not self._fits(first):
-            yield from self._below_grid(first)
-            return
-        if first >= self.max_grid:
-            return
-        second = min(2 * first, self.max_grid)
-        yield second
-        if not self._fits(second):
-            yield from self._bisect(first, second)
-            return
-        guess = self._snap(
-            predict_max_batch(self.results[first], self.results[second], self.capacity_bytes)
-        )
-        yield from self._search(second, guess)
-
-    def _snap(self, batch: float) -> int:
-        return min(self.max_grid, max(self.step, int(batch) // self.step * self.step))
-
-    def _search(self, lo: int, guess: int) -> Generator[int, None, None]:
-        hi: int | None = None
-        if guess > lo:
-            yield guess
-            if self._fits(guess):
-                lo = guess
-            else:
-                hi = guess
-        # The prediction is usually exact: the neighbour above (or below) settles it.
-        if hi is None and lo < self.max_grid:
-            yield lo + self.step
-            if not self._fits(lo + self.step):
-                return
-            lo += self.step
-            yield from self._gallop(lo)
-            return
-        if hi is not None and hi - self.step > lo:
-            yield hi - self.step
-            if self._fits(hi - self.step):
-                return
-            yield from self._bisect(lo, hi - self.step)
-
-    def _gallop(self, lo: int) -> Iterator[int]:
+    def _gallop(self, lo: int, passes: Predicate) -> Iterator[int]:
         # The prediction was low: double the stride until a batch fails, then bisect.
         stride = self.step
         while lo < self.max_grid:
             stride *= 2
             batch = min(lo + stride, self.max_grid)
             yield batch
-            if not self._fits(batch):
-                yield from self._bisect(lo, batch)
+            if not passes(batch):
+                yield from self._bisect(lo, batch, passes)
                 return
             lo = batch
+
+    def _bounds(self, passes: Predicate) -> tuple[int, int | None]:
+        """(largest measured batch that passes below every one that fails, or 0; smallest
+        measured batch that fails, or None)."""
+        hi = min((b for b in self.results if not passes(b)), default=None)
+        lo = max((b for b in self.results if passes(b) and (hi is None or b < hi)), default=0)
+        return lo, hi
+
+    def _max_phase(self) -> Iterator[int]:
+        """Past the recommended batch: the largest that still runs (no margin)."""
+        lo, hi = self._bounds(self._runs)
+        if hi is None:
+            if 0 < lo < self.max_grid:
+                yield lo + self.step
+                if self._runs(lo + self.step):
+                    yield from self._gallop(lo + self.step, self._runs)
+            return
+        yield from self._bisect(lo, hi, self._runs)
+
+
+Predicate = Callable[[int], bool]
+
+
+class LinearStrategy(Strategy):
+    """step, 2*step, 3*step, ... until the first batch that does not run, or the cap."""
+
+    def propose(self) -> Iterator[int]:
+        """Every grid point in order until one does not run, then below the grid if needed."""
+        batch = self.step
+        while batch <= self.max_grid:
+            yield batch
+            if not self._runs(batch):
+                break
+            batch += self.step
+        if not self._fits(self.step):
+            yield from self._bisect(0, self.step, self._fits)
+        yield from self._max_phase()
+
+
+class FastStrategy(Strategy):
+    """Trace two batches, predict the boundary from the allocation timeline, verify, bisect."""
+
+    _traces: tuple[Measurement, Measurement] | None = None
+
+    def propose(self) -> Iterator[int]:
+        """About four probes when the prediction holds: two traces, the answer, the one above;
+        one or two more when the margin moves the recommended batch below the maximum."""
+        yield from self._recommended()
+        yield from self._max_phase()
+
+    def _recommended(self) -> Iterator[int]:
+        first = max(self.step, 2)  # batch 1 often runs extra ops, so its timeline would not align
+        yield first
+        if not self._fits(first):
+            yield from self._bisect(0, first, self._fits)
+            return
+        if first >= self.max_grid:
+            return
+        second = min(2 * first, self.max_grid)
+        yield second
+        if not self._fits(second):
+            yield from self._bisect(first, second, self._fits)
+            return
+        self._traces = (self.results[first], self.results[second])
+        yield from self._search(second, self._guess(self.capacity_bytes), self._fits)
+
+    def _max_phase(self) -> Iterator[int]:
+        lo, hi = self._bounds(self._runs)
+        if hi is not None or self._traces is None or lo >= self.max_grid:
+            yield from super()._max_phase()
+            return
+        # Everything measured runs: the same traces predict where the capacity ends.
+        yield from self._search(lo, self._guess(self.run_capacity_bytes), self._runs)
+
+    def _guess(self, capacity_bytes: int) -> int:
+        assert self._traces is not None
+        return self._snap(predict_max_batch(*self._traces, capacity_bytes))
+
+    def _snap(self, batch: float) -> int:
+        return min(self.max_grid, max(self.step, int(batch) // self.step * self.step))
+
+    def _search(self, lo: int, guess: int, passes: Predicate) -> Generator[int, None, None]:
+        hi: int | None = None
+        if guess > lo:
+            yield guess
+            if passes(guess):
+                lo = guess
+            else:
+                hi = guess
+        # The prediction is usually exact: the neighbour above (or below) settles it.
+        if hi is None and lo < self.max_grid:
+            yield lo + self.step
+            if not passes(lo + self.step):
+                return
+            lo += self.step
+            yield from self._gallop(lo, passes)
+            return
+        if hi is not None and hi - self.step > lo:
+            yield hi - self.step
+            if passes(hi - self.step):
+                return
+            yield from self._bisect(lo, hi - self.step, passes)
 
 
 STRATEGIES: dict[str, type[Strategy]] = {"fast": FastStrategy, "linear": LinearStrategy}
@@ -193,7 +267,7 @@ def sweep(
     """Yield one Measurement per batch size tried, in the order tried.
 
     `also` lists batch sizes the report needs measured too (the user's current batch); they are
-    measured after the search unless the search already did, or a smaller batch did not fit.
+    measured after the search unless the search already did.
     The backend is released however the consumer stops: use `contextlib.closing(sweep(...))`
     to stop early.
     """
@@ -203,11 +277,8 @@ def sweep(
             strategy.observe(measurement)
             yield measurement
         for batch_size in also:
-            # Skip a batch already measured, or larger than one that already ran out of memory.
-            known_failure = any(
-                not m.fits and m.batch_size <= batch_size for m in strategy.results.values()
-            )
-            if batch_size not in strategy.results and not known_failure:
+            # Measured even past a failure: a batch that does not fit says what it would need.
+            if batch_size not in strategy.results:
                 measurement = backend.measure(batch_size)
                 strategy.observe(measurement)
                 yield measurement
@@ -215,9 +286,13 @@ def sweep(
         backend.release()
 
 
-def best_fit(measurements: list[Measurement]) -> Measurement | None:
-    """The largest batch measured as fitting below every batch measured as not fitting."""
-    failures = [m.batch_size for m in measurements if not m.fits]
-    ceiling = min(failures, default=None)
-    fits = [m for m in measurements if m.fits and (ceiling is None or m.batch_size < ceiling)]
-    return max(fits, key=lambda m: m.batch_size, default=None)
+def best_fit(measurements: list[Measurement], *, runs: bool = False) -> Measurement | None:
+    """The largest batch measured as fitting (or, with `runs`, as running with no margin)
+    below every batch measured as not doing so."""
+
+    def passes(m: Measurement) -> bool:
+        return bool(m.runs) if runs else m.fits
+
+    ceiling = min((m.batch_size for m in measurements if not passes(m)), default=None)
+    ok = [m for m in measurements if passes(m) and (ceiling is None or m.batch_size < ceiling)]
+    return max(ok, key=lambda m: m.batch_size, default=None)

@@ -19,14 +19,24 @@ def tiny_bert() -> Settings:
 
 
 class FunctionBackend:
-    """A backend whose step allocates `timeline(batch)`; it fits when the peak is in capacity."""
+    """A backend whose step allocates `timeline(batch)`: it fits when the peak is within
+    `capacity_bytes` (the margin's limit) and runs when it is within `run_capacity_bytes`."""
 
     name = "fake"
     measured = False
 
-    def __init__(self, timeline: Callable[[int], tuple[int, ...]], capacity_bytes: int) -> None:
+    def __init__(
+        self,
+        timeline: Callable[[int], tuple[int, ...]],
+        capacity_bytes: int,
+        run_capacity_bytes: int | None = None,
+        required: Callable[[int], int] | None = None,
+    ) -> None:
         self.timeline = timeline
+        self.required = required
+        """What the device holds at a batch, when not the timeline's peak (reserved > live)."""
         self.capacity_bytes = capacity_bytes
+        self.run_capacity_bytes = run_capacity_bytes or capacity_bytes
         self.tried: list[int] = []
         self.released = False
 
@@ -34,10 +44,13 @@ class FunctionBackend:
         self.tried.append(batch_size)
         timeline = self.timeline(batch_size)
         peak = max(timeline)
+        required = self.required(batch_size) if self.required else peak
         return Measurement(
             batch_size=batch_size,
-            fits=peak <= self.capacity_bytes,
+            fits=required <= self.capacity_bytes,
+            runs=required <= self.run_capacity_bytes,
             peak_bytes=peak,
+            required_bytes=required,
             backend=self.name,
             measured=False,
             timeline=timeline,

@@ -159,3 +159,24 @@ def test_the_setup_peak_is_not_the_steps_but_its_segments_stay_reserved():
     # Priming the optimizer holds 12 MiB and frees it; the step then needs 1 MiB.
     p = replay((0, [12 * MIB, ~0]), (1, [MIB]))
     assert p == Prediction(allocated_bytes=MIB, reserved_bytes=14 * MIB)
+
+
+def test_a_cudamalloc_past_the_budget_releases_cached_segments_and_counts_a_retry():
+    mib = 2**20
+    # 12 MiB is cached after its free; 30 MiB more would pass a 40 MiB budget until the
+    # allocator hands the cached segment back (release_cached_blocks) and retries.
+    step = (0, [12 * mib, ~0, 30 * mib])
+    retried = replay((0, []), step, 40 * mib)
+    assert (retried.out_of_memory, retried.alloc_retries) == (False, 1)
+    assert replay((0, []), step).alloc_retries == 0  # no budget, no retry
+    assert replay((0, []), step, 20 * mib).out_of_memory
+
+
+def test_resident_requests_are_served_before_the_step_and_stay_allocated():
+    mib = 2**20
+    workspace = 4096 * 1024 * 2 + 16 * 1024 * 8  # cuBLAS's default on Ampere, 8.125 MiB
+    bare = replay((0, []), (0, [mib]))
+    with_ws = replay((0, []), (0, [mib]), resident=(workspace,))
+    assert with_ws.allocated_bytes - bare.allocated_bytes == workspace
+    # An 8.125 MiB request gets a 20 MiB segment (kLargeBuffer), as on a GPU.
+    assert with_ws.reserved_bytes - bare.reserved_bytes == 20 * mib

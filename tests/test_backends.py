@@ -68,16 +68,24 @@ def test_peak_grows_with_batch_and_activations_dominate_at_large_batch(tiny_bert
     assert large.breakdown.activations > large.breakdown.parameters
 
 
-def test_budget_oom_is_a_result_and_the_next_probe_starts_from_the_same_baseline(tiny_bert):
+def test_a_step_past_the_capacity_says_what_it_needs_and_the_next_starts_afresh(tiny_bert):
     first = SimBackend(Workload(tiny_bert), capacity_bytes=BIG).measure(8)
-    # The budget is what the GPU would need at batch 8: the allocator's predicted reserved bytes.
+    unbounded = SimBackend(Workload(tiny_bert), capacity_bytes=BIG).measure(64)
+    # The capacity is what the GPU would need at batch 8: the allocator's predicted reserved bytes.
     backend = SimBackend(Workload(tiny_bert), capacity_bytes=first.required_bytes)
     before = backend.measure(8)
     oom = backend.measure(64)
     after = backend.measure(8)
     assert before.fits and after.fits
-    assert not oom.fits and "simulated out of memory" in oom.error
-    assert oom.breakdown is None
+    assert not oom.fits and not oom.runs
+    # Traced to its end: it needs what batch 64 needs with no limit, and says so in one line.
+    assert oom.required_bytes == unbounded.required_bytes > first.required_bytes
+    assert oom.breakdown == unbounded.breakdown
+    assert oom.error == (
+        f"simulated out of memory: needs {oom.required_bytes / 2**20:.1f} MiB of "
+        f"{first.required_bytes / 2**20:.1f} MiB"
+    )
+    assert oom.samples_per_second is None
     assert after.peak_bytes == before.peak_bytes == first.peak_bytes
     assert (
         backend._tracker.live_bytes
@@ -97,14 +105,67 @@ def test_simulated_probes_predict_what_the_caching_allocator_holds(tiny_bert):
 
 
 def test_the_simulated_oom_is_what_the_gpu_would_reserve(tiny_bert):
-    # A budget of exactly the live tensor bytes would hold the tensors, but not the segments
+    # A capacity of exactly the live tensor bytes would hold the tensors, but not the segments
     # the caching allocator needs for them: a GPU would run out of memory.
     peak = SimBackend(Workload(tiny_bert), capacity_bytes=BIG).measure(8).peak_bytes
     m = SimBackend(Workload(tiny_bert), capacity_bytes=peak).measure(8)
     assert not m.fits
-    assert m.error.startswith("simulated out of memory: the CUDA caching allocator would need")
-    assert m.predicted_reserved_bytes > peak
-    assert (m.breakdown, m.samples_per_second) == (None, None)
+    assert m.error.startswith("simulated out of memory: needs ")
+    assert m.predicted_reserved_bytes == m.required_bytes > peak
+    assert m.samples_per_second is None
+
+
+def test_the_margin_separates_fits_from_runs(tiny_bert):
+    need = SimBackend(Workload(tiny_bert), capacity_bytes=BIG).measure(8).required_bytes
+    inside = SimBackend(Workload(tiny_bert), capacity_bytes=need, margin_bytes=2**20).measure(8)
+    assert inside.runs and not inside.fits  # it trains, but leaves less than the margin free
+    assert inside.error is None
+
+
+def test_a_step_that_fits_only_after_a_cache_flush_does_not_run(tiny_bert, monkeypatch):
+    from memorymark import allocator, backend as backend_module
+
+    def retried(*args, **kwargs):
+        return allocator.Prediction(1000, 2000, alloc_retries=1)
+
+    monkeypatch.setattr(backend_module.allocator, "replay", retried)
+    m = SimBackend(Workload(tiny_bert), capacity_bytes=BIG).measure(8)
+    assert m.alloc_retries == 1
+    assert not m.runs and not m.fits
+    assert "retried 1 allocation" in m.error
+
+
+def test_the_device_s_allocation_retries_make_a_step_not_run(tiny_bert):
+    cuda = FakeCuda(retries=0)
+    backend = DeviceBackend(
+        Workload(tiny_bert), capacity_bytes=BIG, name="cpu", device_module=cuda, peak_stats=True
+    )
+    assert backend.measure(2).runs
+
+    def retry_during_step(*args, **kwargs):
+        cuda.retries += 2  # the counter is cumulative: only the step's own retries count
+
+    backend.workload = dataclasses.replace(backend.workload)
+    original = Workload.run_step
+    try:
+        Workload.run_step = lambda self, *a, **k: (original(self, *a, **k), retry_during_step())
+        m = backend.measure(2)
+    finally:
+        Workload.run_step = original
+    assert m.alloc_retries == 2
+    assert not m.runs
+    assert m.memory_stats["num_alloc_retries"] == 2
+
+
+def test_the_cublas_workspaces_are_served_by_the_allocator_before_the_step(tiny_bert):
+    plain, _ = open_backend(tiny_bert)
+    bare = SimBackend(Workload(tiny_bert), capacity_bytes=BIG).measure(8)
+    with_ws = plain.measure(8)
+    a10 = gpus.find_gpu("a10")
+    # Allocated counts the live workspaces; the tensors' own peak does not.
+    assert with_ws.peak_bytes == bare.peak_bytes
+    extra = with_ws.predicted_allocated_bytes - bare.predicted_allocated_bytes
+    assert extra == sum(-(-n // 512) * 512 for n in a10.workspace_allocations)
 
 
 def test_simulated_throughput_is_estimated_for_the_target_gpu(tiny_bert):
@@ -145,8 +206,8 @@ def test_a_bug_in_the_step_is_not_an_oom(tiny_bert, monkeypatch):
 class FakeCuda(SimpleNamespace):
     """torch.cuda's memory API on CPU: the CUDA backend's logic runs without a GPU."""
 
-    def __init__(self, oom_above: int | None = None):
-        super().__init__(calls=[], oom_above=oom_above)
+    def __init__(self, oom_above: int | None = None, retries: int = 0):
+        super().__init__(calls=[], oom_above=oom_above, retries=retries, stats_reads=0)
 
     def is_available(self):
         return True
@@ -162,6 +223,10 @@ class FakeCuda(SimpleNamespace):
 
     def max_memory_reserved(self):
         return 4096
+
+    def memory_stats(self):
+        self.stats_reads += 1
+        return {"num_alloc_retries": self.retries, "num_ooms": 0, "reserved_bytes.all.peak": 4096}
 
     def synchronize(self):
         self.calls.append("sync")
@@ -218,11 +283,13 @@ def test_auto_picks_cuda_for_the_local_gpu_and_sim_for_another():
     assert resolve_backend_name(Settings(gpu_memory_gib=40), cuda) == "sim"
 
 
-def test_open_backend_budgets_the_simulation_with_usable_memory():
+def test_open_backend_judges_the_simulation_against_usable_memory():
     backend, gpu = open_backend(Settings(model="tiny-bert", gpu="h100", backend="sim"))
     assert gpu.name == gpus.find_gpu("H100").name
     margin = int(gpu.usable_bytes * 0.02)  # the default margin, 2%
-    assert backend.capacity_bytes == backend.budget_bytes == gpu.usable_bytes - margin
+    assert backend.policy.capacity_bytes == gpu.usable_bytes
+    assert backend.capacity_bytes == backend.policy.limit_bytes == gpu.usable_bytes - margin
+    assert backend.budget_bytes is None  # fake tensors trace to the end of any step
     custom_backend, custom = open_backend(Settings(model="tiny-bert", gpu_memory_gib=12))
     assert custom.total_bytes == 12 * 2**30
     assert custom_backend.capacity_bytes < custom.usable_bytes < custom.total_bytes

@@ -1,31 +1,58 @@
-"""Gradient accumulation plans reach the target with the fewest steps and fitting micro-batches."""
+"""Accumulation plans hit the target exactly, with the largest micro-batch that fits while
+accumulating, and checking as few micro-batches as bisection needs."""
 
 import pytest
 
-from memorymark.plan import plan_batches
+from memorymark.plan import divisors_up_to, plan_for_target
 
 
-@pytest.mark.parametrize(
-    ("optimal", "target", "micro", "steps", "effective"),
-    [
-        (176, None, 176, 1, 176),
-        (176, 64, 64, 1, 64),  # the target fits in one micro-batch
-        (176, 256, 128, 2, 256),  # two steps; 128 evens them out
-        (176, 1000, 167, 6, 1002),  # 1000/176 -> 6 steps of 167 (2 samples over)
-        (1, 32, 1, 32, 32),
-    ],
-)
-def test_plans(optimal, target, micro, steps, effective):
-    plan = plan_batches(optimal, target)
-    assert (plan.micro_batch, plan.accumulation_steps, plan.effective_batch) == (
-        micro,
-        steps,
-        effective,
-    )
-    assert plan.micro_batch <= optimal
-    assert target is None or plan.effective_batch >= target
+def test_divisors_up_to():
+    assert divisors_up_to(1024, 248) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert divisors_up_to(36, 36) == [1, 2, 3, 4, 6, 9, 12, 18, 36]
+    assert divisors_up_to(97, 50) == [1]
 
 
-def test_nothing_fits():
-    with pytest.raises(ValueError, match="no batch size fits"):
-        plan_batches(0, 64)
+def _fits_below(limit, checked):
+    def fits(micro):
+        checked.append(micro)
+        return micro <= limit
+
+    return fits
+
+
+def test_the_largest_divisor_that_fits_with_accumulation_wins():
+    # BERT on an A10: 248 fits alone, 256 does not; with accumulation 128 x 8 = 1024 fits.
+    checked = []
+    plan = plan_for_target(1024, 248, _fits_below(200, checked))
+    assert (plan.micro_batch, plan.accumulation_steps, plan.effective_batch) == (128, 8, 1024)
+    assert len(checked) <= 4  # bisected over the 8 divisors up to 248
+    assert checked[-1] in (64, 128)
+
+
+def test_accumulation_can_push_the_micro_batch_below_the_single_step_answer():
+    plan = plan_for_target(1000, 176, _fits_below(100, []))
+    assert (plan.micro_batch, plan.accumulation_steps) == (100, 10)
+
+
+def test_a_target_that_fits_in_one_step_needs_no_check():
+    checked = []
+    plan = plan_for_target(64, 176, _fits_below(0, checked))
+    assert (plan.micro_batch, plan.accumulation_steps) == (64, 1)
+    assert checked == []
+
+
+def test_accumulating_measurements_need_no_further_check():
+    checked = []
+    plan = plan_for_target(1024, 248, _fits_below(0, checked), accumulation_measured=True)
+    assert (plan.micro_batch, plan.accumulation_steps) == (128, 8)
+    assert checked == []
+
+
+@pytest.mark.parametrize("target", [97, 1024])
+def test_no_plan_when_no_divisor_fits_with_accumulation(target):
+    assert plan_for_target(target, 50, _fits_below(0, [])) is None
+
+
+def test_a_prime_target_still_has_its_exact_plan_of_ones():
+    plan = plan_for_target(97, 50, _fits_below(10, []))
+    assert (plan.micro_batch, plan.accumulation_steps, plan.effective_batch) == (1, 97, 97)

@@ -14,16 +14,19 @@ GIB = 2**30
 A10 = gpus.find_gpu("a10")
 
 
-def m(batch, gib_used, fits=True, sps=None, reserved_gib=None):
+def m(batch, gib_used, fits=True, sps=None, reserved_gib=None, runs=None):
+    reserved = None if reserved_gib is None else int(reserved_gib * GIB)
     return Measurement(
         batch_size=batch,
         fits=fits,
+        runs=runs,
         peak_bytes=int(gib_used * GIB),
+        required_bytes=reserved if reserved is not None else int(gib_used * GIB),
         backend="sim",
         measured=False,
         samples_per_second=sps,
         throughput_source="estimated" if sps else None,
-        predicted_reserved_bytes=None if reserved_gib is None else int(reserved_gib * GIB),
+        predicted_reserved_bytes=reserved,
     )
 
 
@@ -102,11 +105,28 @@ def test_catalog_price_is_the_default_and_repricing_needs_no_new_measurements():
     assert cheaper.annual_cost_usd == 0.5 * 2 * 100
 
 
-def test_a_current_batch_that_does_not_fit_wastes_nothing_and_saves_nothing():
+def test_a_current_batch_that_crashes_is_never_priced_as_if_it_ran():
     r = report(PROBES, current=184)
     assert not r.current_fits
-    assert (r.waste_bytes, r.cost_savings_annual) == (0, 0.0)
-    assert r.verdict().startswith("Batch 184 runs out of memory on this A10; batch 176 trains")
+    assert (r.waste_bytes, r.waste_percent, r.cost_savings_annual) == (None, None, None)
+    assert (r.speedup, r.batch_ratio, r.throughput_ratio) == (None, None, None)
+    assert r.verdict().startswith(
+        "Batch 184 crashes with out of memory on this A10 (needs 21.0 of 21.6 GiB); "
+        "batch 176 trains"
+    )
+    d = r.to_dict()
+    assert (d["waste_gb"], d["speedup"], d["cost_savings_annual"]) == (None, None, None)
+    # The plan keeps the current global batch with accumulation (the engine fills it in).
+    assert r.global_batch == 184
+
+
+def test_a_current_batch_inside_the_margin_runs_and_is_priced():
+    probes = [m(8, 1), m(16, 2, fits=False, runs=True), m(24, 30, fits=False)]
+    r = report(probes, current=16)
+    assert r.current_fits and r.waste_bytes == A10.usable_bytes - 2 * GIB
+    assert r.optimal.batch_size == 8 and r.max_fit.batch_size == 16
+    assert r.verdict().startswith("Batch 16 runs on this A10 but leaves less than the margin free")
+    assert r.to_dict()["max_batch_size"] == 16
 
 
 def test_verdict_names_the_share_used_and_the_boundary():
@@ -156,8 +176,12 @@ def test_json_keeps_the_original_api_fields_in_gib():
         "batch_size": 184,
         "memory_gb": 21.0,
         "success": False,
+        "runs": False,
+        "required_bytes": 21 * GIB,
         "reserved_gb": None,
+        "alloc_retries": None,
         "samples_per_second": None,
+        "error": None,
     }
     assert d["probes"] == 4
     assert d["memory_source"] == "simulated"
@@ -174,7 +198,7 @@ def test_json_says_which_memory_number_is_which():
     assert d["limit_gb"] == round((A10.usable_bytes - margin) / GIB, 3)
     assert d["headroom_gb"] == round((A10.usable_bytes - 20.5 * GIB) / GIB, 3)
     assert d["predicted_oom_batch"] == 184
-    assert d["fit_criterion"].startswith("predicted reserved bytes")
+    assert d["fit_criterion"].startswith("runs: no out-of-memory and no allocation retry")
     assert d["gpu_overheads_gb"]["context"] == round(A10.context_bytes / GIB, 3)
     assert (d["speedup"], d["batch_ratio"], d["speedup_source"]) == (1.25, 11.0, "throughput")
     assert d["throughput_source"] == "estimated"

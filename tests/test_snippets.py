@@ -4,7 +4,7 @@ import ast
 
 import pytest
 
-from memorymark.plan import plan_batches
+from memorymark.plan import TrainingPlan
 from memorymark.settings import Settings
 from memorymark.snippets import FORMATS, snippet
 
@@ -30,7 +30,7 @@ def assigned(code: str, name: str):
     raise AssertionError(f"no assignment to {name}")
 
 
-PLAN = plan_batches(176, 256)  # 128 x 2
+PLAN = TrainingPlan(micro_batch=128, accumulation_steps=2, target_batch=256)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

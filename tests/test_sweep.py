@@ -56,7 +56,23 @@ def test_fast_bisects_when_the_prediction_is_too_high(function_backend):
     assert best == 88  # 100 + 88*88/10 = 874; 96 -> 1021
     assert tried[:2] == [8, 16]
     assert tried[-1] in (88, 96)
-    assert len(tried) <= 10
+    # Interpolating on required bytes lands low on a convex curve; a halving follows.
+    assert len(tried) <= 11
+
+
+def test_a_missed_prediction_interpolates_on_required_bytes(function_backend):
+    # Reserved bytes 5% above the live bytes the traces extrapolate: the guess overshoots, and
+    # the line through the traces and the failed guess lands on the answer at once.
+    def live(batch):
+        return (int((100 + 7 * batch) / 1.05),)
+
+    backend = function_backend(live, 1000, required=lambda b: 100 + 7 * b)
+    strategy = FastStrategy(step=8, capacity_bytes=1000)
+    measurements = []
+    for m in sweep(backend, strategy):
+        measurements.append(m)
+    assert best_fit(measurements).batch_size == 128  # 100 + 7 * 128 = 996
+    assert len(backend.tried) <= 6
 
 
 def test_fast_gallops_when_the_prediction_is_too_low(function_backend):
@@ -67,7 +83,7 @@ def test_fast_gallops_when_the_prediction_is_too_low(function_backend):
     best_linear, linear_tried, _ = run(function_backend, LinearStrategy, sublinear, 1000)
     assert best_fast == best_linear == 224
     assert tried[:4] == [8, 16, 88, 96]  # the prediction (88) fits, and so does 96: gallop
-    assert len(tried) == 12 < len(linear_tried) == 29
+    assert len(tried) == 11 < len(linear_tried) == 29
 
 
 @pytest.mark.parametrize("step", [1, 4, 8, 32])
@@ -103,8 +119,45 @@ def test_the_cap_stops_the_search(function_backend):
 def test_the_current_batch_is_measured_unless_already_known(function_backend):
     _, tried, _ = run(function_backend, FastStrategy, affine_two_phases, 1000, also=(16, 20))
     assert tried == [8, 16, 128, 136, 20]
-    _, tried, _ = run(function_backend, FastStrategy, affine_two_phases, 1000, also=(500,))
-    assert 500 not in tried  # larger than a batch that already failed
+    _, tried, backend = run(function_backend, FastStrategy, affine_two_phases, 1000, also=(500,))
+    # Past a failure too: a current batch that does not fit says what it would need.
+    assert tried[-1] == 500
+
+
+def run_margin(function_backend, strategy_cls, limit, capacity, step=8, timeline=affine_two_phases):
+    backend = function_backend(timeline, limit, capacity)
+    strategy = strategy_cls(
+        step=step, max_batch=4096, capacity_bytes=limit, run_capacity_bytes=capacity
+    )
+    measurements = list(sweep(backend, strategy))
+    recommended, maximum = best_fit(measurements), best_fit(measurements, runs=True)
+    return recommended.batch_size, maximum.batch_size, backend.tried
+
+
+@pytest.mark.parametrize("strategy_cls", [FastStrategy, LinearStrategy])
+def test_both_boundaries_are_found_the_margin_s_and_the_capacity_s(function_backend, strategy_cls):
+    # 50 + 7b <= 1000 -> 128 fits the margin's limit; 50 + 7b <= 1200 -> 164 runs at capacity.
+    recommended, maximum, tried = run_margin(function_backend, strategy_cls, 1000, 1200)
+    assert (recommended, maximum) == (128, 160)
+    assert {128, 136, 160, 168} <= set(tried)
+
+
+def test_fast_finds_the_maximum_in_a_few_probes_past_the_recommended(function_backend):
+    _, _, tried = run_margin(function_backend, FastStrategy, 1000, 1200)
+    assert tried[:4] == [8, 16, 128, 136]
+    assert len(tried) <= 8
+
+
+def test_no_margin_takes_no_extra_probe(function_backend):
+    assert run_margin(function_backend, FastStrategy, 1000, 1000)[2] == [8, 16, 128, 136]
+
+
+def test_below_the_grid_both_boundaries_count_every_batch(function_backend):
+    # 50 + 7b: the limit 90 holds b <= 5, the capacity 110 holds b <= 8.
+    recommended, maximum, _ = run_margin(
+        function_backend, FastStrategy, 90, 110, step=16, timeline=lambda b: (50 + 7 * b,)
+    )
+    assert (recommended, maximum) == (5, 8)
 
 
 def test_stopping_early_still_releases_the_backend(function_backend):

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 
 import streamlit as st
 
-from memorymark.devices import capacity_bytes
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
 from memorymark.report import Report
@@ -81,7 +80,7 @@ def sweep_panel(
         memory_source=memory_source,
         max_batch=settings.max_batch,
         optimal=optimal,
-        limit_bytes=capacity_bytes(settings, gpu),
+        limit_bytes=gpu.usable_bytes - settings.margin_bytes(gpu.usable_bytes),
     )
     memory_col.plotly_chart(fig, key="sweep_chart", width="stretch")
     speed = throughput_chart.throughput_figure(
