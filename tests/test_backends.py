@@ -123,7 +123,8 @@ def test_the_margin_separates_fits_from_runs(tiny_bert):
 
 
 def test_a_step_that_fits_only_after_a_cache_flush_does_not_run(tiny_bert, monkeypatch):
-    from memorymark import allocator, backend as backend_module
+    from memorymark import allocator
+    from memorymark import backend as backend_module
 
     def retried(*args, **kwargs):
         return allocator.Prediction(1000, 2000, alloc_retries=1)
