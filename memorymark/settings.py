@@ -19,7 +19,8 @@ from memorymark import models
 
 OPTIMIZERS = ("adamw", "adamw-fused", "adamw-forloop", "sgd", "sgd-forloop", "adafactor", "none")
 # Hugging Face Trainer's `optim` values (transformers' OptimizerNames) for the same optimizers:
-# accepted as input and written by the snippets. The for-loop variants have no Trainer name.
+# accepted as input. The for-loop variants have no Trainer name, and Trainer's "sgd" has no
+# momentum, so the HF snippet hands Trainer those three built (see snippets.py).
 HF_OPTIM_NAMES = {
     "adamw": "adamw_torch",
     "adamw-fused": "adamw_torch_fused",

@@ -1,26 +1,58 @@
-"""Ready-to-paste training settings for the configuration a report found.
+"""Ready-to-paste training code for the configuration a report found.
 
-Three dialects: Hugging Face `TrainingArguments`, a Lightning `Trainer`, and a plain PyTorch loop.
-Each is generated from the settings and the batch plan, never from hand-typed numbers, and the
-test suite parses each as Python and reads the values back. No torch import: text only.
+Three dialects: Hugging Face `Trainer`, a Lightning `Trainer`, and a plain PyTorch loop. Each is
+generated from the settings and the batch plan, never from hand-typed numbers, and carries every
+setting that moved the measured answer: micro-batch and accumulation, precision, optimizer (down
+to its foreach / fused implementation), gradient checkpointing, LoRA and gradient clipping. The
+test suite builds the Hugging Face and peft objects from the text and runs the PyTorch loop.
+
+`model` and `dataset` in the code are the user's. This module writes text: it never imports torch
+at import time; only a LoRA snippet asks `adapters` for the config, which builds the model on the
+meta device to read it.
 """
 
 from __future__ import annotations
 
+import json
+import re
+from typing import Any
+
+from memorymark import adapters, models
 from memorymark.plan import TrainingPlan
-from memorymark.settings import Settings
+from memorymark.settings import HF_OPTIM_NAMES, Settings
 
 FORMATS = ("hf", "lightning", "torch")
 
-# Settings.optimizer -> TrainingArguments.optim (transformers' OptimizerNames).
-_HF_OPTIM = {
-    "adamw": "adamw_torch",
-    "adamw-fused": "adamw_torch_fused",
-    "sgd": "sgd",
-    "adafactor": "adafactor",
+_AUTOCAST_DTYPE = {"bf16-mixed": "torch.bfloat16", "16-mixed": "torch.float16"}
+
+# What MemoryMark's optimizers.build_optimizer builds, as code (lr does not move memory).
+# adamw and sgd leave foreach unset: PyTorch then picks its foreach kernels on CUDA.
+_OPTIMIZER_CODE = {
+    "adamw": "torch.optim.AdamW(params, lr={lr})",
+    "adamw-fused": "torch.optim.AdamW(params, lr={lr}, fused=True)",
+    "adamw-forloop": "torch.optim.AdamW(params, lr={lr}, foreach=False)",
+    "sgd": "torch.optim.SGD(params, lr={lr}, momentum=0.9)",
+    "sgd-forloop": "torch.optim.SGD(params, lr={lr}, momentum=0.9, foreach=False)",
+    # Adafactor's defaults (relative_step, scale_parameter) are what MemoryMark runs.
+    "adafactor": "transformers.optimization.Adafactor(params, lr=None)",
+}
+_DEFAULT_LR = {"sgd": "1e-3", "sgd-forloop": "1e-3"}
+
+# Trainer's own optimizer matches the measured one for these `optim` names. Not for SGD: its
+# Trainer SGD has no momentum (only newer transformers read optim_args="momentum=0.9"), and the
+# for-loop variants have no name, so those are handed to Trainer as an instance.
+_HF_OPTIM = {k: v for k, v in HF_OPTIM_NAMES.items() if not k.startswith("sgd")}
+
+# The others are built in the snippet and handed to Trainer, for this reason.
+_HF_INSTANCE_WHY = {
+    "sgd": "# Trainer's SGD has no momentum; the measured one keeps a momentum buffer: pass it.",
+    "sgd-forloop": "# Trainer has no name for SGD's for-loop (foreach=False) kernels: pass it.",
+    "adamw-forloop": "# Trainer has no name for AdamW's for-loop (foreach=False) kernels: pass it.",
 }
 
-_AUTOCAST_DTYPE = {"bf16-mixed": "torch.bfloat16", "16-mixed": "torch.float16"}
+_CHECKPOINTING_KWARGS = '{"use_reentrant": False}'  # non-reentrant, as adapters.py enables it
+
+_NO_OPTIMIZER = "# The measured step had no optimizer (inference-style): forward and backward only."
 
 
 def snippet(fmt: str, settings: Settings, plan: TrainingPlan) -> str:
@@ -35,83 +67,211 @@ def snippet(fmt: str, settings: Settings, plan: TrainingPlan) -> str:
 
 
 def _hf(settings: Settings, plan: TrainingPlan) -> str:
+    lines = _about(settings) + _prepare_model(settings, weights=True, checkpointing=False)
+    if settings.optimizer == "none":
+        lines += [_NO_OPTIMIZER, "# Trainer always builds one: training needs more memory."]
+    lines += ["", *_training_arguments(settings, plan)]
+    trainer = "trainer = Trainer(model=model, args=args, train_dataset=dataset"
+    if settings.optimizer in _HF_INSTANCE_WHY:
+        lines += [
+            _HF_INSTANCE_WHY[settings.optimizer],
+            "params = [p for p in model.parameters() if p.requires_grad]",
+            f"optimizer = {_optimizer_code(settings.optimizer, lr='args.learning_rate')}",
+        ]
+        trainer += ", optimizers=(optimizer, None)"
+    imports = ["from transformers import Trainer, TrainingArguments"]
+    return _program(imports, lines + [trainer + ")", "trainer.train()"])
+
+
+def _training_arguments(settings: Settings, plan: TrainingPlan) -> list[str]:
     lines = [
-        "from transformers import TrainingArguments",
-        "",
         "args = TrainingArguments(",
         '    output_dir="out",',
         f"    per_device_train_batch_size={plan.micro_batch},",
         f"    gradient_accumulation_steps={plan.accumulation_steps},",
         f"    bf16={settings.precision == 'bf16-mixed'},",
         f"    fp16={settings.precision == '16-mixed'},",
-        f"    gradient_checkpointing={settings.grad_checkpointing},",
     ]
+    if settings.grad_checkpointing:
+        # Newer transformers call both activation_checkpointing*; the old names, which every
+        # supported version reads, work until v6.
+        lines += [
+            "    gradient_checkpointing=True,",
+            f"    gradient_checkpointing_kwargs={_CHECKPOINTING_KWARGS},",
+        ]
     if settings.optimizer in _HF_OPTIM:
         lines.append(f'    optim="{_HF_OPTIM[settings.optimizer]}",')
-    lines.append(")")
-    if settings.precision == "bf16-true":
-        lines.append("# bf16-true: load the model with torch_dtype=torch.bfloat16 (no autocast)")
-    return "\n".join(lines) + "\n"
+    if settings.max_grad_norm is None:
+        lines.append("    max_grad_norm=0.0,  # measured without clipping; Trainer clips at 1.0")
+    else:
+        lines.append(f"    max_grad_norm={settings.max_grad_norm},")
+    return [*lines, ")"]
 
 
 def _lightning(settings: Settings, plan: TrainingPlan) -> str:
-    return (
-        "\n".join(
-            [
-                "import lightning as L",
-                "from torch.utils.data import DataLoader",
-                "",
-                f"loader = DataLoader(dataset, batch_size={plan.micro_batch}, shuffle=True)",
-                "trainer = L.Trainer(",
-                f'    precision="{settings.precision}",',
-                f"    accumulate_grad_batches={plan.accumulation_steps},",
-                ")",
-                "trainer.fit(model, loader)",
-            ]
-        )
-        + "\n"
-    )
-
-
-_TORCH_OPTIMIZER = {
-    "adamw": "torch.optim.AdamW(params, lr=1e-4)",
-    "adamw-fused": "torch.optim.AdamW(params, lr=1e-4, fused=True)",
-    "sgd": "torch.optim.SGD(params, lr=1e-3, momentum=0.9)",
-    "adafactor": "transformers.optimization.Adafactor(params, lr=None)",
-}
+    optimizer = settings.optimizer != "none"
+    # precision="bf16-true" converts the weights itself.
+    lines = _about(settings) + _prepare_model(settings, weights=False, checkpointing=True)
+    lines += [
+        "",
+        "",
+        "class LitModel(L.LightningModule):",
+        "    def __init__(self, model):",
+        "        super().__init__()",
+        "        self.model = model",
+        "",
+        "    def training_step(self, batch, batch_idx):",
+        f"        return {_loss_code(settings, 'self.model')}",
+        "",
+        "    def configure_optimizers(self):",
+    ]
+    if not optimizer:
+        lines += ["        " + _NO_OPTIMIZER, "        return None"]
+    else:
+        lines += [
+            "        params = [p for p in self.parameters() if p.requires_grad]",
+            f"        return {_optimizer_code(settings.optimizer)}",
+        ]
+    lines += [
+        "",
+        "",
+        f"loader = DataLoader(dataset, batch_size={plan.micro_batch}, shuffle=True)",
+        "trainer = L.Trainer(",
+        f'    precision="{settings.precision}",',
+        f"    accumulate_grad_batches={plan.accumulation_steps},",
+    ]
+    if settings.max_grad_norm is not None:
+        lines.append(f"    gradient_clip_val={settings.max_grad_norm},")
+    imports = ["import lightning as L", "from torch.utils.data import DataLoader"]
+    return _program(imports, lines + [")", "trainer.fit(LitModel(model), loader)"])
 
 
 def _torch(settings: Settings, plan: TrainingPlan) -> str:
-    dtype = _AUTOCAST_DTYPE.get(settings.precision)
-    autocast = f'torch.autocast("cuda", dtype={dtype})' if dtype else "contextlib.nullcontext()"
-    scaler = settings.precision == "16-mixed"
-    lines = ["import contextlib", "", "import torch"]
-    if settings.optimizer == "adafactor":
-        lines.append("import transformers")
+    optimizer = settings.optimizer != "none"
+    clip = optimizer and settings.max_grad_norm is not None
+    lines = _about(settings) + ['device = "cuda"', "model = model.to(device)"]
+    lines += _prepare_model(settings, weights=True, checkpointing=True)
     lines += [
-        "from torch.utils.data import DataLoader",
         "",
         f"loader = DataLoader(dataset, batch_size={plan.micro_batch}, shuffle=True)",
         f"accumulation_steps = {plan.accumulation_steps}",
     ]
+    if clip:
+        lines.append(f"max_grad_norm = {settings.max_grad_norm}")
+    if optimizer:
+        lines.append("params = [p for p in model.parameters() if p.requires_grad]")
+        lines.append(f"optimizer = {_optimizer_code(settings.optimizer)}")
+    else:
+        lines.append(_NO_OPTIMIZER)
+    if optimizer and settings.precision == "16-mixed":
+        lines.append("scaler = torch.amp.GradScaler(device)")
+    mode = "model.train()" if settings.mode == "train" else "model.eval()  # measured in eval mode"
+    imports = ["from torch.utils.data import DataLoader"]
+    return _program(imports, lines + [mode] + _torch_loop(settings, clip))
+
+
+def _torch_loop(settings: Settings, clip: bool) -> list[str]:
+    """The loop as Workload.run_step runs it: micro-batches, then clip, step and zero_grad."""
+    dtype = _AUTOCAST_DTYPE.get(settings.precision)
+    optimizer = settings.optimizer != "none"
+    scaler = optimizer and settings.precision == "16-mixed"
+    loss = f"loss = {_loss_code(settings, 'model')} / accumulation_steps"
+    lines = ["for i, batch in enumerate(loader):"] + _to_device(settings)
+    if dtype:  # autocast around forward and loss only, as the PyTorch AMP recipe does
+        lines += [f"    with torch.autocast(device, dtype={dtype}):", f"        {loss}"]
+    else:
+        lines.append(f"    {loss}")
+    lines.append("    scaler.scale(loss).backward()" if scaler else "    loss.backward()")
+    lines.append("    if (i + 1) % accumulation_steps == 0:")
+    if not optimizer:
+        return lines + ["        model.zero_grad(set_to_none=True)"]
+    if clip and scaler:
+        lines.append("        scaler.unscale_(optimizer)  # clip the true gradients")
+    if clip:
+        lines.append("        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)")
+    if scaler:
+        lines += ["        scaler.step(optimizer)", "        scaler.update()"]
+    else:
+        lines.append("        optimizer.step()")
+    return lines + ["        optimizer.zero_grad(set_to_none=True)"]
+
+
+def _about(settings: Settings) -> list[str]:
+    """Comments on what the batch size holds for: the input size, and eager attention."""
+    if models.find_model(settings.model).input_kind == "image":
+        size = f"{settings.image_size}x{settings.image_size} images"
+    else:
+        size = f"{settings.seq_len} tokens per sample"
+    lines = [f"# Measured for {settings.model} at {size}: larger inputs need more memory."]
+    if settings.attention == "eager":
+        lines.append('# Measured with eager attention: load with attn_implementation="eager".')
+    return lines
+
+
+def _prepare_model(settings: Settings, *, weights: bool, checkpointing: bool) -> list[str]:
+    """bf16 weights, LoRA, then checkpointing: the order Workload.build_model applies them in.
+    `weights` / `checkpointing`: the code converts / checkpoints the model itself."""
+    lines = []
+    if weights and settings.precision == "bf16-true":
+        lines += [
+            "# bf16-true: weights, gradients and optimizer state in bf16, no autocast (or load",
+            "# the model with from_pretrained(..., dtype=torch.bfloat16); torch_dtype= before v5).",
+            "model = model.to(torch.bfloat16)",
+        ]
+    if settings.lora_rank:
+        kwargs = adapters.lora_config_for(
+            settings.model, settings.resolved_task, settings.lora_rank, settings.lora_targets
+        )
+        lines.append("lora_config = LoraConfig(")
+        lines += [f"    {key}={_literal(value)}," for key, value in kwargs.items()]
+        lines += [")", "model = get_peft_model(model, lora_config)"]
+    if checkpointing and settings.grad_checkpointing:
+        lines.append(
+            "model.gradient_checkpointing_enable("
+            f"gradient_checkpointing_kwargs={_CHECKPOINTING_KWARGS})"
+        )
+    return lines
+
+
+def _optimizer_code(name: str, lr: str | None = None) -> str:
+    return _OPTIMIZER_CODE[name].format(lr=lr or _DEFAULT_LR.get(name, "1e-4"))
+
+
+def _loss_code(settings: Settings, model: str) -> str:
+    if settings.loss == "logits-mean":
+        return f"{model}(**batch).logits.mean()"
+    return f"{model}(**batch).loss"
+
+
+def _to_device(settings: Settings) -> list[str]:
     if settings.precision == "bf16-true":
-        lines.append("model = model.to(torch.bfloat16)")
-    if settings.grad_checkpointing:
-        lines.append("model.gradient_checkpointing_enable()")
-    lines.append("params = [p for p in model.parameters() if p.requires_grad]")
-    lines.append(f"optimizer = {_TORCH_OPTIMIZER.get(settings.optimizer, 'None')}")
-    if scaler:
-        lines.append('scaler = torch.amp.GradScaler("cuda")')
-    lines += [
-        "model.train()",
-        "for i, batch in enumerate(loader):",
-        f"    with {autocast}:",
-        "        loss = model(**batch).loss / accumulation_steps",
-        "    scaler.scale(loss).backward()" if scaler else "    loss.backward()",
-        "    if (i + 1) % accumulation_steps == 0:",
-        "        scaler.step(optimizer)" if scaler else "        optimizer.step()",
-    ]
-    if scaler:
-        lines.append("        scaler.update()")
-    lines.append("        optimizer.zero_grad(set_to_none=True)")
-    return "\n".join(lines) + "\n"
+        # Pixels must match the bf16 weights, as Lightning's bf16-true plugin converts inputs.
+        return [
+            "    batch = {",
+            "        k: v.to(device, torch.bfloat16) if v.is_floating_point() else v.to(device)",
+            "        for k, v in batch.items()",
+            "    }",
+        ]
+    return ["    batch = {k: v.to(device) for k, v in batch.items()}"]
+
+
+def _literal(value: Any) -> str:
+    """Python source for a config value, with double-quoted strings as ruff formats them."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    return repr(value)
+
+
+def _program(imports: list[str], body: list[str]) -> str:
+    """`body` under its imports: the ones given, and those its code uses, sorted as isort does."""
+    code = "\n".join(line.split("#")[0] for line in body)  # comments import nothing
+    for module in ("torch", "transformers"):
+        if re.search(rf"\b{module}\.", code):
+            imports = [*imports, f"import {module}"]
+    if "LoraConfig(" in code:
+        imports = [*imports, "from peft import LoraConfig, get_peft_model"]
+    plain = sorted(i for i in imports if i.startswith("import "))
+    froms = sorted(i for i in imports if i.startswith("from "))
+    return "\n".join([*plain, *froms, "", *body]) + "\n"
