@@ -17,6 +17,7 @@ from streamlit.testing.v1 import AppTest
 from memorymark import gpus
 from memorymark.fixes import Fix
 from memorymark.measurement import Breakdown, Measurement
+from memorymark.plan import TrainingPlan, plan_for_target
 from memorymark.report import GIB, Report
 from memorymark.settings import Costs, Settings
 from memorymark.ui import sweep_runner
@@ -34,16 +35,19 @@ def rate(batch: int) -> float:
 class FakeAnalysis:
     """The engine's Analysis with a known answer: peak = 1 GiB + 0.1 GiB per sample on an A10.
 
-    Probes 8, 16, 192 (19.2+1 GiB fits in 20.92 usable) and 200 (21 GiB does not), each fitting
-    one with an estimated `rate(batch)`. When `gate` is set, every probe after the first waits
-    for it, so a test can watch a sweep mid-flight. `fixes(settings)` fills the report's fixes
-    when nothing fits; gradient checkpointing brings the base down to 1 GiB.
+    Probes 8, 16, 192 (fits) and 200 (runs out of memory: the fake's boundary is
+    `first_oom`, whatever its bytes), each fitting one with an estimated `rate(batch)`; every
+    probe, the OOM too, says what it needs (peak + 64 MiB reserved). When `gate` is set, every
+    probe after the first waits for it, so a test can watch a sweep mid-flight.
+    `fixes(settings)` fills the report's fixes when nothing fits; gradient checkpointing brings
+    the base down to 1 GiB.
     """
 
     created: list[Settings] = []
     gate: threading.Event | None = None
     error: Exception | None = None
     base_bytes = GIB
+    first_oom = 200
     batches: tuple[int, ...] = (8, 16, 192, 200)
     rate: Callable[[int], float] = staticmethod(rate)
     fixes: Callable[[Settings], tuple[Fix, ...]] = staticmethod(lambda settings: ())
@@ -57,13 +61,14 @@ class FakeAnalysis:
     def _probe(self, batch: int) -> Measurement:
         base = GIB if self.settings.grad_checkpointing else type(self).base_bytes
         peak = base + batch * GIB // 10
-        fits = peak <= A10.usable_bytes
+        fits = batch < type(self).first_oom and peak <= A10.usable_bytes
         parts = Breakdown(parameters=GIB // 4, optimizer_state=GIB // 2,
                           activations=peak - 3 * GIB // 4)  # fmt: skip
         return Measurement(
             batch_size=batch, fits=fits, peak_bytes=peak, backend="sim", measured=False,
             predicted_allocated_bytes=peak + 512 if fits else None,
-            predicted_reserved_bytes=peak + 64 * 2**20 if fits else None,
+            predicted_reserved_bytes=peak + 64 * 2**20,
+            required_bytes=peak + 64 * 2**20,
             samples_per_second=type(self).rate(batch) if fits else None,
             throughput_source="estimated" if fits else None,
             breakdown=parts if fits else None, error=None if fits else "simulated OOM",
@@ -79,6 +84,16 @@ class FakeAnalysis:
     def report(self, costs: Costs | None = None) -> Report:
         report = Report(settings=self.settings, costs=costs or Costs(), gpu=A10, backend="sim",
                         measurements=tuple(self.measurements), elapsed_seconds=0.5)  # fmt: skip
+        if report.optimal is not None:
+            # As the engine does; the fake's micro-batches fit with accumulation too.
+            target = report.global_batch
+            plan = (
+                TrainingPlan(micro_batch=report.optimal.batch_size, accumulation_steps=1,
+                             target_batch=None)
+                if target is None
+                else plan_for_target(target, report.optimal.batch_size, lambda micro: True)
+            )  # fmt: skip
+            report = dataclasses.replace(report, plan=plan)
         if report.optimal is None:
             # As the engine does: batch 1 as configured, simulated with no limit (base + 1 GiB).
             report = dataclasses.replace(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 
@@ -158,7 +159,17 @@ def test_probe_log_has_one_terminal_line_per_probe() -> None:
     text = probe_log.log_text("memorymark analyze bert", ms, A10, [0.5, 1.3], "done")
     lines = text.splitlines()
     assert lines[0] == "$ memorymark analyze bert"
-    assert lines[1] == "# peak of one full training step; % of usable memory"
-    assert lines[2] == "[  0.5s] batch    8 fits   1.78 GiB   9%"
+    assert lines[1] == "# peak of one full training step; % of usable memory it holds"
+    assert lines[2] == "[  0.5s] batch    8 fits   1.78 GiB   8%"
     assert lines[3] == "[  1.3s] batch  200 OOM  simulated out of memory"
     assert lines[4] == "done"
+
+
+def test_probe_log_says_what_a_step_past_the_edge_would_need() -> None:
+    past = dataclasses.replace(probe(400, fits=False), required_bytes=int(38.6 * GIB))
+    margin = dataclasses.replace(probe(190, fits=False), runs=True)
+    assert probe_log.probe_line(past, A10) == (
+        f"batch  400 OOM, needs 38.6 GiB of {A10.usable_bytes / GIB:.1f}"
+    )
+    assert probe_log.probe_line(margin, A10).startswith("batch  190 runs ")
+    assert probe_log.probe_line(margin, A10).endswith("(inside the margin)")

@@ -19,6 +19,7 @@ def timed_probe(batch: int, samples_per_second: float, **kwargs) -> Measurement:
     return replace(
         probe(batch, **kwargs),
         predicted_reserved_bytes=GIB + 110 * MIB * batch,
+        required_bytes=GIB + 110 * MIB * batch,
         samples_per_second=samples_per_second,
         throughput_source="estimated",
     )

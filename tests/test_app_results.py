@@ -85,12 +85,13 @@ def test_snippets_and_the_plan_for_a_target_batch(fake) -> None:  # noqa: ANN001
     at = analyzed(model="tiny-bert", target_batch="512", precision="bf16-mixed")
     assert [t.label for t in at.tabs] == ["Hugging Face", "Lightning", "PyTorch"]
     plan = next(m.value for m in at.markdown if m.value.startswith("For a global batch"))
-    assert "micro-batch 171 x 3 accumulation steps = 513 samples" in plan  # ceil(512/192) = 3
+    # The largest divisor of 512 that fits (192 does alone): exactly 128 x 4, not 171 x 3 = 513.
+    assert "micro-batch 128 x 4 accumulation steps = 512 samples" in plan
     hf, lightning, torch_loop = (c.value for c in at.code[1:4])
-    assert "per_device_train_batch_size=171," in hf and "gradient_accumulation_steps=3," in hf
+    assert "per_device_train_batch_size=128," in hf and "gradient_accumulation_steps=4," in hf
     assert "bf16=True," in hf
-    assert 'precision="bf16-mixed"' in lightning and "accumulate_grad_batches=3" in lightning
-    assert "batch_size=171" in torch_loop and "accumulation_steps = 3" in torch_loop
+    assert 'precision="bf16-mixed"' in lightning and "accumulate_grad_batches=4" in lightning
+    assert "batch_size=128" in torch_loop and "accumulation_steps = 4" in torch_loop
 
 
 def fixes_for(settings: Settings) -> tuple[Fix, ...]:
@@ -100,7 +101,7 @@ def fixes_for(settings: Settings) -> tuple[Fix, ...]:
         Fix(label="gradient checkpointing", settings=replace(settings, grad_checkpointing=True),
             gpu=A10, peak_bytes=2 * GIB, required_bytes=2 * GIB, capacity_bytes=limit),
         Fix(label="LoRA rank 16", settings=replace(settings, lora_rank=16), gpu=A10,
-            peak_bytes=41 * GIB, required_bytes=41 * GIB, capacity_bytes=limit),
+            peak_bytes=43 * GIB, required_bytes=43 * GIB, capacity_bytes=limit),
         Fix(label="a bigger GPU: H100 80GB", settings=replace(settings, gpu=h100.name), gpu=h100,
             peak_bytes=31 * GIB, required_bytes=31 * GIB,
             capacity_bytes=h100.usable_bytes),

@@ -113,10 +113,19 @@ def _hline(name: str, y_gib: float, x_range: list[float], colour: str, dash: str
     )
 
 
-def _points(name: str, ms: list[Measurement], colour: str, symbol: str, size: int) -> go.Scatter:
+def _points(
+    name: str,
+    ms: list[Measurement],
+    colour: str,
+    symbol: str,
+    size: int,
+    ceiling_gib: float = math.inf,
+) -> go.Scatter:
+    # A simulated step past the capacity traced to its end; its peak may lie far above the axis,
+    # so its marker sits at the top edge and the hover text says what it needs.
     return go.Scatter(
         x=[m.batch_size for m in ms],
-        y=[m.peak_bytes / GIB for m in ms],
+        y=[min(m.peak_bytes / GIB, ceiling_gib) for m in ms],
         mode="markers",
         name=name,
         marker=dict(color=colour, symbol=symbol, size=size, line=dict(width=1, color=WHITE)),
@@ -155,7 +164,8 @@ def sweep_figure(
     optimal: Measurement | None = None,
     limit_bytes: int | None = None,
 ) -> go.Figure:
-    """Peak memory vs batch size: probes, OOMs (red), the fit, usable and total lines.
+    """Peak memory vs batch size: probes that fit, run inside the margin (amber) or ran out of
+    memory (red, at what the step reached, or the top edge), the fit, usable and total lines.
 
     `limit_bytes` (usable less the safety margin: what the search works to) adds a third line
     when it lies below usable.
@@ -167,7 +177,11 @@ def sweep_figure(
     if fit is not None:
         fig.add_trace(_fit_line(fit, x_range))
     fig.add_trace(_points("fits", [m for m in ordered if m.fits], GREEN, "circle", 9))
-    fig.add_trace(_points("OOM", [m for m in ordered if not m.fits], RED, "x", 11))
+    inside = [m for m in ordered if m.runs and not m.fits]
+    if inside:
+        fig.add_trace(_points("runs, inside the margin", inside, AMBER, "diamond", 10))
+    ooms = [m for m in ordered if not m.runs]
+    fig.add_trace(_points("OOM", ooms, RED, "x", 11, ceiling_gib=0.97 * y_range[1]))
     if optimal is not None:
         name = f"optimal (batch {optimal.batch_size})"
         fig.add_trace(_points(name, [optimal], GREEN, "star", 18))
@@ -182,8 +196,11 @@ def sweep_figure(
 
 def _bar(label: str, m: Measurement | None, gpu: GPU) -> tuple[str, float, str]:
     """(label, GiB, text) of one capacity bar; a batch that ran out of memory fills usable."""
-    if m is None or not m.fits:
-        return label, gpu.usable_gib, "out of memory"
+    if m is None or not m.runs:
+        need = (
+            "" if m is None or m.required_bytes is None else f": needs {gib_text(m.required_bytes)}"
+        )
+        return label, gpu.usable_gib, "out of memory" + need
     share = 100 * m.peak_bytes / gpu.usable_bytes
     return label, m.peak_bytes / GIB, f"{gib_text(m.peak_bytes)}, {share:.0f}% of usable"
 

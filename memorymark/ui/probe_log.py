@@ -13,11 +13,19 @@ from memorymark.report import GIB
 
 
 def probe_line(m: Measurement, gpu: GPU, seconds: float | None = None) -> str:
-    """`[  1.2s] batch  176 fits  20.19 GiB  96%` (% of usable memory), or the OOM's reason."""
+    """`[  1.2s] batch  176 fits  20.19 GiB  96%` (peak; % of usable memory the step holds),
+    `runs` for a batch inside the margin, or `OOM, needs 38.6 GiB of 21.6` for one past it (the
+    OOM's reason when the need is unknown: a real device stops at its limit)."""
     stamp = f"[{seconds:5.1f}s] " if seconds is not None else ""
-    if m.fits:
-        share = 100 * m.peak_bytes / gpu.usable_bytes
-        result = f"fits {m.peak_bytes / GIB:6.2f} GiB {share:3.0f}%"
+    held = m.required_bytes if m.required_bytes is not None else m.peak_bytes
+    if m.runs:
+        share = 100 * held / gpu.usable_bytes
+        verdict = "fits" if m.fits else "runs"
+        result = f"{verdict} {m.peak_bytes / GIB:6.2f} GiB {share:3.0f}%"
+        if not m.fits:
+            result += " (inside the margin)"
+    elif m.required_bytes is not None:
+        result = f"OOM, needs {m.required_bytes / GIB:.1f} GiB of {gpu.usable_bytes / GIB:.1f}"
     else:
         result = f"OOM  {m.error or 'out of memory'}"
     return f"{stamp}batch {m.batch_size:>4} {result}"
@@ -32,7 +40,7 @@ def log_text(
 ) -> str:
     """The whole log: a `$` header, a legend, one line per probe in the order tried, a footer."""
     stamps: Sequence[float | None] = seconds if seconds is not None else [None] * len(measurements)
-    lines = [f"$ {header}", "# peak of one full training step; % of usable memory"]
+    lines = [f"$ {header}", "# peak of one full training step; % of usable memory it holds"]
     lines += [probe_line(m, gpu, s) for m, s in zip(measurements, stamps, strict=False)]
     if footer:
         lines.append(footer)

@@ -23,6 +23,8 @@ SPEEDUP_HELP = (
 
 def speedup_source(report: Report) -> str:
     """How the speedup (and so the savings) was obtained, in words for a label."""
+    if report.optimal is not None and not report.current_fits:
+        return "the current batch crashes"
     if report.speedup_source == "throughput":
         return f"{report.throughput_source or 'estimated'} throughput"
     if report.speedup_source is None:
@@ -37,29 +39,45 @@ def _times(ratio: float | None) -> str:
 
 
 def metric_cards(report: Report) -> list[tuple[str, str, str, str | None]]:
-    """(label, value, help, delta) of the six cards; memory labels say measured or simulated."""
-    optimal, current = report.optimal, report.current
+    """(label, value, help, delta) of the six cards; memory labels say measured or simulated.
+
+    A current batch that crashes gets no waste, speedup or savings: nothing ran to compare."""
+    optimal, current, maximum = report.optimal, report.current, report.max_fit
     src, gpu = report.memory_source, report.gpu
-    fits = current is not None and current.fits
+    ran = current is not None and bool(current.runs)
+    crashed = "n/a: the current batch crashes"
     by_throughput = report.speedup_source == "throughput"
+    above = maximum is not None and optimal is not None and maximum.batch_size > optimal.batch_size
+    savings = report.cost_savings_annual
     return [
         ("Optimal batch size", str(optimal.batch_size) if optimal else "none",
-         f"The largest batch that trains on {gpu.name} ({src})", None),
+         f"The largest batch that trains on {gpu.name} ({src}) and leaves the margin free",
+         f"max {maximum.batch_size} with no margin" if above else None),
         (f"Memory at batch {report.settings.current_batch} ({src})",
-         charts.gib_text(current.peak_bytes) if fits else "OOM",
-         f"Peak of a full training step; {gpu.usable_gib:.2f} GiB usable", None),
+         charts.gib_text(current.peak_bytes) if ran else "OOM",
+         f"Peak of a full training step; {gpu.usable_gib:.2f} GiB usable"
+         + _needs(report), None),
         (f"Memory at the optimal batch ({src})",
          charts.gib_text(optimal.peak_bytes) if optimal else "n/a",
          f"of {gpu.usable_gib:.2f} GiB usable, {gpu.total_gib:.2f} GiB total", None),
-        ("Usable memory wasted", f"{report.waste_percent:.1f}%",
-         f"{report.waste_bytes / GIB:.2f} GiB left idle by the current batch", None),
+        ("Usable memory wasted",
+         crashed if report.waste_percent is None else f"{report.waste_percent:.1f}%",
+         "Usable memory the current batch leaves idle"
+         + ("" if report.waste_bytes is None else f": {report.waste_bytes / GIB:.2f} GiB"), None),
         (f"Speedup ({speedup_source(report)})", _times(report.speedup), SPEEDUP_HELP,
          f"batch ratio {_times(report.batch_ratio)}" if by_throughput and report.batch_ratio
          else None),
-        ("Annual savings (estimated)", f"${report.cost_savings_annual:,.0f}",
+        ("Annual savings (estimated)", crashed if savings is None else f"${savings:,.0f}",
          f"The time saved processing the same samples {_times(report.speedup)} faster, of "
          f"${report.annual_cost_usd:,.0f}/year at ${report.usd_per_hour:.2f}/h", None),
     ]  # fmt: skip
+
+
+def _needs(report: Report) -> str:
+    current = report.current
+    if current is None or current.runs or current.required_bytes is None:
+        return ""
+    return f"; this batch needs {charts.gib_text(current.required_bytes)} ({report.memory_source})"
 
 
 def throughput_note(report: Report) -> str | None:
@@ -71,7 +89,7 @@ def throughput_note(report: Report) -> str | None:
         f"Throughput, {source_words(report.throughput_source)}: "
         f"{optimal.samples_per_second:,.1f} samples/s at batch {optimal.batch_size}"
     )
-    if current is not None and current.fits and current.samples_per_second:
+    if current is not None and current.runs and current.samples_per_second:
         text += f", {current.samples_per_second:,.1f} at batch {current.batch_size}"
     knee = report.knee()
     if knee is None or knee.batch_size >= optimal.batch_size:

@@ -104,9 +104,9 @@ def memory_rows(report: Report) -> list[dict[str, str]]:
          "what the caching allocator holds from the GPU: this must fit the limit"),
         ("GPU total", _gib_text(d["gpu_total_gb"]), gpu_src, "memory PyTorch reports"),
         ("Usable capacity", _gib_text(d["usable_gb"]), f"{gpu_src}, less overheads",
-         f"total less the CUDA context ({over['context']:.2f} GiB), cuBLAS workspaces "
-         f"({over['workspaces']:.2f}) and a fragmentation allowance "
-         f"({over['fragmentation_allowance']:.2f})"),
+         f"total less the CUDA context ({over['context']:.2f} GiB): what the caching "
+         f"allocator can reserve (it serves the cuBLAS workspaces, "
+         f"{over['cublas_workspaces_in_step']:.2f} GiB, inside it)"),
         ("Margin", _gib_text(d["margin_gb"]), "your setting",
          f"{report.settings.margin} of usable, kept free in case the prediction is low"),
         ("Limit", _gib_text(d["limit_gb"]), "usable less margin", d["fit_criterion"]),

@@ -18,30 +18,41 @@ from memorymark.ui import sidebar, tables
 DIALECTS = (("Hugging Face", "hf"), ("Lightning", "lightning"), ("PyTorch", "torch"))
 
 
-def plan_text(plan: TrainingPlan) -> str:
+def plan_text(plan: TrainingPlan, checked_with_accumulation: bool = False) -> str:
     """The batch plan in one sentence."""
     if plan.target_batch is None:
+        if plan.accumulation_steps > 1:
+            return (
+                f"Micro-batch {plan.micro_batch} x {plan.accumulation_steps} accumulation "
+                f"steps = {plan.effective_batch} samples per optimizer step, as measured."
+            )
         return (
             f"Micro-batch {plan.micro_batch}, no gradient accumulation. Set a target global "
             "batch in the sidebar to plan accumulation steps for it."
         )
-    text = (
+    checked = (
+        " The micro-batch was checked with accumulation: every gradient stays alive through "
+        "the next micro-batch."
+        if checked_with_accumulation
+        else ""
+    )
+    return (
         f"For a global batch of {plan.target_batch}: micro-batch {plan.micro_batch} x "
         f"{plan.accumulation_steps} accumulation steps = {plan.effective_batch} samples per "
-        "optimizer step"
+        f"optimizer step, exactly.{checked}"
     )
-    extra = plan.effective_batch - plan.target_batch
-    return text + (f" ({extra} more than asked: micro-batches that fit can't split it)." if extra
-                   else ".")  # fmt: skip
 
 
 def training_script(report: Report) -> None:
-    """The plan and the three snippets, when a batch fits."""
+    """The plan and the three snippets, when a batch fits; why there is no plan otherwise."""
     plan = report.plan
     if plan is None:
+        if report.plan_note:
+            st.subheader("Take it to your training script")
+            st.warning(report.plan_note[0].upper() + report.plan_note[1:] + ".")
         return
     st.subheader("Take it to your training script")
-    st.markdown(plan_text(plan))
+    st.markdown(plan_text(plan, bool(report.plan_probes)))
     for tab, (_, fmt) in zip(st.tabs([label for label, _ in DIALECTS]), DIALECTS, strict=True):
         tab.code(snippet(fmt, report.settings, plan), language="python")
     st.caption(

@@ -20,9 +20,10 @@ from memorymark.ui.state_keys import key
 
 PROTOCOL_KEY = "mm_protocol"
 OPTIMIZER_HELP = (
-    "adamw: two state buffers per weight; adamw-fused: the same in one CUDA kernel (real runs "
-    "need CUDA); sgd: momentum, one buffer; adafactor: factored state (transformers); none: "
-    "no optimizer step"
+    "adamw: two state buffers per weight, foreach kernels as on CUDA (HF Trainer: adamw_torch); "
+    "adamw-fused: one CUDA kernel (adamw_torch_fused; real runs need CUDA); -forloop: "
+    "foreach=False; sgd: momentum, one buffer; adafactor: factored state (transformers); "
+    "none: no optimizer step"
 )
 
 
@@ -57,6 +58,25 @@ def _lora_inputs(sb: Any) -> dict[str, Any]:
         help="Comma-separated module names, e.g. q_proj,v_proj; empty takes the default.",
     )
     return {}
+
+
+def _loop_inputs(sb: Any) -> None:
+    sb.number_input(
+        "Gradient accumulation steps",
+        min_value=1,
+        key=key("grad_accum"),
+        help="Micro-batches whose gradients add up before each optimizer step. The step "
+        "measured is the whole loop: from the second micro-batch on, every gradient is alive "
+        "through forward and backward.",
+    )
+    sb.number_input(
+        "Clip gradients at norm (optional)",
+        min_value=0.0001,
+        value=None,
+        key=key("max_grad_norm"),
+        placeholder="off",
+        help="clip_grad_norm_ before the optimizer step, as HF Trainer does (its default: 1.0)",
+    )
 
 
 def _batch_inputs(sb: Any) -> None:
@@ -101,6 +121,7 @@ def training_inputs(sb: Any, entry: models.ModelEntry | None) -> dict[str, Any]:
             "switch)",
         )
     overrides = _lora_inputs(sb)
+    _loop_inputs(sb)
     sb.radio("Mode", settings_mod.MODES, key=key("mode"), horizontal=True)
     _batch_inputs(sb)
     with sb.expander("Advanced"):
