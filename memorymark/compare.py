@@ -52,6 +52,13 @@ def peak_tflops(gpu: GPU, precision: str) -> float:
     return gpu.fp32_tflops if precision == "32-true" else gpu.bf16_tflops
 
 
+def without_precision(settings: Settings, catalog: tuple[GPU, ...] = gpus.CATALOG) -> list[GPU]:
+    """The GPUs of `catalog` that cannot train at the settings' precision (bf16 before Ampere)."""
+    if settings.precision not in gpus.BF16_PRECISIONS:
+        return []
+    return [g for g in catalog if not g.supports_bf16]
+
+
 def compare_gpus(
     settings: Settings,
     costs: Costs | None = None,
@@ -66,6 +73,8 @@ def compare_gpus(
     traces: dict[tuple[int, int], tuple[Measurement, Measurement]] = {}
     measured: list[Measurement] = []
     rows = []
+    # A GPU that cannot run the precision (bf16 before Ampere) has no answer to give.
+    catalog = tuple(g for g in catalog if g not in without_precision(settings, catalog))
     # Largest first, so each capability's traces come from the GPU most likely to fit them.
     for gpu in sorted(catalog, key=lambda g: -g.usable_bytes):
         backend = simulated_backend(settings, gpu, kind)

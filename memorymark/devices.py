@@ -210,6 +210,7 @@ def open_backend(settings: Settings, cuda: ModuleType = torch.cuda) -> tuple[Bac
     """The backend for `settings` and the GPU it answers for."""
     name = resolve_backend_name(settings, cuda)
     gpu = resolve_gpu(settings, name, cuda)
+    gpu.check_precision(settings.precision)
     if name in ("sim", "cpu"):
         return simulated_backend(settings, gpu, name), gpu
     policy = fit_policy(settings, gpu)

@@ -70,16 +70,18 @@ def simulated_step(settings: Settings, gpu: gpus.GPU, batch_size: int = 1) -> Me
         return backend.measure(batch_size)
 
 
-def _variants(s: Settings) -> list[tuple[str, Settings]]:
+def _variants(s: Settings, gpu: gpus.GPU) -> list[tuple[str, Settings]]:
     out = []
     if not s.grad_checkpointing:
         out.append(("gradient checkpointing", replace(s, grad_checkpointing=True)))
-    if s.precision != "bf16-true":
-        out.append(("bf16-true weights and optimizer", replace(s, precision="bf16-true")))
+    # bf16 only where the GPU has it: a fix that would fail there is no fix.
+    precision = "bf16-true" if gpu.supports_bf16 else s.precision
+    if s.precision != precision:
+        out.append(("bf16-true weights and optimizer", replace(s, precision=precision)))
     if not s.lora_rank and s.optimizer != "none":
         out.append((f"LoRA rank {LORA_RANK}", replace(s, lora_rank=LORA_RANK)))
     combined = replace(
-        s, grad_checkpointing=True, precision="bf16-true", lora_rank=s.lora_rank or LORA_RANK
+        s, grad_checkpointing=True, precision=precision, lora_rank=s.lora_rank or LORA_RANK
     )
     if combined != s:
         out.append(("all three together", combined))
@@ -93,7 +95,7 @@ def what_would_fit(settings: Settings) -> FitAnswer:
     gpu = resolve_gpu(settings, "sim")
     limit = fit_policy(settings, gpu).limit_bytes
     fixes = []
-    for label, variant in _variants(settings):
+    for label, variant in _variants(settings, gpu):
         try:
             m = simulated_step(variant, gpu)
         except ValueError:
@@ -104,6 +106,8 @@ def what_would_fit(settings: Settings) -> FitAnswer:
     by_arch = {gpu.arch: base}
     for bigger in sorted(gpus.CATALOG, key=lambda g: g.usable_bytes):
         if bigger.usable_bytes <= gpu.usable_bytes:
+            continue
+        if settings.precision in gpus.BF16_PRECISIONS and not bigger.supports_bf16:
             continue
         variant = replace(settings, gpu=bigger.name, gpu_memory_gib=None)
         if bigger.arch not in by_arch:

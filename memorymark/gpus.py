@@ -64,6 +64,12 @@ DEFAULT_USD_PER_HOUR = 1.0
 DEFAULT_BF16_TFLOPS = 100.0
 DEFAULT_FP32_TFLOPS = 25.0
 DEFAULT_BANDWIDTH_BYTES_PER_S = 1e12
+# bf16 needs Ampere or newer: transformers' `is_torch_bf16_gpu_available` asks
+# `torch.cuda.is_bf16_supported(including_emulation=False)`, which checks compute capability >= 8.0
+# (torch/cuda/__init__.py), and TrainingArguments(bf16=True) raises without it.
+BF16_MIN_CAPABILITY = (8, 0)
+BF16_PRECISIONS = ("bf16-mixed", "bf16-true")
+
 # Compute capability assumed for a GPU we know nothing about: Ampere's, the middle of the range,
 # so it gets Ampere's context and workspace estimates.
 UNKNOWN_COMPUTE_CAPABILITY = (8, 0)
@@ -124,6 +130,20 @@ class GPU:
         if major in (10, 11, 12):
             return "blackwell"
         return "other"
+
+    @property
+    def supports_bf16(self) -> bool:
+        """True when the GPU computes in bf16 natively (Ampere and newer)."""
+        return tuple(self.compute_capability) >= BF16_MIN_CAPABILITY
+
+    def check_precision(self, precision: str) -> None:
+        """Raise a one-line ValueError when `precision` cannot train on this GPU."""
+        if precision in BF16_PRECISIONS and not self.supports_bf16:
+            major, minor = self.compute_capability
+            raise ValueError(
+                f"the {self.name} has no bf16 support (compute capability {major}.{minor}, bf16 "
+                f"needs 8.0 or newer): use --precision 16-mixed (fp16 autocast with a GradScaler)"
+            )
 
     @property
     def context_bytes(self) -> int:

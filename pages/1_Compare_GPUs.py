@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import streamlit as st
 
-from memorymark.compare import compare_gpus
+from memorymark.compare import compare_gpus, without_precision
 from memorymark.settings import Costs
 from memorymark.ui import page_charts, page_runs, sidebar, tables, views
 
@@ -52,3 +52,7 @@ st.caption(
     f"{costs.hours_per_run:g} h per run on {chosen}, divided by each GPU's speed relative to "
     "it. Prices are catalog on-demand defaults."
 )
+left_out = without_precision(settings)
+if left_out:
+    names = ", ".join(g.name for g in left_out)
+    st.caption(f"Left out: {names}, which have no bf16 (use 16-mixed to size them).")

@@ -29,3 +29,16 @@ def test_the_bigger_gpu_is_the_smallest_catalog_gpu_that_fits():
     assert [f.gpu.name for f in bigger] == [smallest.name]
     assert bigger[0].fits
     assert bigger[0].settings.gpu == smallest.name
+
+
+def test_no_bf16_fix_is_offered_on_a_gpu_without_bf16():
+    from memorymark import gpus
+    from memorymark.fixes import _variants
+
+    s = Settings(model="tiny-bert", gpu="t4")
+    labels = [label for label, _ in _variants(s, gpus.find_gpu("t4"))]
+    assert "bf16-true weights and optimizer" not in labels
+    assert all(v.precision == "32-true" for _, v in _variants(s, gpus.find_gpu("t4")))
+    assert "bf16-true weights and optimizer" in [
+        label for label, _ in _variants(s, gpus.find_gpu("a10"))
+    ]

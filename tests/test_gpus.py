@@ -209,3 +209,28 @@ def test_importing_the_catalog_does_not_import_torch():
     code = "import sys, memorymark.gpus; sys.exit('torch' in sys.modules)"
     root = Path(__file__).resolve().parents[1]
     assert subprocess.run([sys.executable, "-c", code], cwd=root, check=False).returncode == 0
+
+
+@pytest.mark.parametrize(("name", "ok"), [("t4", False), ("V100 16GB", False), ("a10", True)])
+def test_bf16_needs_ampere_and_the_error_names_the_fp16_way(name, ok):
+    gpu = find_gpu(name)
+    assert gpu.supports_bf16 is ok
+    gpu.check_precision("16-mixed")  # fp16 runs everywhere
+    if ok:
+        gpu.check_precision("bf16-mixed")
+        return
+    for precision in ("bf16-mixed", "bf16-true"):
+        with pytest.raises(ValueError, match="no bf16 support .* use --precision 16-mixed"):
+            gpu.check_precision(precision)
+
+
+def test_bf16_on_a_t4_is_refused_before_any_step_and_compare_leaves_it_out():
+    from memorymark.compare import without_precision
+    from memorymark.devices import open_backend
+    from memorymark.settings import Settings
+
+    with pytest.raises(ValueError, match="the T4 has no bf16 support"):
+        open_backend(Settings(model="tiny-bert", gpu="t4", precision="bf16-mixed"))
+    names = [g.name for g in without_precision(Settings(precision="bf16-true"))]
+    assert names == ["T4", "V100 16GB"]
+    assert without_precision(Settings(precision="16-mixed")) == []
