@@ -39,7 +39,7 @@ def test_nice_ceiling_rounds_up_to_a_readable_number() -> None:
 def test_axis_ranges_are_fixed_once_two_batches_fit() -> None:
     first = [probe(8), probe(16)]
     x_range, y_range = charts.axis_ranges(first, A10, max_batch=4096)
-    # 1 GiB + 0.1 GiB * b reaches the A10's 21.99 GiB total at b ~ 210; 5% margin, rounded up.
+    # 1 GiB + 0.1 GiB * b reaches the A10's 22.07 GiB total at b ~ 210; 5% margin, rounded up.
     assert x_range == [0.0, 250.0]
     assert y_range == [0.0, pytest.approx(A10.total_bytes / GIB * 1.08)]
     later = [*first, probe(192), probe(200, fits=False)]

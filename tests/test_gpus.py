@@ -41,7 +41,7 @@ def test_find_gpu_ignores_case_spaces_dashes_and_underscores():
 
 
 def test_find_gpu_returns_the_figures_chosen_for_the_catalog():
-    assert find_gpu("a10").total_bytes == 23_609_475_072
+    assert find_gpu("a10").total_bytes == 22600 * MIB
     assert find_gpu("t4").total_bytes == 15095 * MIB
     assert find_gpu("h100").total_bytes == 81090 * MIB
     assert find_gpu("h200").memory_bandwidth_bytes_per_s == 4.8e12
