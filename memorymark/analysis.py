@@ -14,6 +14,7 @@ from types import ModuleType
 
 import torch
 
+from memorymark.cuda_rules import versions
 from memorymark.devices import open_backend
 from memorymark.fixes import FitAnswer, what_would_fit
 from memorymark.measurement import Measurement
@@ -70,6 +71,8 @@ class Analysis:
             backend=self.backend_name,
             measurements=tuple(self.measurements),
             elapsed_seconds=self.elapsed_seconds,
+            torch_version=torch.__version__,
+            unverified_rules=versions.unverified_rules(),
         )
         if report.optimal is not None:
             plan, probes = self._plan(report.optimal.batch_size, report.global_batch)

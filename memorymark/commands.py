@@ -128,6 +128,8 @@ def _print_report(r: Report) -> None:
     d = r.to_dict()
     print()
     print(r.verdict())
+    if r.rules_note:
+        print(f"  note: {r.rules_note}")
     if r.optimal is None:
         print(f"  usable memory        {d['usable_gb']} GiB, less a {d['margin_gb']} GiB margin")
         _print_plan_and_fixes(r)

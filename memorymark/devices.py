@@ -14,6 +14,7 @@ import torch
 
 from memorymark import gpus, throughput
 from memorymark.backend import Backend
+from memorymark.cuda_rules import versions
 from memorymark.fit import FitPolicy
 from memorymark.settings import Settings
 from memorymark.sim import SimBackend
@@ -195,7 +196,9 @@ def simulated_backend(settings: Settings, gpu: gpus.GPU, name: str = "sim") -> B
     limits = {
         "capacity_bytes": policy.capacity_bytes,
         "margin_bytes": policy.margin_bytes,
-        "resident_allocations": gpu.workspace_allocations,
+        "resident_allocations": gpus.workspace_allocations(
+            gpu.compute_capability, versions.release()
+        ),
     }
     if name == "sim":  # kernels chosen as on this GPU's compute capability
         backend: Backend = SimBackend(workload, gpu=gpu, **limits)

@@ -61,6 +61,20 @@ class Report:
     the optimal batch with the settings' own accumulation."""
     plan_probes: tuple[Measurement, ...] = ()
     """The steps with accumulation the plan was checked with."""
+    torch_version: str | None = None
+    """The PyTorch that ran the steps."""
+    unverified_rules: tuple[str, ...] = ()
+    """Simulation rules whose verified torch releases do not include `torch_version`."""
+
+    @property
+    def rules_note(self) -> str | None:
+        """A sentence saying which rules rest on releases other than the one that ran."""
+        if not self.unverified_rules or self.measured:
+            return None
+        return (
+            f"PyTorch {self.torch_version} is outside the releases these simulation rules were "
+            f"verified on: {', '.join(self.unverified_rules)}; the answer assumes they hold."
+        )
 
     # -- memory --------------------------------------------------------------------------------
     @property

@@ -69,6 +69,9 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "batch_1_required_gb": None
         if r.batch_1_required_bytes is None
         else gib(r.batch_1_required_bytes),
+        "torch_version": r.torch_version,
+        "rules_unverified": list(r.unverified_rules),
+        "rules_note": r.rules_note,
         "settings": r.settings.to_dict(),
         "costs": r.costs.to_dict(),
     }
@@ -87,11 +90,9 @@ def _memory_dict(r: Report) -> dict[str, Any]:
         "headroom_gb": _gib_or_none(r.headroom_bytes),
         "predicted_oom_batch": r.predicted_oom_batch,
         "fit_criterion": FIT_CRITERION,
-        "gpu_overheads_gb": {
-            "context": gib(r.gpu.context_bytes),
-            # Served by the caching allocator inside usable memory, so inside the replay too.
-            "cublas_workspaces_in_step": gib(r.gpu.workspace_bytes),
-        },
+        # Only the context: the cuBLAS workspaces come from the caching allocator, so they are
+        # inside usable memory and inside each step's reserved bytes.
+        "gpu_overheads_gb": {"context": gib(r.gpu.context_bytes)},
     }
 
 

@@ -93,7 +93,7 @@ def test_every_catalog_entry_is_complete_and_loses_some_memory_to_overheads(gpu)
     assert gpu.usd_per_hour > 0
     assert gpu.bf16_tflops > 0 and gpu.memory_bandwidth_bytes_per_s > 0
     assert len(gpu.compute_capability) == 2 and gpu.arch != ""
-    assert gpu.context_bytes > 0 and gpu.workspace_bytes > 0
+    assert gpu.context_bytes > 0
     # The caching allocator serves the workspaces, so only the context is outside usable memory.
     assert gpu.usable_bytes == gpu.total_bytes - gpu.context_bytes
     assert 0.95 * gpu.total_bytes < gpu.usable_bytes < gpu.total_bytes
@@ -120,15 +120,30 @@ def test_architecture_follows_compute_capability():
     assert detected_gpu("NVIDIA B200", 180 * GIB, (10, 0)).arch == "blackwell"
 
 
-def test_hopper_workspace_is_larger_than_amperes_by_pytorch_defaults():
-    ampere, hopper = find_gpu("a100 80gb"), find_gpu("h100")
-    # CublasHandlePool.cpp: ":4096:2:16:8" (8 MiB + 128 KiB) vs 32 MiB on sm90, plus 1 MiB of
-    # cuBLASLt workspace, for the forward and the autograd thread's handle.
-    assert ampere.workspace_bytes == 2 * (4096 * 1024 * 2 + 16 * 1024 * 8 + MIB)
-    assert hopper.workspace_bytes == 2 * (32 * MIB + MIB)
-    assert ampere.workspace_allocations == (4096 * 1024 * 2 + 16 * 1024 * 8, MIB) * 2
-    assert hopper.workspace_bytes > ampere.workspace_bytes
-    assert hopper.context_bytes > ampere.context_bytes
+SMALL_WS = 4096 * 1024 * 2 + 16 * 1024 * 8  # CublasHandlePool.cpp ":4096:2:16:8"
+
+
+@pytest.mark.parametrize(
+    ("capability", "release", "expected"),
+    [
+        # Two sets (the forward thread's handle and autograd's backward thread's).
+        ((8, 6), (2, 8), (SMALL_WS,) * 2),  # cuBLASLt's 1 MiB is per call: transient
+        ((8, 6), (2, 11), (SMALL_WS, MIB) * 2),  # 2.9-2.11 keep a cuBLASLt workspace too
+        ((8, 6), (2, 13), (SMALL_WS,) * 2),  # 2.12 on: cuBLASLt shares cuBLAS's
+        ((9, 0), (2, 11), (32 * MIB, MIB) * 2),  # 32 MiB on sm90
+        ((10, 0), (2, 11), (SMALL_WS, MIB) * 2),  # Blackwell got 32 MiB only from 2.12
+        ((10, 0), (2, 13), (32 * MIB,) * 2),
+        ((11, 0), (2, 13), (SMALL_WS,) * 2),
+        ((11, 0), (2, 14), (32 * MIB,) * 2),
+        ((8, 6), (2, 15), ()),  # 2.15: per-call workspaces unless TORCH_CUBLAS_WORKSPACE_CACHE
+    ],
+)
+def test_cublas_workspaces_follow_each_torch_release(capability, release, expected):
+    assert gpus.workspace_allocations(capability, release) == expected
+
+
+def test_hopper_context_is_larger_than_amperes():
+    assert find_gpu("h100").context_bytes > find_gpu("a100 80gb").context_bytes
 
 
 def test_no_fragmentation_allowance_on_top_of_the_allocator_replay():
@@ -183,7 +198,7 @@ def test_detected_gpu_adds_the_device_name_as_an_alias():
     gpu = detected_gpu("NVIDIA H100 80GB HBM3", 81089 * MIB, (9, 0))
     assert gpu.name == "H100 80GB"
     assert "NVIDIA H100 80GB HBM3" in gpu.aliases
-    assert gpu.workspace_bytes == find_gpu("h100").workspace_bytes
+    assert gpu.compute_capability == find_gpu("h100").compute_capability
 
 
 def test_detected_unknown_gpu_keeps_its_own_name_and_default_rates():

@@ -116,6 +116,8 @@ def _verdict(report: Report) -> None:
         st.warning(report.verdict())
     else:
         st.success(report.verdict())
+    if report.rules_note:
+        st.info(report.rules_note)
     if report.capped:
         st.info(
             f"Every batch up to {report.settings.max_batch} fits: raise 'Largest batch to "

@@ -105,8 +105,7 @@ def memory_rows(report: Report) -> list[dict[str, str]]:
         ("GPU total", _gib_text(d["gpu_total_gb"]), gpu_src, "memory PyTorch reports"),
         ("Usable capacity", _gib_text(d["usable_gb"]), f"{gpu_src}, less overheads",
          f"total less the CUDA context ({over['context']:.2f} GiB): what the caching "
-         f"allocator can reserve (it serves the cuBLAS workspaces, "
-         f"{over['cublas_workspaces_in_step']:.2f} GiB, inside it)"),
+         "allocator can reserve (the cuBLAS workspaces come out of it, inside each step)"),
         ("Margin", _gib_text(d["margin_gb"]), "your setting",
          f"{report.settings.margin} of usable, kept free in case the prediction is low"),
         ("Limit", _gib_text(d["limit_gb"]), "usable less margin", d["fit_criterion"]),
