@@ -111,8 +111,8 @@ def test_a_current_batch_that_crashes_is_never_priced_as_if_it_ran():
     assert (r.waste_bytes, r.waste_percent, r.cost_savings_annual) == (None, None, None)
     assert (r.speedup, r.batch_ratio, r.throughput_ratio) == (None, None, None)
     assert r.verdict().startswith(
-        "Batch 184 crashes with out of memory on this A10 (needs 21.0 of 21.6 GiB); "
-        "batch 176 trains"
+        "Batch 184 crashes with out of memory on this A10 "
+        f"(needs 21.0 of {A10.usable_gib:.1f} GiB); batch 176 trains"
     )
     d = r.to_dict()
     assert (d["waste_gb"], d["speedup"], d["cost_savings_annual"]) == (None, None, None)
