@@ -225,7 +225,8 @@ class Backend:
             oom=error is not None, alloc_retries=retries, reserved_bytes=required
         )
         if error is None and not verdict.runs:
-            error = self._retry_note(retries, required)
+            error = self._past_capacity(required)
+        note = self._retry_note(retries) if verdict.runs and retries else None
         ran = verdict.runs
         samples = batch_size * self.workload.settings.grad_accum
         sps, source = self._throughput(samples, seconds, work) if ran else (None, None)
@@ -247,7 +248,7 @@ class Backend:
             step_flops=work.flops if ran and work is not None else None,
             backend=self.name,
             measured=self.measured,
-            error=error,
+            error=error or note,
             timeline=tuple(tracker.timeline) if traced and tracker is not None else (),
         )
 
@@ -273,15 +274,17 @@ class Backend:
             f"{_size(self.policy.capacity_bytes)}"
         )
 
-    def _retry_note(self, retries: int | None, required: int | None) -> str:
-        if retries:
-            return (
-                f"fits only after the allocator flushed its cache and retried {retries} "
-                "allocation(s): one fragmentation pattern from an out-of-memory"
-            )
+    def _past_capacity(self, required: int | None) -> str:
         return (
             f"reserved {_size(required or 0)}, past the capacity of "
             f"{_size(self.policy.capacity_bytes)}"
+        )
+
+    @staticmethod
+    def _retry_note(retries: int) -> str:
+        return (
+            f"runs only after the allocator flushed its cache and retried {retries} "
+            "allocation(s): not recommended, one fragmentation pattern from an out-of-memory"
         )
 
     @staticmethod

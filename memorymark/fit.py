@@ -1,16 +1,17 @@
 """The one rule that says whether a batch size fits, for every backend alike.
 
-A batch **runs** when its step completes with no out-of-memory error and no allocation retry, and
-the memory the device must hold for it (the caching allocator's peak reserved bytes) stays within
-the capacity: total memory less the CUDA context. It **fits** (is recommended) when it runs and
-its reserved peak also leaves the margin free. Measured on a GPU, the facts come from the device
-(`memory_stats()`: OOMs, `num_alloc_retries`, the reserved peak); simulated, from the caching
-allocator replay against the same capacity. The report's `max_batch_size` is the largest batch
-that runs, `optimal_batch_size` the largest that fits.
+A batch **runs** when its step completes with no out-of-memory error and the memory the device
+must hold for it (the caching allocator's peak reserved bytes) stays within the capacity: total
+memory less the CUDA context. It **fits** (is recommended) when it runs with no allocation retry
+and its reserved peak also leaves the margin free. Measured on a GPU, the facts come from the
+device (`memory_stats()`: OOMs, `num_alloc_retries`, the reserved peak); simulated, from the
+caching allocator replay against the same capacity. The report's `max_batch_size` is the largest
+batch that runs, `optimal_batch_size` the largest that fits.
 
-A step that completes only because the allocator flushed its cache and retried counts as not
-running: it is one fragmentation pattern away from an OOM, and slower (torchtitan's memory
-monitor warns on the same counter). This module is arithmetic: no torch, no devices.
+A step that completes only because the allocator flushed its cache and retried a cudaMalloc
+does train, so it counts towards the maximum, but it is never recommended: it is one
+fragmentation pattern away from an OOM, and slower (torchtitan's memory monitor warns on the
+same counter). This module is arithmetic: no torch, no devices.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ class Verdict:
     """What the policy says of one step."""
 
     runs: bool
-    """Completes within the full capacity: no OOM, no allocation retry."""
+    """Completes within the full capacity: no OOM (allocation retries allowed)."""
     fits: bool
-    """Runs and leaves the margin free: the batch MemoryMark recommends."""
+    """Runs with no allocation retry and leaves the margin free: what MemoryMark recommends."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,8 +55,7 @@ class FitPolicy:
     def judge(self, *, oom: bool, alloc_retries: int | None, reserved_bytes: int | None) -> Verdict:
         """The verdict on a step: whether it ran out of memory, how many allocations were retried
         (None: the device does not say), and its peak reserved bytes (None: unknown)."""
-        runs = not oom and not alloc_retries
-        if runs and reserved_bytes is not None:
-            runs = reserved_bytes <= self.capacity_bytes
-        fits = runs and (reserved_bytes is None or reserved_bytes <= self.limit_bytes)
+        runs = not oom and (reserved_bytes is None or reserved_bytes <= self.capacity_bytes)
+        fits = runs and not alloc_retries
+        fits = fits and (reserved_bytes is None or reserved_bytes <= self.limit_bytes)
         return Verdict(runs=runs, fits=fits)

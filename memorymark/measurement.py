@@ -72,8 +72,8 @@ class Measurement:
     throughput_source: str | None = None
     """'measured', 'estimated', or None when no throughput is known."""
     runs: bool | None = None
-    """The fit policy's verdict with no margin: the step completes with no OOM and no allocation
-    retry within the capacity. None when constructed without one: the same as `fits`."""
+    """The fit policy's verdict with no margin: the step completes with no OOM within the
+    capacity (allocation retries allowed). None when constructed without one: as `fits`."""
     required_bytes: int | None = None
     """What the device must hold for this step: its peak reserved bytes (simulated: predicted,
     and for a step past the capacity what it would need; measured: `max_memory_reserved`).
@@ -87,7 +87,7 @@ class Measurement:
     step_flops: int | None = None
     """FLOPs the step's matmuls, convolutions and attention ran (estimated throughput only)."""
     error: str | None = None
-    """One line saying why the step failed."""
+    """One line saying why the step failed, or why one that ran is not recommended."""
     timeline: tuple[int, ...] = field(default=(), repr=False, compare=False)
     """Live bytes after each operator of the step: what the fast strategy extrapolates."""
 

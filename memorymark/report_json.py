@@ -14,8 +14,8 @@ from memorymark.report import KNEE_FRACTION, gib
 
 # The one fit policy (memorymark/fit.py), in words, for every backend alike.
 FIT_CRITERION = (
-    "runs: no out-of-memory and no allocation retry, reserved bytes within usable memory; "
-    "fits (recommended): runs and reserved bytes within usable memory less the margin"
+    "runs: no out-of-memory, reserved bytes within usable memory; fits (recommended): runs "
+    "with no allocation retry and reserved bytes within usable memory less the margin"
 )
 
 if TYPE_CHECKING:

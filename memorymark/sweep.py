@@ -9,8 +9,8 @@ Two strategies search the grid step, 2*step, 3*step, ... (never past `max_batch`
   the prediction missed.
 
 Every verdict is the backend's, by the one fit policy (memorymark/fit.py): a batch *runs* when
-its step completes with no OOM and no allocation retry within the capacity, and *fits* when it
-also leaves the margin free. Both strategies find the recommended batch (the largest that fits)
+its step completes with no OOM within the capacity, and *fits* when it also needs no allocation
+retry and leaves the margin free. Both strategies find the recommended batch (the largest that fits)
 and then the maximum (the largest that runs), usually one or two probes more. The timeline counts
 live tensor bytes (allocated, not reserved), so a prediction is only a first guess; verification
 measures the answer, so both strategies agree wherever the verdicts are monotone in batch. Below
@@ -42,7 +42,7 @@ class Strategy:
 
     Two boundaries are searched, both by the fit policy's verdicts (memorymark/fit.py): the
     recommended batch, the largest that `fits` (its reserved peak leaves the margin free), then
-    the maximum, the largest that `runs` (no OOM and no allocation retry within the capacity).
+    the maximum, the largest that `runs` (no OOM within the capacity).
     `capacity_bytes` is the margin's limit, `run_capacity_bytes` the whole capacity.
     """
 

@@ -198,7 +198,7 @@ def test_json_says_which_memory_number_is_which():
     assert d["limit_gb"] == round((A10.usable_bytes - margin) / GIB, 3)
     assert d["headroom_gb"] == round((A10.usable_bytes - 20.5 * GIB) / GIB, 3)
     assert d["predicted_oom_batch"] == 184
-    assert d["fit_criterion"].startswith("runs: no out-of-memory and no allocation retry")
+    assert d["fit_criterion"].startswith("runs: no out-of-memory, reserved bytes within usable")
     assert d["gpu_overheads_gb"]["context"] == round(A10.context_bytes / GIB, 3)
     assert (d["speedup"], d["batch_ratio"], d["speedup_source"]) == (1.25, 11.0, "throughput")
     assert d["throughput_source"] == "estimated"
