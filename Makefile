@@ -31,6 +31,7 @@ bench: $(VENV)/.dev-installed  ## prints the figures the README and closing note
 	PYTHONPATH=. $(BIN)/python benchmarks/sweep_cost.py
 	PYTHONPATH=. $(BIN)/python benchmarks/cuda_rules.py
 	PYTHONPATH=. $(BIN)/python benchmarks/big_models.py
+	PYTHONPATH=. $(BIN)/python benchmarks/published.py
 
 # The browser test drives Debian's Chromium (a tool's own browser download fails offline).
 browser-deps:
