@@ -1,131 +1,254 @@
-"""Calibration: the simulation and a real CUDA measurement side by side, with relative errors.
+"""Calibration: the simulation checked against a real CUDA GPU, row by row.
 
-On a machine with a CUDA GPU, `memorymark calibrate` runs each built-in model at several batch
-sizes under the full training step and the inference-style protocol, once simulated for this very
-GPU and once for real, and tabulates predicted vs measured allocated and reserved memory. Anyone
-with a GPU can check the simulation and contribute the CSV. This module composes the engine; it
-never measures anything itself.
+`calibrate` runs each settings combination at several batch sizes for real on this machine's
+GPU and simulated for the same GPU, and yields one `CalibrationRow` per batch: the first step's
+measured peaks and allocator counters beside the prediction, stamped with the environment. With
+`emulate`, the process is capped at a catalog GPU's capacity and the simulation's boundary for
+that GPU is checked: its largest running batch must run here, one search step more must not.
+This module composes the engine (backends, the sweep, the fit policy); it measures nothing
+itself, and reaches the GPU only through the `torch.cuda`-like module it is handed.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+import contextlib
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
+from typing import Any
 
+import torch
+
+from memorymark import gpus, models
+from memorymark.analysis import Analysis
 from memorymark.backend import Backend
-from memorymark.devices import open_backend
-from memorymark.settings import Settings
+from memorymark.calibration_env import Environment, environment
+from memorymark.calibration_record import BOUNDARY_MAX, BOUNDARY_PAST_MAX, CalibrationRow
+from memorymark.devices import (
+    DeviceBackend,
+    cuda_available,
+    detect_cuda_gpu,
+    fit_policy,
+    simulated_backend,
+)
+from memorymark.measurement import Measurement
+from memorymark.settings import PROTOCOLS, Settings
+from memorymark.workload import Workload
 
 DEFAULT_MODELS = ("bert", "gpt2", "resnet")
 DEFAULT_BATCH_SIZES = (4, 8, 16)
-PROTOCOLS = ("full", "inference-style")
+# The allocator counters a row reports per probe (names as `torch.cuda.memory_stats()` has them).
+_COUNTERS = ("num_alloc_retries", "num_ooms")
 
-BackendFactory = Callable[[Settings], Backend]
+BackendFactory = Callable[[Settings, gpus.GPU], Backend]
+"""Settings and the GPU whose capacity judges the verdicts -> a backend."""
+BoundaryPredictor = Callable[[Settings, gpus.GPU], tuple[int, int]]
+"""Settings and a catalog GPU -> (largest batch the simulation says runs, search step)."""
 
 
 class NoGpuError(RuntimeError):
     """Calibration compares against a real GPU, and there is none."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CalibrationRow:
-    """One model, protocol and batch size: simulated against measured bytes."""
-
-    model: str
-    protocol: str
-    batch_size: int
-    simulated_allocated_bytes: int
-    measured_allocated_bytes: int | None
-    simulated_reserved_bytes: int | None
-    measured_reserved_bytes: int | None
-    measured_fits: bool
-
-    @property
-    def allocated_error(self) -> float | None:
-        """(simulated - measured) / measured for allocated memory; None if the real step OOMed."""
-        return _relative(self.simulated_allocated_bytes, self.measured_allocated_bytes)
-
-    @property
-    def reserved_error(self) -> float | None:
-        """(simulated - measured) / measured for reserved memory, where both exist."""
-        return _relative(self.simulated_reserved_bytes, self.measured_reserved_bytes)
-
-    def to_dict(self) -> dict[str, object]:
-        """A flat record for JSON and CSV."""
-        return {
-            **asdict(self),
-            "allocated_error": self.allocated_error,
-            "reserved_error": self.reserved_error,
-        }
-
-
-def _relative(simulated: int | None, measured: int | None) -> float | None:
-    if simulated is None or not measured:
-        return None
-    return round((simulated - measured) / measured, 5)
-
-
-def _real_backend(settings: Settings) -> Backend:
-    return open_backend(replace(settings, backend="cuda"))[0]
-
-
-def _sim_backend(settings: Settings, gpu_name: str) -> Backend:
-    return open_backend(replace(settings, backend="sim", gpu=gpu_name))[0]
+def settings_grid(
+    model_names: Iterable[str],
+    *,
+    precisions: Iterable[str] = ("32-true",),
+    optimizers: Iterable[str] = ("adamw",),
+    grad_checkpointing: Iterable[bool] = (False,),
+    protocols: Iterable[str] = PROTOCOLS,
+    **common: Any,
+) -> tuple[Settings, ...]:
+    """Every combination, each once (inference-style ignores the optimizer: it has none), with
+    no margin: calibration asks whether a step runs, not what to recommend. `common` holds the
+    other `Settings` fields (seq_len, image_size, lora_rank, step)."""
+    grid: list[Settings] = []
+    combos = itertools.product(model_names, precisions, optimizers, grad_checkpointing, protocols)
+    for model, precision, optimizer, checkpointing, protocol in combos:
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)} (got {protocol!r})")
+        settings = Settings(
+            model=model,
+            precision=precision,
+            optimizer=optimizer,
+            grad_checkpointing=checkpointing,
+            margin="0%",
+            **common,
+        )
+        if protocol == "inference-style":
+            settings = settings.with_protocol(protocol)
+        if settings not in grid:
+            grid.append(settings)
+    return tuple(grid)
 
 
 def calibrate(
-    models: tuple[str, ...] = DEFAULT_MODELS,
-    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
+    grid: Iterable[Settings],
+    batch_sizes: Iterable[int] = DEFAULT_BATCH_SIZES,
     *,
+    emulate: gpus.GPU | None = None,
+    cuda: Any = torch.cuda,
     real: BackendFactory | None = None,
-    simulated: BackendFactory | None = None,
+    simulated: BackendFactory = simulated_backend,
+    boundary: BoundaryPredictor | None = None,
+    nvml: Any = None,
 ) -> Iterator[CalibrationRow]:
-    """Yield one row per model, protocol and batch size, as each pair of measurements lands."""
-    if real is None:
-        from memorymark.devices import cuda_available, detect_cuda_gpu
+    """Yield one row per settings combination and batch size as each pair of measurements
+    lands, then, with `emulate`, the two boundary rows of each combination.
 
-        if not cuda_available():
-            raise NoGpuError("calibrate needs a CUDA GPU and PyTorch sees none")
-        gpu_name = detect_cuda_gpu().name
-        real = _real_backend
-        simulated = simulated or (lambda s: _sim_backend(s, gpu_name))
-    assert simulated is not None
-    for model in models:
-        for protocol in PROTOCOLS:
-            settings = Settings(model=model).with_protocol(protocol)
-            # One backend per protocol: model and optimizer state stay resident across batches.
-            with real(settings).session() as real_backend, simulated(settings).session() as sim:
-                for batch in batch_sizes:
-                    yield _row(
-                        model, protocol, batch, sim.measure(batch), real_backend.measure(batch)
-                    )
+    `cuda` is torch.cuda (a fake in tests); `real` and `simulated` build the measured and the
+    simulated backend for a combination and the GPU whose capacity judges them (this one, or
+    `emulate`); `boundary` gives the simulated boundary (default: a simulated sweep);
+    `nvml` replaces pynvml for the driver stamp.
+    """
+    if not cuda_available(cuda):
+        raise NoGpuError("calibrate needs a CUDA GPU and PyTorch sees none")
+    device_gpu = detect_cuda_gpu(cuda)
+    target = emulate or device_gpu
+    env = environment(cuda, emulate.name if emulate else "", nvml=nvml)
+    real = real or (lambda settings, gpu: _cuda_backend(settings, gpu, cuda))
+    boundary = boundary or predicted_boundary
+    batch_sizes = tuple(batch_sizes)
+    with capped(cuda, emulate, device_gpu):
+        for settings in grid:
+            # One backend per combination: model and optimizer state stay resident across
+            # batch sizes, as in training; the session frees them before the next combination.
+            with (
+                real(settings, target).session() as device,
+                simulated(settings, target).session() as sim,
+            ):
+                checks = [(batch, "") for batch in batch_sizes]
+                if emulate is not None:
+                    checks += boundary_checks(*boundary(settings, target))
+                for batch, label in checks:
+                    before = _counters(cuda) if device.measured else None
+                    measured, predicted = device.measure(batch), sim.measure(batch)
+                    yield _row(env, settings, target, measured, predicted, before, label)
 
 
-def _row(model: str, protocol: str, batch: int, sim, measured) -> CalibrationRow:  # noqa: ANN001
-    return CalibrationRow(
-        model=model,
-        protocol=protocol,
-        batch_size=batch,
-        # Like for like: what CUDA's allocator would count (512-byte blocks), not raw tensor bytes.
-        simulated_allocated_bytes=sim.cuda_allocated_bytes,
-        measured_allocated_bytes=measured.cuda_allocated_bytes if measured.fits else None,
-        simulated_reserved_bytes=sim.predicted_reserved_bytes,
-        measured_reserved_bytes=measured.cuda_reserved_bytes if measured.fits else None,
-        measured_fits=measured.fits,
+def predicted_boundary(settings: Settings, gpu: gpus.GPU) -> tuple[int, int]:
+    """The largest batch a simulated sweep on catalog GPU `gpu` (no margin) says runs, 0 when
+    none does, and the sweep's step."""
+    analysis = Analysis(replace(settings, backend="sim", gpu=gpu.name, margin="0%"))
+    for _ in analysis.stream():
+        pass
+    best = analysis.report(fixes=False).max_fit
+    return (best.batch_size if best is not None else 0), settings.step
+
+
+def boundary_checks(max_batch: int, step: int) -> list[tuple[int, str]]:
+    """(batch, boundary_check) pairs to measure: the predicted maximum must run and one step
+    past it must not; when nothing is predicted to run, batch 1 must not."""
+    if max_batch < 1:
+        return [(1, BOUNDARY_PAST_MAX)]
+    return [(max_batch, BOUNDARY_MAX), (max_batch + step, BOUNDARY_PAST_MAX)]
+
+
+@contextlib.contextmanager
+def capped(cuda: Any, emulated: gpus.GPU | None, device_gpu: gpus.GPU) -> Iterator[None]:
+    """Within the block, the caching allocator on device 0 reserves at most `emulated`'s
+    capacity (nothing changes without `emulated`); the cap is lifted on the way out.
+
+    `set_per_process_memory_fraction(fraction, device)` makes the allocator refuse a new segment
+    once its reserved bytes would pass fraction x the device's total (the total
+    `cudaMemGetInfo` reports: `allowed_memory_maximum = fraction * device_total` in
+    c10/cuda/CUDACachingAllocator.cpp), raising an out-of-memory error as a full GPU would. The
+    cap counts only what the caching allocator reserves: this process's CUDA context sits
+    outside it. So the fraction is the emulated GPU's *capacity* (its total less its CUDA
+    context, what the simulation judges against) over this GPU's total, not its total.
+
+    What the cap does NOT emulate: the other GPU's CUDA context (its size is the catalog's
+    estimate, taken as given here, not checked), and its architecture's kernels (the attention
+    backend chosen per compute capability, cuBLAS workspace sizes, cuDNN algorithms: the steps
+    measured run this GPU's); nor its speed.
+    """
+    if emulated is None:
+        yield
+        return
+    fraction = cap_fraction(cuda, emulated, device_gpu)
+    cuda.set_per_process_memory_fraction(fraction, 0)
+    try:
+        yield
+    finally:
+        cuda.set_per_process_memory_fraction(1.0, 0)
+
+
+def cap_fraction(cuda: Any, emulated: gpus.GPU, device_gpu: gpus.GPU) -> float:
+    """The memory fraction of device 0 that leaves the allocator `emulated`'s capacity."""
+    if emulated.usable_bytes > device_gpu.usable_bytes:
+        raise ValueError(
+            f"cannot emulate {emulated.name} ({emulated.usable_gib:.2f} GiB usable) on "
+            f"{device_gpu.name} ({device_gpu.usable_gib:.2f} GiB usable): a cap can only shrink "
+            "a GPU"
+        )
+    _, total_bytes = cuda.mem_get_info(0)
+    return float(emulated.usable_bytes / total_bytes)
+
+
+def _cuda_backend(settings: Settings, gpu: gpus.GPU, cuda: Any) -> Backend:
+    """The CUDA backend judged against `gpu`'s capacity (devices.open_backend judges against
+    the GPU it detects, which an emulated run is not)."""
+    policy = fit_policy(settings, gpu)
+    return DeviceBackend(
+        Workload(settings),
+        capacity_bytes=policy.capacity_bytes,
+        margin_bytes=policy.margin_bytes,
+        name="cuda",
+        device_module=cuda,
+        peak_stats=True,
     )
 
 
-def write(rows: list[CalibrationRow], out_dir: Path) -> tuple[Path, Path]:
-    """Write calibration.json and calibration.csv into `out_dir`; returns both paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    records = [r.to_dict() for r in rows]
-    json_path, csv_path = out_dir / "calibration.json", out_dir / "calibration.csv"
-    json_path.write_text(json.dumps(records, indent=2))
-    with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(records[0]) if records else ["model"])
-        writer.writeheader()
-        writer.writerows(records)
-    return json_path, csv_path
+def _counters(cuda: Any) -> dict[str, int]:
+    stats = cuda.memory_stats()
+    return {name: int(stats.get(name, 0)) for name in _COUNTERS}
+
+
+def _row(
+    env: Environment,
+    settings: Settings,
+    gpu: gpus.GPU,
+    measured: Measurement,
+    predicted: Measurement,
+    counters_before: dict[str, int] | None,
+    boundary_check: str,
+) -> CalibrationRow:
+    stats = measured.memory_stats
+    if stats is not None:  # the first step's own peaks, before any timed step
+        allocated = stats.get("allocated_bytes.all.peak")
+        reserved = stats.get("reserved_bytes.all.peak")
+    else:  # a stand-in backend without the device's statistics
+        allocated, reserved = measured.cuda_allocated_bytes, measured.cuda_reserved_bytes
+    ran = measured.required_bytes is not None  # None: the step ran out of memory
+    text = models.find_model(settings.model).input_kind == "text"
+
+    def during_probe(name: str) -> int | None:
+        if stats is None or counters_before is None or name not in stats:
+            return measured.alloc_retries if name == "num_alloc_retries" else None
+        return stats[name] - counters_before[name]
+
+    return CalibrationRow(
+        environment=env,
+        model=settings.model,
+        task=settings.resolved_task,
+        precision=settings.precision,
+        optimizer=settings.optimizer,
+        grad_checkpointing=settings.grad_checkpointing,
+        lora_rank=settings.lora_rank,
+        protocol=settings.protocol,
+        seq_len=settings.seq_len if text else None,
+        image_size=None if text else settings.image_size,
+        batch_size=measured.batch_size,
+        grad_accum=settings.grad_accum,
+        boundary_check=boundary_check,
+        capacity_bytes=gpu.usable_bytes,
+        measured_allocated_bytes=allocated if ran else None,
+        measured_reserved_bytes=reserved if ran else None,
+        measured_fits=bool(measured.runs),
+        alloc_retries=during_probe("num_alloc_retries"),
+        num_ooms=during_probe("num_ooms"),
+        # Like for like: what CUDA's allocator would count (512-byte blocks), not tensor bytes.
+        predicted_allocated_bytes=predicted.cuda_allocated_bytes,
+        predicted_reserved_bytes=predicted.cuda_reserved_bytes,
+        predicted_fits=bool(predicted.runs),
+    )

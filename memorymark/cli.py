@@ -177,12 +177,47 @@ def build_parser() -> argparse.ArgumentParser:
 
     calibrate = sub.add_parser(
         "calibrate",
-        help="simulated vs measured memory on this machine's CUDA GPU",
-        epilog="example: memorymark calibrate --models bert gpt2 --batch-sizes 8 16",
+        help="measured vs simulated memory on this machine's CUDA GPU, stamped for docs/",
+        epilog="example: memorymark calibrate --models bert gpt2 --batch-sizes 8 16 "
+        "--precisions 32-true bf16-mixed --emulate-gpu T4",
     )
-    calibrate.add_argument("--models", nargs="+", default=["bert", "gpt2", "resnet"])
+    calibrate.add_argument(
+        "--models", nargs="+", default=["bert", "gpt2", "resnet"], help="catalog models"
+    )
     calibrate.add_argument("--batch-sizes", nargs="+", type=_positive_int, default=[4, 8, 16])
-    calibrate.add_argument("--out", default="calibration", help="folder for the JSON and CSV")
+    calibrate.add_argument(
+        "--precisions", nargs="+", choices=settings_mod.PRECISIONS, default=[d.precision]
+    )
+    calibrate.add_argument(
+        "--optimizers", nargs="+", default=[d.optimizer], help="adamw, adamw-fused, sgd, ..."
+    )
+    calibrate.add_argument(
+        "--grad-checkpointing",
+        nargs="*",
+        choices=("off", "on"),
+        default=["off"],
+        help="alone: on; or a list, e.g. off on (default off)",
+    )
+    calibrate.add_argument(
+        "--protocols",
+        nargs="+",
+        choices=settings_mod.PROTOCOLS,
+        default=list(settings_mod.PROTOCOLS),
+    )
+    calibrate.add_argument("--seq-len", type=_positive_int, default=d.seq_len)
+    calibrate.add_argument("--image-size", type=_positive_int, default=d.image_size)
+    calibrate.add_argument("--lora-rank", type=int, default=d.lora_rank)
+    calibrate.add_argument(
+        "--emulate-gpu",
+        metavar="NAME",
+        help="cap this GPU at a smaller catalog GPU's capacity and check the predicted boundary",
+    )
+    calibrate.add_argument(
+        "--step", type=_positive_int, default=d.step, help="search step of the boundary check"
+    )
+    calibrate.add_argument(
+        "--out", default="calibration", help="folder for <gpu>-<date>.csv and .json"
+    )
     calibrate.add_argument("--json", action="store_true", help="print the rows as JSON")
 
     for name, what in (("models", "the built-in models"), ("gpus", "the GPU catalog")):

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from memorymark import calibrate as calibration
-from memorymark import cli, models
+from memorymark import calibration_record, cli, gpus, models
 from memorymark.analysis import Analysis, measure
 from memorymark.calibrate import NoGpuError
 from memorymark.measurement import Measurement
@@ -259,28 +259,51 @@ def _gpus(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    # Bad input is reported before the GPU is looked for: it is wrong on any machine.
+    grid = calibration.settings_grid(
+        args.models,
+        precisions=args.precisions,
+        optimizers=args.optimizers,
+        grad_checkpointing=[v == "on" for v in args.grad_checkpointing or ["on"]],
+        protocols=args.protocols,
+        seq_len=args.seq_len,
+        image_size=args.image_size,
+        lora_rank=args.lora_rank,
+        step=args.step,
+    )
+    emulate = gpus.find_gpu(args.emulate_gpu) if args.emulate_gpu else None
     rows = []
-    for row in calibration.calibrate(tuple(args.models), tuple(args.batch_sizes)):
+    for row in calibration.calibrate(grid, args.batch_sizes, emulate=emulate):
         rows.append(row)
         if not args.json:
             _print_calibration_row(row)
-    json_path, csv_path = calibration.write(rows, Path(args.out))
+    csv_path, json_path = calibration_record.write(rows, Path(args.out))
     if args.json:
         cli.print_json([r.to_dict() for r in rows])
     else:
-        print(f"wrote {json_path} and {csv_path}")
+        print(f"wrote {csv_path} and {json_path}")
     return 0
 
 
-def _print_calibration_row(row: calibration.CalibrationRow) -> None:
-    def pct(error: float | None) -> str:
-        return "   n/a" if error is None else f"{100 * error:+6.2f}%"
+def _print_calibration_row(row: calibration_record.CalibrationRow) -> None:
+    def pair(measured: int | None, predicted: int | None, error: float | None) -> str:
+        real = "OOM" if measured is None else f"{gib(measured):.3f}"
+        sim = "n/a" if predicted is None else f"{gib(predicted):.3f}"
+        pct = "   n/a" if error is None else f"{100 * error:+6.2f}%"
+        return f"{real:>7} vs {sim:>7} GiB {pct}"
 
-    measured = row.measured_allocated_bytes
+    def verdict(runs: bool) -> str:
+        return "runs" if runs else "OOM"
+
+    allocated = pair(
+        row.measured_allocated_bytes, row.predicted_allocated_bytes, row.allocated_error
+    )
+    reserved = pair(row.measured_reserved_bytes, row.predicted_reserved_bytes, row.reserved_error)
+    check = f"  [{row.boundary_check}]" if row.boundary_check else ""
     print(
-        f"{row.model:<8} {row.protocol:<16} batch {row.batch_size:>4}  allocated sim "
-        f"{gib(row.simulated_allocated_bytes):7.3f} real "
-        f"{'OOM' if measured is None else f'{gib(measured):7.3f}'} GiB {pct(row.allocated_error)}"
-        f"  reserved {pct(row.reserved_error)}",
+        f"{row.model:<10} {row.protocol:<15} {row.precision:<10} batch {row.batch_size:>5}  "
+        f"allocated {allocated}  reserved {reserved}  "
+        f"{verdict(row.measured_fits)}/{verdict(row.predicted_fits)} "
+        f"{'agree' if row.verdict_agrees else 'DISAGREE'}{check}",
         flush=True,
     )
