@@ -25,15 +25,13 @@ from memorymark.backend import Backend
 from memorymark.calibration_env import Environment, environment
 from memorymark.calibration_record import BOUNDARY_MAX, BOUNDARY_PAST_MAX, CalibrationRow
 from memorymark.devices import (
-    DeviceBackend,
     cuda_available,
     detect_cuda_gpu,
-    fit_policy,
+    device_backend,
     simulated_backend,
 )
 from memorymark.measurement import Measurement
 from memorymark.settings import PROTOCOLS, Settings
-from memorymark.workload import Workload
 
 DEFAULT_MODELS = ("bert", "gpt2", "resnet")
 DEFAULT_BATCH_SIZES = (4, 8, 16)
@@ -106,7 +104,9 @@ def calibrate(
     device_gpu = detect_cuda_gpu(cuda)
     target = emulate or device_gpu
     env = environment(cuda, emulate.name if emulate else "", nvml=nvml)
-    real = real or (lambda settings, gpu: _cuda_backend(settings, gpu, cuda))
+    # Judged against `target`: open_backend would judge against the detected GPU, which an
+    # emulated run is not.
+    real = real or (lambda settings, gpu: device_backend(settings, gpu, "cuda", cuda))
     boundary = boundary or predicted_boundary
     batch_sizes = tuple(batch_sizes)
     with capped(cuda, emulate, device_gpu):
@@ -183,20 +183,6 @@ def cap_fraction(cuda: Any, emulated: gpus.GPU, device_gpu: gpus.GPU) -> float:
         )
     _, total_bytes = cuda.mem_get_info(0)
     return float(emulated.usable_bytes / total_bytes)
-
-
-def _cuda_backend(settings: Settings, gpu: gpus.GPU, cuda: Any) -> Backend:
-    """The CUDA backend judged against `gpu`'s capacity (devices.open_backend judges against
-    the GPU it detects, which an emulated run is not)."""
-    policy = fit_policy(settings, gpu)
-    return DeviceBackend(
-        Workload(settings),
-        capacity_bytes=policy.capacity_bytes,
-        margin_bytes=policy.margin_bytes,
-        name="cuda",
-        device_module=cuda,
-        peak_stats=True,
-    )
 
 
 def _counters(cuda: Any) -> dict[str, int]:

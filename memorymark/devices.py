@@ -216,14 +216,20 @@ def open_backend(settings: Settings, cuda: ModuleType = torch.cuda) -> tuple[Bac
     gpu.check_precision(settings.precision)
     if name in ("sim", "cpu"):
         return simulated_backend(settings, gpu, name), gpu
+    module = cuda if name == "cuda" else torch.mps
+    return device_backend(settings, gpu, name, module), gpu
+
+
+def device_backend(settings: Settings, gpu: gpus.GPU, name: str, module: Any) -> DeviceBackend:
+    """A real-device backend (`cuda` or `mps`, reached through `module`) judged against `gpu`'s
+    capacity: the detected GPU, or the one a capped process emulates (calibrate)."""
     policy = fit_policy(settings, gpu)
-    backend = DeviceBackend(
+    return DeviceBackend(
         Workload(settings),
         capacity_bytes=policy.capacity_bytes,
         margin_bytes=policy.margin_bytes,
         name=name,
-        device_module=cuda if name == "cuda" else torch.mps,
+        device_module=module,
         # torch.mps keeps no peak statistics: there the tracker's live bytes are the peak.
         peak_stats=name == "cuda",
     )
-    return backend, gpu
