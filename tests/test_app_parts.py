@@ -12,7 +12,7 @@ from app_samples import A10, MIB, by_name, gpu_fit, probe, sample_proof, sample_
 
 from memorymark.measurement import Measurement
 from memorymark.report import GIB
-from memorymark.ui import downloads, model_inputs, tables, throughput_chart, views
+from memorymark.ui import downloads, model_inputs, results, tables, throughput_chart, views
 
 
 def timed_probe(batch: int, samples_per_second: float, **kwargs) -> Measurement:  # noqa: ANN003
@@ -121,3 +121,13 @@ def test_throughput_figure_says_why_it_is_empty() -> None:
     assert title([]).endswith("waiting for the first probe")
     assert title([probe(8, fits=False)]).endswith("no batch fitted, so none was timed")
     assert title([probe(8)]).endswith("not known for this backend")
+
+
+def test_cards_price_nothing_against_a_current_batch_that_crashes() -> None:
+    crash = replace(probe(400, fits=False), required_bytes=40 * GIB)
+    report = replace(sample_report(current=400), measurements=(probe(8), probe(16), crash))
+    cards = {label: (value, delta) for label, value, _, delta in results.metric_cards(report)}
+    assert cards["Memory at batch 400 (simulated)"][0] == "OOM"
+    assert cards["Usable memory wasted"] == ("n/a", "the current batch crashes")
+    assert cards["Annual savings (estimated)"] == ("n/a", "the current batch crashes")
+    assert cards["Speedup (the current batch crashes)"][0] == "n/a"

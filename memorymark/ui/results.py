@@ -45,7 +45,8 @@ def metric_cards(report: Report) -> list[tuple[str, str, str, str | None]]:
     optimal, current, maximum = report.optimal, report.current, report.max_fit
     src, gpu = report.memory_source, report.gpu
     ran = current is not None and bool(current.runs)
-    crashed = "n/a: the current batch crashes"
+    crashed = "n/a"
+    why = None if ran or current is None else "the current batch crashes"
     by_throughput = report.speedup_source == "throughput"
     above = maximum is not None and optimal is not None and maximum.batch_size > optimal.batch_size
     savings = report.cost_savings_annual
@@ -63,13 +64,13 @@ def metric_cards(report: Report) -> list[tuple[str, str, str, str | None]]:
         ("Usable memory wasted",
          crashed if report.waste_percent is None else f"{report.waste_percent:.1f}%",
          "Usable memory the current batch leaves idle"
-         + ("" if report.waste_bytes is None else f": {report.waste_bytes / GIB:.2f} GiB"), None),
+         + ("" if report.waste_bytes is None else f": {report.waste_bytes / GIB:.2f} GiB"), why),
         (f"Speedup ({speedup_source(report)})", _times(report.speedup), SPEEDUP_HELP,
          f"batch ratio {_times(report.batch_ratio)}" if by_throughput and report.batch_ratio
          else None),
         ("Annual savings (estimated)", crashed if savings is None else f"${savings:,.0f}",
          f"The time saved processing the same samples {_times(report.speedup)} faster, of "
-         f"${report.annual_cost_usd:,.0f}/year at ${report.usd_per_hour:.2f}/h", None),
+         f"${report.annual_cost_usd:,.0f}/year at ${report.usd_per_hour:.2f}/h", why),
     ]  # fmt: skip
 
 

@@ -35,9 +35,9 @@ def source_words(source: str | None) -> str:
 
 
 def timed(measurements: Sequence[Measurement]) -> list[Measurement]:
-    """The probes that fitted and carry a throughput, by batch size."""
+    """The probes that ran (inside the margin too) and carry a throughput, by batch size."""
     return sorted(
-        (m for m in measurements if m.fits and m.samples_per_second),
+        (m for m in measurements if m.runs and m.samples_per_second),
         key=lambda m: m.batch_size,
     )
 
@@ -48,7 +48,7 @@ def _how(points: list[Measurement], measurements: Sequence[Measurement]) -> str:
         return source_words(throughput_source(points))
     if not measurements:
         return "waiting for the first probe"
-    if any(m.fits for m in measurements):
+    if any(m.runs for m in measurements):
         return source_words(None)
     return "no batch fitted, so none was timed"
 
@@ -71,7 +71,7 @@ def _marks(fig: go.Figure, points: list[Measurement], current: int | None, optim
 
 def _oom_region(fig: go.Figure, measurements: Sequence[Measurement], x_range: list[float]) -> None:
     """Shade the batches from the first out-of-memory probe on."""
-    first_oom = min((m.batch_size for m in measurements if not m.fits), default=None)
+    first_oom = min((m.batch_size for m in measurements if not m.runs), default=None)
     if first_oom is not None and first_oom < x_range[1]:
         fig.add_vrect(
             x0=first_oom, x1=x_range[1], fillcolor=RED, opacity=0.12, line_width=0,
