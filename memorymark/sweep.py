@@ -86,19 +86,33 @@ class Strategy:
     def _bisect(self, lo: int, hi: int, passes: Predicate) -> Iterator[int]:
         # lo passes (0 stands for "nothing smaller to try") and hi does not. Steps that were
         # traced say what they need, which is close to linear in batch size near the top, so
-        # the next probe goes where the line through lo and hi crosses the capacity; a probe
-        # that does not halve the gap is followed by a plain halving, so the worst case stays
-        # logarithmic.
-        interpolate = True
+        # the next probe goes where the line through lo and hi crosses the capacity. A hi that
+        # failed with its needs inside the capacity (it ran only after a cache flush) says
+        # nothing of where the boundary is, except that it is near: walk down from it, doubling
+        # the stride. Either way a probe never lands below the halving point, so the worst case
+        # stays logarithmic.
+        interpolate, stride = True, 0
         while hi - lo > self._unit(lo):
             unit = self._unit(lo)
             half = lo + (hi - lo) // unit // 2 * unit
-            mid = self._interpolate(lo, hi, passes, unit) if interpolate else None
-            mid = half if mid is None else mid
+            mid = None
+            if self._failed_within_capacity(hi, passes):
+                stride = stride * 2 if stride else unit
+                mid = max(hi - stride, half)
+            elif interpolate:
+                mid = self._interpolate(lo, hi, passes, unit)
+            mid = half if mid is None or not lo < mid < hi else mid
             yield mid
             gap = hi - lo
             lo, hi = (mid, hi) if passes(mid) else (lo, mid)
             interpolate = 2 * (hi - lo) <= gap
+
+    def _capacity_for(self, passes: Predicate) -> int:
+        return self.run_capacity_bytes if passes == self._runs else self.capacity_bytes
+
+    def _failed_within_capacity(self, batch: int, passes: Predicate) -> bool:
+        needs = self.results[batch].required_bytes if batch in self.results else None
+        return needs is not None and needs <= self._capacity_for(passes)
 
     def _interpolate(self, lo: int, hi: int, passes: Predicate, unit: int) -> int | None:
         """The grid point where required bytes, linear between lo and hi, reach the capacity
@@ -108,7 +122,7 @@ class Strategy:
             return None
         if high.required_bytes is None or high.required_bytes <= low.required_bytes:
             return None
-        capacity = self.run_capacity_bytes if passes == self._runs else self.capacity_bytes
+        capacity = self._capacity_for(passes)
         slope = (high.required_bytes - low.required_bytes) / (hi - lo)
         crossing = lo + (capacity - low.required_bytes) / slope
         guess = lo + int((crossing - lo) // unit) * unit

@@ -173,3 +173,8 @@ def test_probe_log_says_what_a_step_past_the_edge_would_need() -> None:
     )
     assert probe_log.probe_line(margin, A10).startswith("batch  190 runs ")
     assert probe_log.probe_line(margin, A10).endswith("(inside the margin)")
+
+
+def test_probe_log_says_a_step_ran_only_after_a_cache_flush() -> None:
+    flushed = dataclasses.replace(probe(190, fits=False), runs=True, alloc_retries=1)
+    assert probe_log.probe_line(flushed, A10).endswith("(after a cache flush)")

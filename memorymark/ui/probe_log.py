@@ -14,8 +14,9 @@ from memorymark.report import GIB
 
 def probe_line(m: Measurement, gpu: GPU, seconds: float | None = None) -> str:
     """`[  1.2s] batch  176 fits  20.19 GiB  96%` (peak; % of usable memory the step holds),
-    `runs` for a batch inside the margin, or `OOM, needs 38.6 GiB of 21.6` for one past it (the
-    OOM's reason when the need is unknown: a real device stops at its limit)."""
+    `runs` for a batch inside the margin or one that needed a cache flush, or `OOM, needs
+    38.6 GiB of 21.6` for one past it (the OOM's reason when the need is unknown: a real device
+    stops at its limit)."""
     stamp = f"[{seconds:5.1f}s] " if seconds is not None else ""
     held = m.required_bytes if m.required_bytes is not None else m.peak_bytes
     if m.runs:
@@ -23,7 +24,7 @@ def probe_line(m: Measurement, gpu: GPU, seconds: float | None = None) -> str:
         verdict = "fits" if m.fits else "runs"
         result = f"{verdict} {m.peak_bytes / GIB:6.2f} GiB {share:3.0f}%"
         if not m.fits:
-            result += " (inside the margin)"
+            result += " (after a cache flush)" if m.alloc_retries else " (inside the margin)"
     elif m.required_bytes is not None:
         result = f"OOM, needs {m.required_bytes / GIB:.1f} GiB of {gpu.usable_bytes / GIB:.1f}"
     else:
