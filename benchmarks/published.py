@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memorymark.analysis import measure
+from memorymark.engine import Session
 from memorymark.gpus import GIB, MIB, find_gpu
 from memorymark.settings import Settings
 
@@ -288,7 +288,7 @@ class Comparison:
 def predict(row: PublishedRow) -> Comparison:
     """Simulate the row's step and return the prediction of the quantity it published."""
     start = time.perf_counter()
-    m = measure(row.to_settings(), row.batch_size)
+    m = Session(row.to_settings()).measure(row.batch_size)
     context = 0
     if row.quantity == "allocated":
         predicted = m.predicted_allocated_bytes

@@ -13,13 +13,10 @@ import argparse
 import resource
 import statistics
 import time
+from dataclasses import replace
 
-from memorymark.analysis import Analysis
-from memorymark.gpus import find_gpu
+from memorymark.engine import Session
 from memorymark.settings import Settings
-from memorymark.sim import SimBackend
-from memorymark.throughput import Roofline
-from memorymark.workload import Workload
 
 
 def rss_mib() -> float:
@@ -30,18 +27,15 @@ def rss_mib() -> float:
 def sweep_cost(settings: Settings) -> tuple[int, float, int | None]:
     """(probes, wall seconds, optimal batch) of one whole sweep."""
     start = time.perf_counter()
-    analysis = Analysis(settings)
-    for _ in analysis.stream():
-        pass
-    best = analysis.report().optimal
-    return len(analysis.measurements), time.perf_counter() - start, best and best.batch_size
+    session = Session(settings)
+    best = session.analyze().optimal
+    return len(session.measurements), time.perf_counter() - start, best and best.batch_size
 
 
 def step_overhead(settings: Settings, batch: int, repeats: int = 3) -> tuple[float, float]:
     """Median seconds of a raw fake step and of a tracked one, at `batch`."""
-    backend = SimBackend(Workload(settings), capacity_bytes=2**50)
-    # As open_backend sets it: the tracked step also counts FLOPs and bytes for throughput.
-    backend.roofline = Roofline.for_gpu(find_gpu("A10"))
+    # The backend a Session opens: the tracked step also counts FLOPs and bytes for throughput.
+    backend = Session(replace(settings, backend="sim", gpu_memory_gib=2048.0)).open_backend()
     backend.measure(batch)  # builds the model and optimizer state, warms caches
     raw, tracked = [], []
     for _ in range(repeats):
@@ -88,7 +82,7 @@ def main() -> None:
             print(line, flush=True)
 
     print("\nprocess peak RSS after simulated steps at growing batch sizes (bert)")
-    backend = SimBackend(Workload(Settings(model="bert")), capacity_bytes=2**50)
+    backend = Session(Settings(model="bert", backend="sim", gpu_memory_gib=2048.0)).open_backend()
     for batch in (8, 64, 512, 4096):
         m = backend.measure(batch)
         print(

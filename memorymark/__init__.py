@@ -1,7 +1,20 @@
 """MemoryMark: the largest batch size that really trains, measured or simulated.
 
-The public API: `Settings` and `Costs` say what to analyse, `analyze()` streams the sweep and
-`Report` does the arithmetic. The engine never imports Streamlit.
+The public API is the front door, `Session` (memorymark/engine.py), with the plain value types it
+takes and returns: `Settings` and `Costs` say what to analyse, a Session measures one batch,
+streams a sweep, and returns a `Report` (the arithmetic: optimal and max batch, waste, speedup,
+the plan); a `Measurement` is one batch size's result. Importing the package loads no torch; a
+Session loads it when made. The engine never imports Streamlit.
+
+    >>> from memorymark import Session, Settings
+    >>> Session(Settings(model="tiny-bert", seq_len=32, max_batch=16)).measure(8).fits
+    True
 """
 
+from memorymark.engine import Session
+from memorymark.measurement import Measurement
+from memorymark.report import Report
+from memorymark.settings import Costs, Settings
+
+__all__ = ["Costs", "Measurement", "Report", "Session", "Settings"]
 __version__ = "0.1.0"

@@ -20,16 +20,11 @@ from typing import Any
 import torch
 
 from memorymark import gpus, models
-from memorymark.analysis import Analysis
 from memorymark.backend import Backend
 from memorymark.calibration_env import Environment, environment
 from memorymark.calibration_record import BOUNDARY_MAX, BOUNDARY_PAST_MAX, CalibrationRow
-from memorymark.devices import (
-    cuda_available,
-    detect_cuda_gpu,
-    device_backend,
-    simulated_backend,
-)
+from memorymark.devices import cuda_available, detect_cuda_gpu
+from memorymark.engine import Session
 from memorymark.measurement import Measurement
 from memorymark.settings import PROTOCOLS, Settings
 
@@ -87,7 +82,7 @@ def calibrate(
     emulate: gpus.GPU | None = None,
     cuda: Any = torch.cuda,
     real: BackendFactory | None = None,
-    simulated: BackendFactory = simulated_backend,
+    simulated: BackendFactory | None = None,
     boundary: BoundaryPredictor | None = None,
     nvml: Any = None,
 ) -> Iterator[CalibrationRow]:
@@ -104,9 +99,9 @@ def calibrate(
     device_gpu = detect_cuda_gpu(cuda)
     target = emulate or device_gpu
     env = environment(cuda, emulate.name if emulate else "", nvml=nvml)
-    # Judged against `target`: open_backend would judge against the detected GPU, which an
-    # emulated run is not.
-    real = real or (lambda settings, gpu: device_backend(settings, gpu, "cuda", cuda))
+    # Both judged against `target`: the detected GPU, or the one the capped process emulates.
+    real = real or (lambda settings, gpu: _session(settings, gpu, "cuda", cuda).open_backend())
+    simulated = simulated or (lambda settings, gpu: _session(settings, gpu, "sim").open_backend())
     boundary = boundary or predicted_boundary
     batch_sizes = tuple(batch_sizes)
     with capped(cuda, emulate, device_gpu):
@@ -126,13 +121,17 @@ def calibrate(
                     yield _row(env, settings, target, measured, predicted, before, label)
 
 
+def _session(settings: Settings, gpu: gpus.GPU, backend: str, cuda: Any = None) -> Session:
+    return Session(replace(settings, backend=backend), gpu=gpu, cuda=cuda)
+
+
 def predicted_boundary(settings: Settings, gpu: gpus.GPU) -> tuple[int, int]:
     """The largest batch a simulated sweep on catalog GPU `gpu` (no margin) says runs, 0 when
     none does, and the sweep's step."""
-    analysis = Analysis(replace(settings, backend="sim", gpu=gpu.name, margin="0%"))
-    for _ in analysis.stream():
+    session = Session(replace(settings, backend="sim", gpu=gpu.name, margin="0%"))
+    for _ in session.stream():
         pass
-    best = analysis.report(fixes=False).max_fit
+    best = session.report(fixes=False).max_fit
     return (best.batch_size if best is not None else 0), settings.step
 
 

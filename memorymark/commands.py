@@ -11,11 +11,10 @@ from pathlib import Path
 
 from memorymark import calibrate as calibration
 from memorymark import calibration_record, cli, gpus, models
-from memorymark.analysis import Analysis, measure
 from memorymark.calibrate import NoGpuError
+from memorymark.engine import Session
 from memorymark.measurement import Measurement
 from memorymark.oom import StepError
-from memorymark.proof import prove_backward
 from memorymark.report import Report, gib
 from memorymark.settings import Costs, Settings
 from memorymark.snippets import snippet
@@ -33,14 +32,14 @@ def run(args: argparse.Namespace) -> int:
         return _calibrate(args)
     settings = cli.settings_from_args(args)
     if args.command == "measure":
-        m = measure(settings, args.batch_size)
+        m = Session(settings).measure(args.batch_size)
         if args.json:
             cli.print_json(m.to_dict())
         else:
             _print_measurement(m)
         return 0
     if args.command == "validate-backward":
-        proof = prove_backward(settings, args.batch_size, sweeps=args.sweeps)
+        proof = Session(settings).prove_backward(args.batch_size, sweeps=args.sweeps)
         if args.json:
             cli.print_json(proof.to_dict())
         else:
@@ -60,18 +59,18 @@ def _analyze(args: argparse.Namespace, settings: Settings) -> int:
     costs = Costs(
         usd_per_hour=args.price, hours_per_run=args.hours_per_run, runs_per_year=args.runs_per_year
     )
-    analysis = Analysis(settings)
+    session = Session(settings)
     talk = fmt == "text"
     if talk:
         print(
-            f"{settings.model} on {analysis.gpu.name} ({analysis.backend_name}, "
-            f"{'measured' if analysis.backend.measured else 'simulated'}): usable "
-            f"{analysis.gpu.usable_gib:.2f} of {analysis.gpu.total_gib:.2f} GiB"
+            f"{settings.model} on {session.gpu.name} ({session.backend_name}, "
+            f"{session.memory_source}): usable "
+            f"{session.gpu.usable_gib:.2f} of {session.gpu.total_gib:.2f} GiB"
         )
-    for m in analysis.stream():
+    for m in session.stream():
         if talk:
-            _print_probe(m, analysis.gpu.usable_bytes)
-    report = analysis.report(costs)
+            _print_probe(m, session.gpu.usable_bytes)
+    report = session.report(costs)
     if fmt == "json":
         cli.print_json(report.to_dict())
     elif fmt == "text":

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from memorymark import gpus
-from memorymark.devices import fit_policy, resolve_gpu, simulated_backend
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
 from memorymark.settings import Costs, Settings
@@ -63,12 +62,16 @@ def compare_gpus(
     settings: Settings,
     costs: Costs | None = None,
     catalog: tuple[GPU, ...] = gpus.CATALOG,
+    *,
+    reference: GPU,
 ) -> tuple[list[GpuFit], list[Measurement]]:
-    """Each catalog GPU's max batch for `settings`, and every measurement it took."""
+    """Each catalog GPU's max batch for `settings`, and every measurement it took; run times
+    are scaled against `reference`, the GPU the user chose (their hours-per-run are for it).
+    Called through `engine.Session.compare`."""
+    from memorymark.devices import fit_policy, simulated_backend  # torch: only when comparing
+
     costs = costs or Costs()
     kind = "cpu" if settings.backend == "cpu" else "sim"
-    # Run times are scaled against the GPU the user chose (their hours-per-run figure is for it).
-    reference = resolve_gpu(settings, "sim")
     step, first = settings.step, max(settings.step, 2)
     traces: dict[tuple[int, int], tuple[Measurement, Measurement]] = {}
     measured: list[Measurement] = []

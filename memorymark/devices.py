@@ -116,9 +116,14 @@ class CpuBackend(Backend):
         )
 
 
-def cuda_available(cuda: ModuleType = torch.cuda) -> bool:
+def _cuda(cuda: ModuleType | None) -> Any:
+    """The CUDA device module: `torch.cuda`, unless a test hands in a fake."""
+    return torch.cuda if cuda is None else cuda
+
+
+def cuda_available(cuda: ModuleType | None = None) -> bool:
     """True when a CUDA GPU can run the step here."""
-    return bool(cuda.is_available())
+    return bool(_cuda(cuda).is_available())
 
 
 def mps_available() -> bool:
@@ -126,13 +131,13 @@ def mps_available() -> bool:
     return bool(torch.backends.mps.is_available())
 
 
-def detect_cuda_gpu(cuda: ModuleType = torch.cuda) -> gpus.GPU:
+def detect_cuda_gpu(cuda: ModuleType | None = None) -> gpus.GPU:
     """The catalog view of CUDA device 0, with the total memory PyTorch reports for it."""
-    props = cuda.get_device_properties(0)
+    props = _cuda(cuda).get_device_properties(0)
     return gpus.detected_gpu(props.name, int(props.total_memory), (props.major, props.minor))
 
 
-def resolve_backend_name(settings: Settings, cuda: ModuleType = torch.cuda) -> str:
+def resolve_backend_name(settings: Settings, cuda: ModuleType | None = None) -> str:
     """The backend `auto` means here: the local GPU when it is the one asked about, else sim."""
     if settings.backend != "auto":
         return settings.backend
@@ -149,7 +154,7 @@ def resolve_backend_name(settings: Settings, cuda: ModuleType = torch.cuda) -> s
     return "sim"
 
 
-def resolve_gpu(settings: Settings, backend_name: str, cuda: ModuleType = torch.cuda) -> gpus.GPU:
+def resolve_gpu(settings: Settings, backend_name: str, cuda: ModuleType | None = None) -> gpus.GPU:
     """The GPU whose memory the run is measured or simulated against."""
     if backend_name == "cuda":
         if not cuda_available(cuda):
@@ -170,16 +175,12 @@ def resolve_gpu(settings: Settings, backend_name: str, cuda: ModuleType = torch.
         return gpus.find_gpu(settings.gpu)
     if cuda_available(cuda):
         return detect_cuda_gpu(cuda)
-    return gpus.find_gpu(DEFAULT_SIMULATED_GPU)
+    return gpus.find_gpu(gpus.DEFAULT_SIMULATED_GPU)
 
 
-def local_gpu(cuda: ModuleType = torch.cuda) -> gpus.GPU | None:
+def local_gpu(cuda: ModuleType | None = None) -> gpus.GPU | None:
     """The CUDA GPU in this machine, or None (the app offers it as the "measured" choice)."""
     return detect_cuda_gpu(cuda) if cuda_available(cuda) else None
-
-
-# The GPU simulated when none is named and none is present: the most common cloud fine-tuning GPU.
-DEFAULT_SIMULATED_GPU = "A10"
 
 
 def fit_policy(settings: Settings, gpu: gpus.GPU) -> FitPolicy:
@@ -209,20 +210,12 @@ def simulated_backend(settings: Settings, gpu: gpus.GPU, name: str = "sim") -> B
     return backend
 
 
-def open_backend(settings: Settings, cuda: ModuleType = torch.cuda) -> tuple[Backend, gpus.GPU]:
-    """The backend for `settings` and the GPU it answers for."""
-    name = resolve_backend_name(settings, cuda)
-    gpu = resolve_gpu(settings, name, cuda)
-    gpu.check_precision(settings.precision)
-    if name in ("sim", "cpu"):
-        return simulated_backend(settings, gpu, name), gpu
-    module = cuda if name == "cuda" else torch.mps
-    return device_backend(settings, gpu, name, module), gpu
-
-
-def device_backend(settings: Settings, gpu: gpus.GPU, name: str, module: Any) -> DeviceBackend:
-    """A real-device backend (`cuda` or `mps`, reached through `module`) judged against `gpu`'s
-    capacity: the detected GPU, or the one a capped process emulates (calibrate)."""
+def device_backend(
+    settings: Settings, gpu: gpus.GPU, name: str, cuda: ModuleType | None = None
+) -> DeviceBackend:
+    """A real-device backend (`cuda`, through the `cuda` module, or `mps`) judged against
+    `gpu`'s capacity: the detected GPU, or the one a capped process emulates (calibrate)."""
+    module = _cuda(cuda) if name == "cuda" else torch.mps
     policy = fit_policy(settings, gpu)
     return DeviceBackend(
         Workload(settings),

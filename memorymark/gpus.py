@@ -82,6 +82,8 @@ def workspace_allocations(
 # rounding, segment packing, caching and release-and-retry. An earlier 3% of total double-counted
 # it, and put the simulated maximum below real A10 runs for BERT, GPT-2 and ResNet-50.
 
+# The GPU simulated when none is named and none is present: the most common cloud fine-tuning GPU.
+DEFAULT_SIMULATED_GPU = "A10"
 # A custom GPU bigger than this is a typo (the largest single GPUs hold under 300 GB in 2026).
 MAX_CUSTOM_GIB = 2048.0
 # Defaults for a GPU outside the catalog: round placeholders, deliberately not any real card;

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from memorymark.analysis import Analysis, measure
 from memorymark.settings import Settings
 
 # The ratio forward+backward / forward-only that a correct backward measurement shows for typical
@@ -112,16 +111,19 @@ def protocol_settings(settings: Settings, key: str) -> Settings:
 def iter_protocols(
     settings: Settings, batch_size: int, *, sweeps: bool = False
 ) -> Iterator[ProtocolResult]:
-    """Yield each protocol's result as it lands (for live progress), in PROTOCOLS order."""
+    """Yield each protocol's result as it lands (for live progress), in PROTOCOLS order.
+    Called through `engine.Session.proof`."""
+    from memorymark.engine import Session  # the engine and torch load only when proving
+
     for key, label, _ in PROTOCOLS:
         variant = protocol_settings(settings, key)
-        m = measure(variant, batch_size)
+        m = Session(variant).measure(batch_size)
         max_batch = None
         if sweeps:
-            analysis = Analysis(replace(variant, current_batch=batch_size))
-            for _ in analysis.stream():
+            session = Session(replace(variant, current_batch=batch_size))
+            for _ in session.stream():
                 pass
-            best = analysis.report(fixes=False).optimal
+            best = session.report(fixes=False).optimal
             max_batch = best.batch_size if best else 0
         yield ProtocolResult(
             key=key,
@@ -131,9 +133,3 @@ def iter_protocols(
             max_batch=max_batch,
             measured=m.measured,
         )
-
-
-def prove_backward(settings: Settings, batch_size: int, *, sweeps: bool = False) -> BackwardProof:
-    """Measure the four protocols at `batch_size`; with `sweeps`, also each one's max batch."""
-    results = tuple(iter_protocols(settings, batch_size, sweeps=sweeps))
-    return BackwardProof(batch_size=batch_size, results=results)

@@ -1,6 +1,6 @@
 """Backward-pass proof: why inference-style numbers crash real training, on one batch size.
 
-A thin page: sidebar -> Settings -> `iter_protocols` (streamed, cached) -> chart and table from
+A thin page: sidebar -> Settings -> `Session.proof` (streamed, cached) -> chart and table from
 memorymark.ui.
 """
 
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from memorymark.proof import PROTOCOLS, BackwardProof, iter_protocols
+from memorymark.engine import Session
+from memorymark.proof import PROTOCOLS, BackwardProof
 from memorymark.ui import charts, page_charts, page_runs, sidebar, tables, views
 
 st.set_page_config(page_title="Backward-pass proof · MemoryMark", layout="wide")
@@ -34,7 +35,7 @@ if page_runs.cached_result(key) is None and not button.button("Run the proof", t
 button.empty()
 proof, error = page_runs.run_streamed(
     key,
-    lambda: iter_protocols(settings, batch, sweeps=True),
+    lambda: Session(settings).proof(batch, sweeps=True),
     settings=settings,
     steps=[label for _, label, _ in PROTOCOLS],
     describe=lambda r: tables.protocol_line(r, batch),

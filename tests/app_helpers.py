@@ -1,4 +1,4 @@
-"""What the app's AppTest files share: a fake Analysis with a known answer, and small readers.
+"""What the app's AppTest files share: a fake engine Session with a known answer, and small readers.
 
 Not a test module: `test_app_main.py` and `test_app_results.py` import it (pytest puts tests/ on
 the path).
@@ -32,8 +32,8 @@ def rate(batch: int) -> float:
     return 1000 * batch / (batch + 16)
 
 
-class FakeAnalysis:
-    """The engine's Analysis with a known answer: peak = 1 GiB + 0.1 GiB per sample on an A10.
+class FakeSession:
+    """The engine's Session with a known answer: peak = 1 GiB + 0.1 GiB per sample on an A10.
 
     Probes 8, 16, 192 (fits) and 200 (runs out of memory: the fake's boundary is
     `first_oom`, whatever its bytes), each fitting one with an estimated `rate(batch)`; every
@@ -55,8 +55,9 @@ class FakeAnalysis:
     def __init__(self, settings: Settings) -> None:
         if type(self).error is not None:
             raise type(self).error
-        type(self).created.append(settings)
         self.settings, self.gpu, self.measurements = settings, A10, []
+        self.backend_name = "sim" if settings.backend == "auto" else settings.backend
+        self.measured = self.backend_name != "sim"
 
     def _probe(self, batch: int) -> Measurement:
         base = GIB if self.settings.grad_checkpointing else type(self).base_bytes
@@ -75,6 +76,7 @@ class FakeAnalysis:
         )  # fmt: skip
 
     def stream(self) -> Iterator[Measurement]:
+        type(self).created.append(self.settings)  # one sweep per Analyze
         for i, batch in enumerate(type(self).batches):
             if i and type(self).gate is not None:
                 type(self).gate.wait(10)

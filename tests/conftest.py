@@ -80,13 +80,13 @@ def fresh_caches(monkeypatch: pytest.MonkeyPatch) -> threading.Lock:
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> type:
-    """Make the main page's sweeps run a fresh FakeAnalysis subclass (class state per test)."""
-    from app_helpers import FakeAnalysis
+    """Make the main page's sweeps run a fresh FakeSession subclass (class state per test)."""
+    from app_helpers import FakeSession
 
     from memorymark.ui import sweep_runner
 
-    class Fake(FakeAnalysis):
+    class Fake(FakeSession):
         created: list[Settings] = []
 
-    monkeypatch.setattr(sweep_runner, "Analysis", Fake)
+    monkeypatch.setattr(sweep_runner, "Session", Fake)
     return Fake

@@ -25,8 +25,8 @@ def m(batch: int, fits: bool = True) -> Measurement:
                        measured=False, timeline=(1, batch))  # fmt: skip
 
 
-class FakeAnalysis:
-    """Stands in for memorymark.analysis.Analysis; `before_probe(batch)` runs before each yield."""
+class FakeSession:
+    """Stands in for memorymark.engine.Session; `before_probe(batch)` runs before each yield."""
 
     before_probe: Callable[[int], None] = staticmethod(lambda batch: None)
     on_report: Callable[[], None] = staticmethod(lambda: None)
@@ -35,6 +35,8 @@ class FakeAnalysis:
 
     def __init__(self, settings: Settings) -> None:
         self.settings, self.gpu, self.measurements = settings, A10, []
+        self.backend_name = "sim" if settings.backend == "auto" else settings.backend
+        self.measured = self.backend_name != "sim"
 
     def stream(self) -> Iterator[Measurement]:
         for batch in self.batches:
@@ -49,11 +51,11 @@ class FakeAnalysis:
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> type[FakeAnalysis]:
-    class Fake(FakeAnalysis):
+def fake(monkeypatch: pytest.MonkeyPatch) -> type[FakeSession]:
+    class Fake(FakeSession):
         pass
 
-    monkeypatch.setattr(sweep_runner, "Analysis", Fake)
+    monkeypatch.setattr(sweep_runner, "Session", Fake)
     return Fake
 
 

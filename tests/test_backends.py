@@ -9,7 +9,8 @@ import torch
 
 from memorymark import gpus
 from memorymark.cuda_rules import versions
-from memorymark.devices import CpuBackend, DeviceBackend, open_backend, resolve_backend_name
+from memorymark.devices import CpuBackend, DeviceBackend, resolve_backend_name
+from memorymark.engine import Session
 from memorymark.oom import StepError
 from memorymark.settings import Settings
 from memorymark.sim import SimBackend
@@ -96,7 +97,7 @@ def test_a_step_past_the_capacity_says_what_it_needs_and_the_next_starts_afresh(
 
 
 def test_simulated_probes_predict_what_the_caching_allocator_holds(tiny_bert):
-    backend, _ = open_backend(tiny_bert)
+    backend = Session(tiny_bert).open_backend()
     m = backend.measure(8)
     # Rounding to 512-byte blocks adds a little; segments (2 MiB or more) add more.
     assert m.peak_bytes <= m.predicted_allocated_bytes < m.predicted_reserved_bytes
@@ -160,7 +161,7 @@ def test_the_device_s_allocation_retries_keep_a_step_from_being_recommended(tiny
 
 
 def test_the_cublas_workspaces_are_served_by_the_allocator_before_the_step(tiny_bert):
-    plain, _ = open_backend(tiny_bert)
+    plain = Session(tiny_bert).open_backend()
     bare = SimBackend(Workload(tiny_bert), capacity_bytes=BIG).measure(8)
     with_ws = plain.measure(8)
     a10 = gpus.find_gpu("a10")
@@ -173,8 +174,8 @@ def test_the_cublas_workspaces_are_served_by_the_allocator_before_the_step(tiny_
 
 
 def test_simulated_throughput_is_estimated_for_the_target_gpu(tiny_bert):
-    a10, _ = open_backend(tiny_bert)
-    h100, _ = open_backend(replace(tiny_bert, gpu="h100"))
+    a10 = Session(tiny_bert).open_backend()
+    h100 = Session(replace(tiny_bert, gpu="h100")).open_backend()
     slow, fast = a10.measure(8), h100.measure(8)
     assert slow.throughput_source == fast.throughput_source == "estimated"
     assert slow.step_flops == fast.step_flops > 0  # the same work...
@@ -287,29 +288,30 @@ def test_auto_picks_cuda_for_the_local_gpu_and_sim_for_another():
     assert resolve_backend_name(Settings(gpu_memory_gib=40), cuda) == "sim"
 
 
-def test_open_backend_judges_the_simulation_against_usable_memory():
-    backend, gpu = open_backend(Settings(model="tiny-bert", gpu="h100", backend="sim"))
+def test_a_session_judges_the_simulation_against_usable_memory():
+    session = Session(Settings(model="tiny-bert", gpu="h100", backend="sim"))
+    backend, gpu = session.open_backend(), session.gpu
     assert gpu.name == gpus.find_gpu("H100").name
     margin = int(gpu.usable_bytes * 0.02)  # the default margin, 2%
     assert backend.policy.capacity_bytes == gpu.usable_bytes
     assert backend.capacity_bytes == backend.policy.limit_bytes == gpu.usable_bytes - margin
     assert backend.budget_bytes is None  # fake tensors trace to the end of any step
-    custom_backend, custom = open_backend(Settings(model="tiny-bert", gpu_memory_gib=12))
+    session = Session(Settings(model="tiny-bert", gpu_memory_gib=12))
+    custom_backend, custom = session.open_backend(), session.gpu
     assert custom.total_bytes == 12 * 2**30
     assert custom_backend.capacity_bytes < custom.usable_bytes < custom.total_bytes
-    exact, _ = open_backend(Settings(model="tiny-bert", gpu="t4", backend="sim", margin="1GiB"))
+    exact = Session(Settings(model="tiny-bert", gpu="t4", backend="sim", margin="1GiB"))
+    exact = exact.open_backend()
     assert exact.capacity_bytes == gpus.find_gpu("t4").usable_bytes - 2**30
 
 
 def test_compare_gives_each_gpu_the_answer_analyze_gives_it():
-    from memorymark.analysis import analyze
-    from memorymark.compare import compare_gpus
 
     settings = Settings(model="tiny-gpt2", seq_len=128, max_batch=4096)
     small, large = gpus.custom_gpu(1.0), gpus.custom_gpu(2.0)
-    rows, probes = compare_gpus(settings, catalog=(small, large))
+    rows, probes = Session(settings).compare(catalog=(small, large))
     for row, gib in zip(rows, (1.0, 2.0), strict=True):
-        expected = analyze(dataclasses.replace(settings, gpu_memory_gib=gib)).optimal
+        expected = Session(dataclasses.replace(settings, gpu_memory_gib=gib)).analyze().optimal
         assert row.max_batch == expected.batch_size
     assert rows[0].max_batch < rows[1].max_batch
     # One pair of traces per compute capability: the second GPU reuses the first one's.

@@ -1,4 +1,6 @@
-"""Layering: the engine never imports Streamlit, and importing the CLI's parser needs no torch."""
+"""Layering: the engine never imports Streamlit, importing the CLI's parser needs no torch, and
+the UI and every page's imports load with torch made unimportable (they reach the engine only
+through its front door and plain value types)."""
 
 import subprocess
 import sys
@@ -21,7 +23,8 @@ def _modules_after(code: str) -> set[str]:
 
 def test_the_engine_never_imports_streamlit():
     loaded = _modules_after(
-        "import memorymark.analysis, memorymark.compare, memorymark.proof, memorymark.commands"
+        "import memorymark.engine, memorymark.devices, memorymark.compare, memorymark.proof, "
+        "memorymark.calibrate, memorymark.commands"
     )
     assert "torch" in loaded
     assert not any(name == "streamlit" or name.startswith("streamlit.") for name in loaded)
@@ -30,3 +33,46 @@ def test_the_engine_never_imports_streamlit():
 def test_cli_help_and_catalogs_import_no_torch():
     loaded = _modules_after("import memorymark.cli, memorymark.gpus, memorymark.report")
     assert "torch" not in loaded
+
+
+# Any `import torch` (or a submodule) raises, as on a machine without it.
+_NO_TORCH = """
+import importlib.abc, sys
+class _NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is blocked in this test")
+sys.meta_path.insert(0, _NoTorch())
+"""
+
+
+def _page_imports() -> list[str]:
+    """Every module app.py and pages/*.py import (their statements run Streamlit, not this)."""
+    import ast
+
+    found = set()
+    for page in [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py"))]:
+        for node in ast.walk(ast.parse(page.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+    return sorted(found)
+
+
+def test_the_ui_and_every_page_import_with_torch_blocked():
+    modules = ["memorymark.ui", *_page_imports()]
+    ui_modules = [p.stem for p in (ROOT / "memorymark" / "ui").glob("*.py") if p.stem != "__init__"]
+    modules += [f"memorymark.ui.{name}" for name in sorted(ui_modules)]
+    assert "memorymark.engine" in modules  # the pages reach the engine through its front door
+    loaded = _modules_after(_NO_TORCH + "\n".join(f"import {m}" for m in modules))
+    assert "torch" not in loaded
+    assert {"memorymark.engine", "memorymark.ui.sweep_runner", "streamlit"} <= loaded
+
+
+def test_the_blocker_really_blocks_torch():
+    result = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH + "import memorymark.devices"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0 and "torch is blocked" in result.stderr

@@ -14,7 +14,8 @@ from memorymark.cuda_rules import autocast_emulation, autocast_lists
 from memorymark.cuda_rules.dropout import fused_dropout
 from memorymark.cuda_rules.sdpa_choice import CUDNN, EFFICIENT, FLASH, MATH, SdpaCall
 from memorymark.cuda_rules.sdpa_choice import select_backend as choose
-from memorymark.devices import open_backend, simulated_backend
+from memorymark.devices import simulated_backend
+from memorymark.engine import Session
 from memorymark.settings import Settings
 from memorymark.sim import SimBackend
 from memorymark.tracker import MemoryTracker
@@ -244,8 +245,9 @@ def test_the_simulated_gpu_decides_the_kernels():
     # tiny-bert in bf16: flash attention on an A10; on a T4 (sm75) neither flash nor
     # mem-efficient takes bf16, so the math path keeps the attention matrices.
     settings = Settings(model="tiny-bert", seq_len=64, precision="bf16-mixed", backend="sim")
-    a10, gpu = open_backend(replace(settings, gpu="a10"))
-    # open_backend refuses bf16 on a T4 (no bf16 units); the kernel rule itself still holds.
+    session = Session(replace(settings, gpu="a10"))
+    a10, gpu = session.open_backend(), session.gpu
+    # a Session refuses bf16 on a T4 (no bf16 units); the kernel rule itself still holds.
     t4 = simulated_backend(replace(settings, gpu="t4"), gpus.find_gpu("t4"))
     assert (
         a10.compute_capability == gpu.compute_capability == gpus.find_gpu("A10").compute_capability

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from memorymark.analysis import Analysis, measure
+from memorymark.engine import Session
 from memorymark.settings import Settings
 
 pytestmark = [
@@ -13,25 +13,25 @@ pytestmark = [
 
 
 def test_a_measured_step_reports_the_device_peak_and_time():
-    m = measure(Settings(model="tiny-bert", seq_len=32, backend="cuda"), 8)
+    m = Session(Settings(model="tiny-bert", seq_len=32, backend="cuda")).measure(8)
     assert m.fits and m.measured
     assert m.reserved_bytes >= m.peak_bytes > 0
     assert m.step_seconds > 0 and m.samples_per_second > 0
 
 
 def test_simulation_predicts_the_measured_allocated_peak_within_ten_percent():
-    real = measure(Settings(model="bert", backend="cuda"), 16)
-    local = Analysis(Settings(model="bert", backend="cuda")).gpu.name
-    sim = measure(Settings(model="bert", backend="sim", gpu=local), 16)
+    session = Session(Settings(model="bert", backend="cuda"))
+    real = session.measure(16)
+    sim = Session(Settings(model="bert", backend="sim"), gpu=session.gpu).measure(16)
     assert sim.cuda_allocated_bytes == pytest.approx(real.peak_bytes, rel=0.10)
 
 
 def test_an_oom_probe_leaves_the_next_probe_at_the_same_baseline():
     settings = Settings(model="bert", backend="cuda", max_batch=65536)
-    analysis = Analysis(settings)
-    before = analysis.backend.measure(8)
-    huge = analysis.backend.measure(65536)
-    after = analysis.backend.measure(8)
-    analysis.backend.release()
+    backend = Session(settings).open_backend()
+    before = backend.measure(8)
+    huge = backend.measure(65536)
+    after = backend.measure(8)
+    backend.release()
     assert before.fits and after.fits and not huge.fits
     assert after.peak_bytes == before.peak_bytes

@@ -241,11 +241,11 @@ def test_bf16_needs_ampere_and_the_error_names_the_fp16_way(name, ok):
 
 def test_bf16_on_a_t4_is_refused_before_any_step_and_compare_leaves_it_out():
     from memorymark.compare import without_precision
-    from memorymark.devices import open_backend
+    from memorymark.engine import Session
     from memorymark.settings import Settings
 
     with pytest.raises(ValueError, match="the T4 has no bf16 support"):
-        open_backend(Settings(model="tiny-bert", gpu="t4", precision="bf16-mixed"))
+        Session(Settings(model="tiny-bert", gpu="t4", precision="bf16-mixed"))
     names = [g.name for g in without_precision(Settings(precision="bf16-true"))]
     assert names == ["T4", "V100 16GB"]
     assert without_precision(Settings(precision="16-mixed")) == []

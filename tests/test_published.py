@@ -65,18 +65,22 @@ def test_a_row_with_an_unknown_quantity_or_no_url_is_refused():
 
 
 def _fake_measure(monkeypatch, allocated, reserved):
-    def measure(settings, batch_size):
-        return Measurement(
-            batch_size=batch_size,
-            fits=True,
-            peak_bytes=allocated,
-            backend="sim",
-            measured=False,
-            predicted_allocated_bytes=allocated,
-            predicted_reserved_bytes=reserved,
-        )
+    class FakeSession:
+        def __init__(self, settings):
+            self.settings = settings
 
-    monkeypatch.setattr(published, "measure", measure)
+        def measure(self, batch_size):
+            return Measurement(
+                batch_size=batch_size,
+                fits=True,
+                peak_bytes=allocated,
+                backend="sim",
+                measured=False,
+                predicted_allocated_bytes=allocated,
+                predicted_reserved_bytes=reserved,
+            )
+
+    monkeypatch.setattr(published, "Session", FakeSession)
 
 
 def _row(quantity, context_bytes=None, measured_bytes=1000 * MIB):

@@ -44,6 +44,11 @@ RULES = (
 )  # fmt: skip
 
 
+def installed_version() -> str:
+    """The installed torch's version string."""
+    return str(torch.__version__)
+
+
 def release(version: str | None = None) -> Release:
     """(major, minor) of a torch version string ("2.13.0+cpu"); the installed torch's by default."""
     text = torch.__version__ if version is None else version

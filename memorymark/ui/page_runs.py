@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import streamlit as st
 
-from memorymark.devices import resolve_backend_name, resolve_gpu
+from memorymark.engine import Session
 from memorymark.gpus import GPU
 from memorymark.settings import Settings
 from memorymark.ui import sweep_runner
@@ -90,4 +90,4 @@ def run_streamed(
 
 def gpu_for(settings: Settings) -> GPU:
     """The GPU `settings` measure or simulate against (resolved as the engine does)."""
-    return resolve_gpu(settings, resolve_backend_name(settings))
+    return Session(settings).gpu

@@ -15,7 +15,7 @@ from typing import Any
 import streamlit as st
 
 from memorymark import gpus
-from memorymark.devices import DEFAULT_SIMULATED_GPU, local_gpu
+from memorymark.engine import local_gpu
 from memorymark.gpus import GPU
 from memorymark.settings import Costs, Settings
 from memorymark.ui import model_inputs, training_inputs
@@ -40,7 +40,7 @@ def _gpu_choice(s: Settings) -> str:
     if s.gpu_memory_gib is not None:
         return CUSTOM
     if s.gpu is None:
-        return LOCAL if detected_gpu() else DEFAULT_SIMULATED_GPU
+        return LOCAL if detected_gpu() else gpus.DEFAULT_SIMULATED_GPU
     return gpus.find_gpu(s.gpu).name
 
 
@@ -124,7 +124,7 @@ def _gpu_inputs(sb: Any) -> tuple[dict[str, Any], GPU]:
     local = detected_gpu()
     options = ([LOCAL] if local else []) + gpus.gpu_names() + [CUSTOM]
     if st.session_state.get(key("gpu_choice")) not in options:
-        st.session_state[key("gpu_choice")] = LOCAL if local else DEFAULT_SIMULATED_GPU
+        st.session_state[key("gpu_choice")] = LOCAL if local else gpus.DEFAULT_SIMULATED_GPU
     choice = sb.selectbox("GPU", options, key=key("gpu_choice"), format_func=_gpu_label)
     custom_gib = DEFAULT_CUSTOM_GIB
     if choice == CUSTOM:
@@ -137,7 +137,7 @@ def _gpu_inputs(sb: Any) -> tuple[dict[str, Any], GPU]:
     if local is None:
         sb.caption(
             f"No GPU on this machine: every figure is simulated on fake tensors "
-            f"(default: {DEFAULT_SIMULATED_GPU})."
+            f"(default: {gpus.DEFAULT_SIMULATED_GPU})."
         )
     values = {
         "gpu": None if choice in (LOCAL, CUSTOM) else choice,

@@ -1,6 +1,6 @@
 """Runs a sweep on a worker thread and keeps what the page draws from it.
 
-Owns `SweepJob` (one `Analysis` on one thread, cancellable through a `threading.Event`), the
+Owns `SweepJob` (one engine `Session` on one thread, cancellable through a `threading.Event`), the
 process-wide lock that lets one real-device sweep run at a time across every browser session,
 and the process-wide cache of finished reports. The worker thread never calls Streamlit: it
 appends measurements and sets its state, and a fragment on the page reads them. Must not know
@@ -20,8 +20,7 @@ from typing import Any
 
 import streamlit as st
 
-from memorymark.analysis import Analysis
-from memorymark.devices import resolve_backend_name, resolve_gpu
+from memorymark.engine import Session
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
 from memorymark.report import Report
@@ -72,7 +71,7 @@ def result_cache() -> ResultCache:
 
 def needs_device(settings: Settings) -> bool:
     """True when the step runs for real (cuda, mps, cpu) and must take turns on the machine."""
-    return resolve_backend_name(settings) != "sim"
+    return Session(settings).measured
 
 
 def one_line(exc: BaseException) -> str:
@@ -152,9 +151,9 @@ class SweepJob:
             self.finished = time.perf_counter()
 
     def _run(self) -> None:
-        self.backend_name = resolve_backend_name(self.settings)
-        self.gpu = resolve_gpu(self.settings, self.backend_name)
-        real = self.backend_name != "sim"
+        session = Session(self.settings)  # the GPU and backend, resolved once
+        self.backend_name, self.gpu = session.backend_name, session.gpu
+        real = session.measured
         if real and self.lock.locked():
             self.state = "waiting"
         turn = device_turn(self.lock, self.cancel_event) if real else contextlib.nullcontext(True)
@@ -162,10 +161,8 @@ class SweepJob:
             if not ours:
                 self.state = "cancelled"
                 return
-            analysis = Analysis(self.settings)
-            self.gpu = analysis.gpu
             self.state = "running"
-            with contextlib.closing(analysis.stream()) as probes:
+            with contextlib.closing(session.stream()) as probes:
                 for m in probes:
                     self.probe_seconds.append(time.perf_counter() - self.started)
                     self.measurements.append(m)
@@ -176,7 +173,7 @@ class SweepJob:
             return
         if not any(m.fits for m in self.measurements):
             self.state = "fixing"  # the report simulates each way out: a few more steps
-        self.report = slim(analysis.report())
+        self.report = slim(session.report())
         self.cache.put(self.settings, self.report)
         self.state = "done"
 

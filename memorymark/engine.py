@@ -1,0 +1,219 @@
+"""The engine's front door: one `Session` per `Settings`, the only way into the engine.
+
+A Session resolves, once, which backend runs the step (a real CUDA/MPS device, or the simulation),
+which GPU its figures answer for, and the fit policy (capacity and margin) every verdict is judged
+by. Then it offers what the CLI, the app, calibrate, the benchmarks and users' scripts need:
+`measure` one batch, `stream` a sweep as a generator, `report` on it (with the ways out when
+nothing fits), `compare` every catalog GPU, and `proof` of why inference-style numbers crash.
+
+Importing this module loads no torch: the modules that need it are imported when a Session is
+made, so the app's UI can import the front door and the plain value types (`Settings`,
+`Measurement`, `Report`, `GPU`) and nothing that touches tensors. Must not know how anything is
+displayed.
+
+Example (a two-layer BERT on a simulated A10, a few seconds on a laptop):
+
+    >>> from memorymark import Session, Settings
+    >>> session = Session(Settings(model="tiny-bert", seq_len=32, gpu="a10", max_batch=64))
+    >>> report = session.analyze()
+    >>> report.optimal.batch_size, report.memory_source
+    (64, 'simulated')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from memorymark.gpus import GPU
+from memorymark.measurement import Measurement
+from memorymark.plan import TrainingPlan, plan_for_target
+from memorymark.report import Report
+from memorymark.settings import Costs, Settings
+
+if TYPE_CHECKING:
+    from memorymark.backend import Backend
+    from memorymark.compare import GpuFit
+    from memorymark.fit import FitPolicy
+    from memorymark.fixes import FitAnswer
+    from memorymark.proof import BackwardProof, ProtocolResult
+
+
+class Session:
+    """One analysis: the step `settings` describe, on the GPU and backend they resolve to.
+
+    `cuda` is the device module real runs go through (`torch.cuda` unless a test passes a fake);
+    `gpu` judges every verdict against another GPU than the settings name (calibrate's emulated
+    GPU on a capped real one).
+    """
+
+    def __init__(self, settings: Settings, *, cuda: Any = None, gpu: GPU | None = None) -> None:
+        from memorymark import devices  # torch loads here, not when the front door is imported
+
+        self.settings = settings
+        self._cuda = cuda
+        self.backend_name = devices.resolve_backend_name(settings, cuda)
+        """cuda, mps, sim or cpu."""
+        self.gpu: GPU = gpu or devices.resolve_gpu(settings, self.backend_name, cuda)
+        """The GPU every figure answers for: detected on this machine, or from the catalog."""
+        self.gpu.check_precision(settings.precision)
+        self.policy: FitPolicy = devices.fit_policy(settings, self.gpu)
+        """Capacity and margin: what every verdict of this session is judged against."""
+        self.measurements: list[Measurement] = []
+        self.elapsed_seconds = 0.0
+        self._fixes: FitAnswer | None = None
+        self._plans: dict[int, tuple[TrainingPlan | None, tuple[Measurement, ...]]] = {}
+
+    @property
+    def measured(self) -> bool:
+        """True when the step runs for real on this machine (cuda, mps, cpu), so it must take
+        turns with other real runs; False when simulated on fake tensors."""
+        return self.backend_name != "sim"
+
+    @property
+    def memory_source(self) -> str:
+        """'measured' (on a GPU) or 'simulated', as every memory figure of this session is."""
+        return "measured" if self.backend_name in ("cuda", "mps") else "simulated"
+
+    def open_backend(self, settings: Settings | None = None) -> Backend:
+        """A fresh backend for `settings` (this session's by default) on this session's GPU."""
+        from memorymark import devices
+
+        s = settings or self.settings
+        if self.backend_name in ("sim", "cpu"):
+            return devices.simulated_backend(s, self.gpu, self.backend_name)
+        module = self._cuda if self.backend_name == "cuda" else None
+        return devices.device_backend(s, self.gpu, self.backend_name, module)
+
+    # -- one batch, a sweep, its report -----------------------------------------------------------
+    def measure(self, batch_size: int) -> Measurement:
+        """One step (the whole loop, with accumulation) at `batch_size`."""
+        with self.open_backend().session() as backend:
+            return backend.measure(batch_size)
+
+    def stream(self) -> Iterator[Measurement]:
+        """Yield each measurement of the sweep the moment it exists; the backend is released at
+        the end, however the consumer stops (use `contextlib.closing` to stop early)."""
+        from memorymark.sweep import STRATEGIES, sweep
+
+        s = self.settings
+        strategy = STRATEGIES[s.strategy](
+            step=s.step,
+            max_batch=s.max_batch,
+            capacity_bytes=self.policy.limit_bytes,
+            run_capacity_bytes=self.policy.capacity_bytes,
+        )
+        start = time.perf_counter()
+        probes = sweep(self.open_backend(), strategy, also=(s.current_batch,))
+        with contextlib.closing(probes):
+            for measurement in probes:
+                self.measurements.append(measurement)
+                self.elapsed_seconds = time.perf_counter() - start
+                yield measurement
+
+    def report(self, costs: Costs | None = None, *, fixes: bool = True) -> Report:
+        """The report over every measurement taken so far, with the plan for the global batch
+        and, when nothing fits and `fixes` is on, each way out (computed once per session)."""
+        from memorymark.cuda_rules import versions
+
+        report = Report(
+            settings=self.settings,
+            costs=costs or Costs(),
+            gpu=self.gpu,
+            backend=self.backend_name,
+            measurements=tuple(self.measurements),
+            elapsed_seconds=self.elapsed_seconds,
+            torch_version=versions.installed_version(),
+            unverified_rules=versions.unverified_rules(),
+        )
+        if report.optimal is not None:
+            plan, probes = self._plan(report.optimal.batch_size, report.global_batch)
+            report = replace(report, plan=plan, plan_probes=probes)
+        if fixes and self.measurements and report.optimal is None:
+            answer = self.fixes()
+            report = replace(
+                report, fixes=answer.fixes, batch_1_required_bytes=answer.required_bytes
+            )
+        return report
+
+    def analyze(self, costs: Costs | None = None) -> Report:
+        """Run the whole sweep and return its report (for scripts that need no live progress)."""
+        for _ in self.stream():
+            pass
+        return self.report(costs)
+
+    def fixes(self) -> FitAnswer:
+        """When nothing fits: batch 1 as configured, and each change (or GPU) that might fit."""
+        from memorymark.fixes import what_would_fit
+
+        if self._fixes is None:
+            self._fixes = what_would_fit(self.settings)
+        return self._fixes
+
+    def _plan(
+        self, optimal_batch: int, target: int | None
+    ) -> tuple[TrainingPlan | None, tuple[Measurement, ...]]:
+        """The plan for `target` (once per target): divisors of it are checked with
+        accumulation on a backend of their own, since the sweep's steps did not accumulate."""
+        accumulating = self.settings.grad_accum
+        if target is None:
+            plan = TrainingPlan(
+                micro_batch=optimal_batch, accumulation_steps=accumulating, target_batch=None
+            )
+            return plan, ()
+        if target not in self._plans:
+            probes: list[Measurement] = []
+            # Any accumulation past one peaks alike: every gradient alive through the next
+            # micro-batch, so two micro-batches stand for them all.
+            backend = self.open_backend(replace(self.settings, grad_accum=2))
+
+            def fits_accumulating(micro_batch: int) -> bool:
+                probes.append(backend.measure(micro_batch))
+                return probes[-1].fits
+
+            with backend.session():
+                plan = plan_for_target(
+                    target,
+                    optimal_batch,
+                    fits_accumulating,
+                    accumulation_measured=accumulating > 1,
+                )
+            self._plans[target] = plan, tuple(probes)
+        return self._plans[target]
+
+    # -- across GPUs and protocols ---------------------------------------------------------------
+    def compare(
+        self, costs: Costs | None = None, catalog: tuple[GPU, ...] | None = None
+    ) -> tuple[list[GpuFit], list[Measurement]]:
+        """Each catalog GPU's answer for these settings (simulated), priced against this
+        session's GPU, and every measurement it took."""
+        from memorymark import compare, gpus
+
+        return compare.compare_gpus(
+            self.settings, costs, catalog or gpus.CATALOG, reference=self.gpu
+        )
+
+    def proof(self, batch_size: int, *, sweeps: bool = False) -> Iterator[ProtocolResult]:
+        """Forward-only, forward+backward, and the full step (eval and train) at `batch_size`,
+        each as it lands; with `sweeps`, each one's max batch too."""
+        from memorymark.proof import iter_protocols
+
+        return iter_protocols(self.settings, batch_size, sweeps=sweeps)
+
+    def prove_backward(self, batch_size: int, *, sweeps: bool = False) -> BackwardProof:
+        """The four protocols at `batch_size`, with the prototype's verdict."""
+        from memorymark.proof import BackwardProof
+
+        return BackwardProof(
+            batch_size=batch_size, results=tuple(self.proof(batch_size, sweeps=sweeps))
+        )
+
+
+def local_gpu() -> GPU | None:
+    """The CUDA GPU in this machine, or None (the app offers it as the "measured" choice)."""
+    from memorymark import devices
+
+    return devices.local_gpu()

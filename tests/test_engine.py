@@ -1,0 +1,44 @@
+"""The front door (issue 9): one Session resolves the GPU, backend and fit policy once; its
+docstring examples run as written."""
+
+import doctest
+
+import pytest
+
+import memorymark
+from memorymark import Session, Settings, engine
+
+
+def test_the_docstring_examples_run():
+    for module in (engine, memorymark):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_session_resolves_once_and_answers_for_its_gpu():
+    session = Session(Settings(model="tiny-bert", seq_len=32, gpu="h100"))
+    assert (session.backend_name, session.gpu.name, session.measured) == ("sim", "H100 80GB", False)
+    assert session.memory_source == "simulated"
+    assert session.policy.capacity_bytes == session.gpu.usable_bytes
+    m = session.measure(4)
+    assert m.fits and m.backend == "sim"
+    # Every measurement of the session is judged by the same policy.
+    assert m.required_bytes <= session.policy.limit_bytes
+
+
+def test_a_session_can_judge_against_another_gpu():
+    t4 = memorymark.gpus.find_gpu("t4")
+    session = Session(Settings(model="tiny-bert", seq_len=32, gpu="h100"), gpu=t4)
+    assert session.gpu is t4 and session.policy.capacity_bytes == t4.usable_bytes
+
+
+def test_report_carries_the_plan_and_the_torch_that_ran():
+    session = Session(Settings(model="tiny-bert", seq_len=32, max_batch=64, target_batch=96))
+    report = session.analyze()
+    assert report.plan is not None and report.plan.effective_batch == 96
+    assert report.torch_version and report.unverified_rules == ()
+
+
+def test_bad_settings_fail_before_anything_is_built():
+    with pytest.raises(ValueError, match="no bf16 support"):
+        Session(Settings(model="tiny-bert", gpu="v100 16gb", precision="bf16-true"))
