@@ -128,7 +128,7 @@ class Backend:
             # The first step's own figures, before timed steps add theirs.
             device = self._device_peak(), self._device_stats()
             seconds = self._time_steps(batch_size)
-        except Exception as exc:  # noqa: BLE001 - everything that is not an OOM is re-raised
+        except Exception as exc:  # everything that is not an OOM is re-raised below
             if isinstance(exc, ValueError) and self._tracker is None:
                 raise  # the settings cannot build this model (LoRA targets, checkpointing...)
             if not is_oom(exc):

@@ -83,7 +83,7 @@ def compare_gpus(
         backend = simulated_backend(settings, gpu, kind)
         probes: dict[int, Measurement] = {}
 
-        def fits(batch: int, backend=backend, probes=probes) -> bool:  # noqa: ANN001
+        def fits(batch: int, backend=backend, probes=probes) -> bool:
             if batch not in probes:
                 probes[batch] = backend.measure(batch)
                 measured.append(probes[batch])
@@ -112,7 +112,7 @@ def compare_gpus(
     return rows, measured
 
 
-def _boundary(small, large, step, max_batch, fits, limit) -> int | None:  # noqa: ANN001
+def _boundary(small, large, step, max_batch, fits, limit) -> int | None:
     """The largest grid batch that `fits`, walking from the traces' prediction for `limit`."""
     if not fits(small.batch_size):
         below = range(min(step, small.batch_size) - 1, 0, -1)

@@ -144,7 +144,7 @@ class MemoryTracker(TorchDispatchMode):
         self.live_bytes -= record.nbytes
         self.live_by_category[record.category] -= record.nbytes
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func is _DEVICE_QUERY:
             # Fake tensors answer `.device` through dispatch; it allocates nothing and would

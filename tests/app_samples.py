@@ -31,11 +31,11 @@ def probe(batch: int, *, fits: bool = True, per_sample: int = 100 * MIB) -> Meas
     )
 
 
-def by_name(fig, name: str):  # noqa: ANN001, ANN201 - a plotly figure and its trace
+def by_name(fig, name: str):  # a plotly figure and its trace
     return next(t for t in fig.data if t.name == name)
 
 
-def sample_report(batches=(8, 16, 192, 200), current: int = 16) -> Report:  # noqa: ANN001
+def sample_report(batches=(8, 16, 192, 200), current: int = 16) -> Report:
     ms = tuple(probe(b, fits=b < 200) for b in batches)
     settings = Settings(model="tiny-bert", gpu="A10", current_batch=current)
     return Report(settings=settings, costs=Costs(), gpu=A10, backend="sim", measurements=ms,

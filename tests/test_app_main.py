@@ -26,7 +26,7 @@ from memorymark.ui import sidebar, sweep_runner
 pytestmark = pytest.mark.usefixtures("fresh_caches")
 
 
-def test_analyze_shows_metrics_chart_verdict_and_downloads(fake) -> None:  # noqa: ANN001
+def test_analyze_shows_metrics_chart_verdict_and_downloads(fake) -> None:
     at = app(model="tiny-bert")
     assert not at.exception
     assert "click **Analyze**" in at.info[0].value
@@ -53,7 +53,7 @@ def test_analyze_shows_metrics_chart_verdict_and_downloads(fake) -> None:  # noq
     assert at.query_params["model"] == "tiny-bert"
 
 
-def test_a_cost_slider_reprices_without_a_second_sweep(fake) -> None:  # noqa: ANN001
+def test_a_cost_slider_reprices_without_a_second_sweep(fake) -> None:
     at = app(model="tiny-bert")
     at.button(key="analyze").click().run()
     at.slider(key="mm_usd_per_hour").set_value(2.0).run()
@@ -62,7 +62,7 @@ def test_a_cost_slider_reprices_without_a_second_sweep(fake) -> None:  # noqa: A
     assert len(fake.created) == 1
 
 
-def test_returning_to_an_analysed_configuration_is_instant(fake) -> None:  # noqa: ANN001
+def test_returning_to_an_analysed_configuration_is_instant(fake) -> None:
     at = app(model="tiny-bert")
     at.button(key="analyze").click().run()
     at.selectbox(key="mm_model").set_value("tiny-gpt2").run()
@@ -73,7 +73,7 @@ def test_returning_to_an_analysed_configuration_is_instant(fake) -> None:  # noq
     assert len(fake.created) == 1
 
 
-def test_while_a_sweep_runs_analyze_is_disabled_and_cancel_stops_it(fake) -> None:  # noqa: ANN001
+def test_while_a_sweep_runs_analyze_is_disabled_and_cancel_stops_it(fake) -> None:
     fake.gate = threading.Event()
     at = app(sync=False, model="tiny-bert")
     at.button(key="analyze").click().run()
@@ -100,7 +100,7 @@ def _double_click() -> None:
     first.cancel()
 
 
-def test_a_second_click_while_a_sweep_runs_starts_nothing(fake) -> None:  # noqa: ANN001
+def test_a_second_click_while_a_sweep_runs_starts_nothing(fake) -> None:
     fake.gate = threading.Event()
     at = AppTest.from_function(_double_click, default_timeout=TIMEOUT).run()
     fake.gate.set()
@@ -109,7 +109,7 @@ def test_a_second_click_while_a_sweep_runs_starts_nothing(fake) -> None:  # noqa
     assert len(fake.created) == 1
 
 
-def test_a_real_device_sweep_waits_for_the_lock_with_a_message(fake, fresh_caches) -> None:  # noqa: ANN001
+def test_a_real_device_sweep_waits_for_the_lock_with_a_message(fake, fresh_caches) -> None:
     fresh_caches.acquire()  # another session is measuring on the GPU
     at = app(sync=False, model="tiny-bert", backend="cpu")
     at.button(key="analyze").click().run()
@@ -119,7 +119,7 @@ def test_a_real_device_sweep_waits_for_the_lock_with_a_message(fake, fresh_cache
     assert metrics(at)["Optimal batch size"] == "192"
 
 
-def test_an_engine_error_is_an_st_error_with_a_next_step(fake) -> None:  # noqa: ANN001
+def test_an_engine_error_is_an_st_error_with_a_next_step(fake) -> None:
     fake.error = ValueError("unknown GPU 'B300'; known: T4, A10")
     at = app(model="tiny-bert")
     at.button(key="analyze").click().run()
@@ -128,7 +128,7 @@ def test_an_engine_error_is_an_st_error_with_a_next_step(fake) -> None:  # noqa:
     assert "Next step: pick another GPU" in at.error[0].value
 
 
-def test_no_batch_that_fits_is_an_error_with_a_next_step(fake) -> None:  # noqa: ANN001
+def test_no_batch_that_fits_is_an_error_with_a_next_step(fake) -> None:
     fake.base_bytes = 30 * GIB  # the weights alone exceed the A10
     at = app(model="tiny-bert")
     at.button(key="analyze").click().run()
@@ -138,7 +138,7 @@ def test_no_batch_that_fits_is_an_error_with_a_next_step(fake) -> None:  # noqa:
     assert metrics(at)["Optimal batch size"] == "none"
 
 
-def test_the_gpu_in_this_machine_is_the_default_and_labelled_measured(monkeypatch) -> None:  # noqa: ANN001
+def test_the_gpu_in_this_machine_is_the_default_and_labelled_measured(monkeypatch) -> None:
     h100 = dataclasses.replace(gpus.find_gpu("H100"), measured=True)
     monkeypatch.setattr(sidebar, "detected_gpu", lambda: h100)
     at = app()

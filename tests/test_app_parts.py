@@ -15,7 +15,7 @@ from memorymark.report import GIB
 from memorymark.ui import downloads, model_inputs, results, tables, throughput_chart, views
 
 
-def timed_probe(batch: int, samples_per_second: float, **kwargs) -> Measurement:  # noqa: ANN003
+def timed_probe(batch: int, samples_per_second: float, **kwargs) -> Measurement:
     return replace(
         probe(batch, **kwargs),
         predicted_reserved_bytes=GIB + 110 * MIB * batch,
@@ -107,7 +107,7 @@ def test_every_engine_error_gets_a_next_step(error: str, step: str) -> None:
     assert step in views.next_step(error)
 
 
-def test_an_upload_is_saved_once_per_content(tmp_path) -> None:  # noqa: ANN001
+def test_an_upload_is_saved_once_per_content(tmp_path) -> None:
     first = model_inputs.save_upload("My Model.json", b"{}", tmp_path)
     assert first.parent.name.startswith("My-Model-") and first.name == "config.json"
     assert model_inputs.save_upload("My Model.json", b"{}", tmp_path) == first

@@ -19,18 +19,18 @@ from memorymark.ui.state_keys import SETTING_FIELDS
 pytestmark = pytest.mark.usefixtures("fresh_caches")
 
 
-def analyzed(**query: str):  # noqa: ANN201 - an AppTest after one click on Analyze
+def analyzed(**query: str):  # an AppTest after one click on Analyze
     at = app(**query)
     at.button(key="analyze").click().run()
     assert not at.exception
     return at
 
 
-def widget_keys(at, kind: str) -> set[str]:  # noqa: ANN001
+def widget_keys(at, kind: str) -> set[str]:
     return {w.key for w in at.get(kind)}
 
 
-def test_throughput_chart_and_where_larger_batches_stop_paying_off(fake) -> None:  # noqa: ANN001
+def test_throughput_chart_and_where_larger_batches_stop_paying_off(fake) -> None:
     fake.batches = (8, 16, 64, 192, 200)
     fake.rate = staticmethod(lambda batch: 10.0 * min(batch, 64))  # flat from batch 64 on
     at = analyzed(model="tiny-bert")
@@ -48,20 +48,20 @@ def test_throughput_chart_and_where_larger_batches_stop_paying_off(fake) -> None
     assert "Larger batches stop paying off at batch 64" in caption and "coarse" in caption
 
 
-def test_no_knee_line_while_throughput_still_grows_at_the_optimal_batch(fake) -> None:  # noqa: ANN001
+def test_no_knee_line_while_throughput_still_grows_at_the_optimal_batch(fake) -> None:
     at = analyzed(model="tiny-bert")
     notes = [a["text"] for a in chart(at, "throughput_chart")["layout"].get("annotations", [])]
     assert not any("stops paying off" in n for n in notes)
     assert any("still growing at the optimal batch" in c.value for c in at.main.caption)
 
 
-def test_without_a_throughput_the_speedup_is_the_batch_ratio(fake) -> None:  # noqa: ANN001
+def test_without_a_throughput_the_speedup_is_the_batch_ratio(fake) -> None:
     fake.rate = staticmethod(lambda batch: 0.0)
     shown = metrics(analyzed(model="tiny-bert"))
     assert shown["Speedup (batch ratio: throughput not known)"] == "12.0x"
 
 
-def test_which_memory_number_is_which(fake) -> None:  # noqa: ANN001
+def test_which_memory_number_is_which(fake) -> None:
     at = analyzed(model="tiny-bert")
     assert at.expander[0].label == "Which memory number is which (simulated)"
     table = at.dataframe[0].value.set_index("Figure")
@@ -81,7 +81,7 @@ def test_which_memory_number_is_which(fake) -> None:  # noqa: ANN001
     }
 
 
-def test_snippets_and_the_plan_for_a_target_batch(fake) -> None:  # noqa: ANN001
+def test_snippets_and_the_plan_for_a_target_batch(fake) -> None:
     at = analyzed(model="tiny-bert", target_batch="512", precision="bf16-mixed")
     assert [t.label for t in at.tabs] == ["Hugging Face", "Lightning", "PyTorch"]
     plan = next(m.value for m in at.markdown if m.value.startswith("For a global batch"))
@@ -108,7 +108,7 @@ def fixes_for(settings: Settings) -> tuple[Fix, ...]:
     )  # fmt: skip
 
 
-def test_nothing_fits_shows_how_far_off_each_fix_is_and_applies_one(fake) -> None:  # noqa: ANN001
+def test_nothing_fits_shows_how_far_off_each_fix_is_and_applies_one(fake) -> None:
     fake.base_bytes = 30 * GIB  # batch 1 needs more than the A10 has
     fake.fixes = staticmethod(fixes_for)
     at = analyzed(model="tiny-bert")
@@ -185,7 +185,7 @@ def test_a_bad_value_is_an_error_with_a_next_step_never_a_traceback() -> None:
     assert "Next step" in at.error[0].value
 
 
-def test_an_uploaded_config_becomes_a_file_model(monkeypatch, tmp_path: Path) -> None:  # noqa: ANN001
+def test_an_uploaded_config_becomes_a_file_model(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(model_inputs, "UPLOAD_DIR", tmp_path)
     monkeypatch.setattr(model_sources, "_config_root", tmp_path.resolve())
     data = Path(models.CONFIG_DIR, "tiny-bert.json").read_bytes()
@@ -202,7 +202,7 @@ def test_an_uploaded_config_becomes_a_file_model(monkeypatch, tmp_path: Path) ->
 
 
 def test_every_setting_has_a_widget_where_it_applies() -> None:
-    def keys(at) -> set[str]:  # noqa: ANN001
+    def keys(at) -> set[str]:
         kinds = ("selectbox", "text_input", "number_input", "checkbox", "radio")
         return {w.key for kind in kinds for w in at.get(kind)}
 

@@ -70,7 +70,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_a_job_records_every_probe_caches_the_report_and_ends_done(fake) -> None:  # noqa: ANN001
+def test_a_job_records_every_probe_caches_the_report_and_ends_done(fake) -> None:
     j = job()
     j.run()
     assert j.state == "done" and not j.running
@@ -81,7 +81,7 @@ def test_a_job_records_every_probe_caches_the_report_and_ends_done(fake) -> None
     assert all(x.timeline == () for x in j.report.measurements)  # the cache keeps no timelines
 
 
-def test_when_nothing_fits_the_job_says_it_is_looking_for_fixes(fake) -> None:  # noqa: ANN001
+def test_when_nothing_fits_the_job_says_it_is_looking_for_fixes(fake) -> None:
     j = job()
     seen = []
     fake.batches = (8, 4, 2, 1)
@@ -92,7 +92,7 @@ def test_when_nothing_fits_the_job_says_it_is_looking_for_fixes(fake) -> None:  
     assert j.report.optimal is None
 
 
-def test_a_failure_becomes_one_line_and_the_state_failed(fake) -> None:  # noqa: ANN001
+def test_a_failure_becomes_one_line_and_the_state_failed(fake) -> None:
     def boom(batch: int) -> None:
         raise RuntimeError("could not build the model\nTraceback (most recent call last): ...")
 
@@ -103,7 +103,7 @@ def test_a_failure_becomes_one_line_and_the_state_failed(fake) -> None:  # noqa:
     assert j.cache.get(SIM) is None
 
 
-def test_cancel_stops_after_the_probe_in_flight_and_caches_nothing(fake) -> None:  # noqa: ANN001
+def test_cancel_stops_after_the_probe_in_flight_and_caches_nothing(fake) -> None:
     j = job()
     fake.before_probe = staticmethod(lambda batch: j.cancel() if batch == 16 else None)
     j.run()
@@ -112,7 +112,7 @@ def test_cancel_stops_after_the_probe_in_flight_and_caches_nothing(fake) -> None
     assert j.cache.get(SIM) is None
 
 
-def test_real_device_sweeps_take_turns_on_the_process_wide_lock(fake) -> None:  # noqa: ANN001
+def test_real_device_sweeps_take_turns_on_the_process_wide_lock(fake) -> None:
     lock = threading.Lock()
     lock.acquire()  # another session is measuring
     j = job(REAL, lock)
@@ -125,7 +125,7 @@ def test_real_device_sweeps_take_turns_on_the_process_wide_lock(fake) -> None:  
     assert not lock.locked()
 
 
-def test_cancel_while_waiting_for_the_device_gives_up_the_turn(fake) -> None:  # noqa: ANN001
+def test_cancel_while_waiting_for_the_device_gives_up_the_turn(fake) -> None:
     lock = threading.Lock()
     lock.acquire()
     j = job(REAL, lock)
@@ -137,7 +137,7 @@ def test_cancel_while_waiting_for_the_device_gives_up_the_turn(fake) -> None:  #
     lock.release()
 
 
-def test_simulated_sweeps_run_side_by_side(fake) -> None:  # noqa: ANN001
+def test_simulated_sweeps_run_side_by_side(fake) -> None:
     both = threading.Barrier(2, timeout=5)  # passes only if two sweeps are mid-probe at once
     fake.before_probe = staticmethod(lambda batch: both.wait() if batch == 8 else None)
     lock = threading.Lock()

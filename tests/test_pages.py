@@ -59,11 +59,11 @@ def test_compare_shows_every_catalog_gpu_from_one_set_of_probes() -> None:
     assert a10["Relative speed (estimated)"] == 1.0
 
 
-def test_compare_rescales_hours_without_running_the_probes_again(monkeypatch) -> None:  # noqa: ANN001
+def test_compare_rescales_hours_without_running_the_probes_again(monkeypatch) -> None:
     calls = []
     real = memorymark.compare.compare_gpus
 
-    def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def counting(*args, **kwargs):
         calls.append(args)
         return real(*args, **kwargs)
 
@@ -75,8 +75,8 @@ def test_compare_rescales_hours_without_running_the_probes_again(monkeypatch) ->
     assert len(calls) == 1
 
 
-def test_a_compare_failure_is_an_st_error_with_a_next_step(monkeypatch) -> None:  # noqa: ANN001
-    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+def test_a_compare_failure_is_an_st_error_with_a_next_step(monkeypatch) -> None:
+    def broken(*args, **kwargs):
         raise RuntimeError("could not build the model")
 
     monkeypatch.setattr(memorymark.compare, "compare_gpus", broken)

@@ -61,7 +61,7 @@ def _marker(name: str, m: Measurement, colour: str, symbol: str, size: int) -> g
     )  # fmt: skip
 
 
-def _marks(fig: go.Figure, points: list[Measurement], current: int | None, optimal: int | None):  # noqa: ANN202
+def _marks(fig: go.Figure, points: list[Measurement], current: int | None, optimal: int | None):
     by_batch = {m.batch_size: m for m in points}
     if current in by_batch:
         fig.add_trace(_marker(f"current (batch {current})", by_batch[current], RED, "diamond", 12))
