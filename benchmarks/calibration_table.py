@@ -15,7 +15,7 @@ import argparse
 import csv
 from pathlib import Path
 
-from memorymark.report import gib
+from memorymark.units import gib
 
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "docs" / "calibration"
 HEADER = (

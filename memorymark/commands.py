@@ -15,9 +15,10 @@ from memorymark.calibrate import NoGpuError
 from memorymark.engine import Session
 from memorymark.measurement import Measurement
 from memorymark.oom import StepError
-from memorymark.report import Report, gib
+from memorymark.report import Report
 from memorymark.settings import Costs, Settings
 from memorymark.snippets import snippet
+from memorymark.units import gib, memory_source
 
 __all__ = ["NoGpuError", "StepError", "run"]
 
@@ -112,7 +113,7 @@ def probe_line(m: Measurement, usable_bytes: int) -> str:
 
 
 def _print_measurement(m: Measurement) -> None:
-    source = "measured" if m.measured else "simulated"
+    source = memory_source(m.measured)
     verdict = "fits" if m.fits else ("runs, inside the margin" if m.runs else "out of memory")
     need = "" if m.required_bytes is None else f", reserved {gib(m.required_bytes):.3f} GiB"
     print(

@@ -33,6 +33,7 @@ from memorymark.measurement import Measurement
 from memorymark.plan import TrainingPlan, plan_for_target
 from memorymark.report import Report
 from memorymark.settings import Costs, Settings
+from memorymark.units import memory_source
 
 if TYPE_CHECKING:
     from memorymark.backend import Backend
@@ -76,7 +77,7 @@ class Session:
     @property
     def memory_source(self) -> str:
         """'measured' (on a GPU) or 'simulated', as every memory figure of this session is."""
-        return "measured" if self.backend_name in ("cuda", "mps") else "simulated"
+        return memory_source(self.backend_name in ("cuda", "mps"))
 
     def open_backend(self, settings: Settings | None = None) -> Backend:
         """A fresh backend for `settings` (this session's by default) on this session's GPU."""

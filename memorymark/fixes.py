@@ -16,6 +16,7 @@ from typing import Any
 from memorymark import gpus
 from memorymark.measurement import Measurement
 from memorymark.settings import Settings
+from memorymark.units import gib
 
 LORA_RANK = 16
 
@@ -43,9 +44,9 @@ class Fix:
         return {
             "label": self.label,
             "gpu_name": self.gpu.name,
-            "batch_1_memory_gb": round(self.peak_bytes / 2**30, 3),
-            "batch_1_required_gb": round(self.required_bytes / 2**30, 3),
-            "limit_gb": round(self.capacity_bytes / 2**30, 3),
+            "batch_1_memory_gb": gib(self.peak_bytes),
+            "batch_1_required_gb": gib(self.required_bytes),
+            "limit_gb": gib(self.capacity_bytes),
             "fits": self.fits,
             "settings": self.settings.to_dict(),
         }

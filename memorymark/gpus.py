@@ -16,8 +16,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-GIB = 2**30
-MIB = 2**20
+from memorymark.units import GIB, MIB
 
 # --- Memory PyTorch cannot hand to tensors --------------------------------------------------
 # CUDA context, with lazy module loading (CUDA_MODULE_LOADING=LAZY, which PyTorch sets by default

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from memorymark.settings import Settings
+from memorymark.units import memory_source
 
 # The ratio forward+backward / forward-only that a correct backward measurement shows for typical
 # models (the prototype's check): activations saved for backward plus gradients roughly double
@@ -68,7 +69,7 @@ class BackwardProof:
     @property
     def memory_source(self) -> str:
         """'measured' or 'simulated', as every figure of the proof was obtained."""
-        return "measured" if all(r.measured for r in self.results) else "simulated"
+        return memory_source(all(r.measured for r in self.results))
 
     def peak(self, key: str) -> int:
         """The peak bytes of one protocol."""

@@ -25,15 +25,10 @@ from memorymark.measurement import Measurement
 from memorymark.plan import TrainingPlan
 from memorymark.settings import Costs, Settings
 from memorymark.sweep import best_fit
+from memorymark.units import gib, memory_source
 
-GIB = 2**30
 # "Where larger batches stop paying off": the smallest batch within 5% of the best throughput.
 KNEE_FRACTION = 0.95
-
-
-def gib(n_bytes: float) -> float:
-    """Bytes as GiB (2**30 bytes), rounded for display and JSON."""
-    return round(n_bytes / GIB, 3)
 
 
 def _held(m: Measurement) -> int:
@@ -85,7 +80,7 @@ class Report:
     @property
     def memory_source(self) -> str:
         """'measured' or 'simulated': how every memory figure here was obtained."""
-        return "measured" if self.measured else "simulated"
+        return memory_source(self.measured)
 
     @property
     def optimal(self) -> Measurement | None:

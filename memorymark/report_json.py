@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from memorymark import models
 from memorymark.measurement import Breakdown, Measurement
-from memorymark.report import KNEE_FRACTION, gib
+from memorymark.report import KNEE_FRACTION
+from memorymark.units import gib
 
 # The one fit policy (memorymark/fit.py), in words, for every backend alike.
 FIT_CRITERION = (

@@ -18,9 +18,10 @@ from memorymark import gpus
 from memorymark.fixes import Fix
 from memorymark.measurement import Breakdown, Measurement
 from memorymark.plan import TrainingPlan, plan_for_target
-from memorymark.report import GIB, Report
+from memorymark.report import Report
 from memorymark.settings import Costs, Settings
 from memorymark.ui import sweep_runner
+from memorymark.units import GIB
 
 APP = "../app.py"  # AppTest resolves paths against the test file
 TIMEOUT = 60  # the first run imports torch and transformers

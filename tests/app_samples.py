@@ -9,8 +9,9 @@ from memorymark import gpus
 from memorymark.compare import GpuFit
 from memorymark.measurement import Breakdown, Measurement
 from memorymark.proof import BackwardProof, ProtocolResult
-from memorymark.report import GIB, Report
+from memorymark.report import Report
 from memorymark.settings import Costs, Settings
+from memorymark.units import GIB
 
 A10 = gpus.find_gpu("A10")
 MIB = 2**20

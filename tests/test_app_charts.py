@@ -10,8 +10,8 @@ import json
 import pytest
 from app_samples import A10, MIB, by_name, gpu_fit, probe, sample_proof, sample_report
 
-from memorymark.report import GIB
 from memorymark.ui import charts, downloads, page_charts, probe_log, tables
+from memorymark.units import GIB
 
 
 def test_affine_fit_recovers_the_line_through_fitting_probes_only() -> None:

@@ -20,8 +20,8 @@ from streamlit.testing.v1 import AppTest
 
 import memorymark.models
 from memorymark import gpus
-from memorymark.report import GIB
 from memorymark.ui import sidebar, sweep_runner
+from memorymark.units import GIB
 
 pytestmark = pytest.mark.usefixtures("fresh_caches")
 

@@ -11,8 +11,8 @@ import pytest
 from app_samples import A10, MIB, by_name, gpu_fit, probe, sample_proof, sample_report
 
 from memorymark.measurement import Measurement
-from memorymark.report import GIB
 from memorymark.ui import downloads, model_inputs, results, tables, throughput_chart, views
+from memorymark.units import GIB
 
 
 def timed_probe(batch: int, samples_per_second: float, **kwargs) -> Measurement:

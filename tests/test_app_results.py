@@ -11,10 +11,10 @@ from app_helpers import A10, app, chart, metrics, trace
 
 from memorymark import gpus, model_sources, models
 from memorymark.fixes import Fix
-from memorymark.report import GIB, gib
 from memorymark.settings import Settings
 from memorymark.ui import model_inputs
 from memorymark.ui.state_keys import SETTING_FIELDS
+from memorymark.units import GIB, gib
 
 pytestmark = pytest.mark.usefixtures("fresh_caches")
 

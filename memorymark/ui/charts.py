@@ -15,7 +15,8 @@ import plotly.graph_objects as go
 
 from memorymark.gpus import GPU
 from memorymark.measurement import CATEGORIES, Breakdown, Measurement
-from memorymark.report import GIB, Report
+from memorymark.report import Report
+from memorymark.units import GIB, gib_text
 
 GREEN = "#00ff88"
 RED = "#ff4b4b"
@@ -51,12 +52,6 @@ PAIR_LAYOUT = dict(
 def source_label(memory_source: str) -> str:
     """How a memory figure was obtained, in the words every chart and card uses."""
     return "measured on the GPU" if memory_source == "measured" else "simulated (fake tensors)"
-
-
-def gib_text(n_bytes: float) -> str:
-    """Bytes as GiB for a label: two decimals from 1 GiB, three significant digits below."""
-    value = n_bytes / GIB
-    return f"{value:.2f} GiB" if value >= 1 else f"{value:.3g} GiB"
 
 
 def nice_ceiling(value: float) -> float:

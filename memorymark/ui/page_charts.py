@@ -14,8 +14,8 @@ from plotly.subplots import make_subplots
 from memorymark.compare import GpuFit
 from memorymark.gpus import GPU
 from memorymark.proof import BackwardProof
-from memorymark.report import GIB
-from memorymark.ui.charts import AMBER, GREEN, GREY, LAYOUT, gib_text
+from memorymark.ui.charts import AMBER, GREEN, GREY, LAYOUT
+from memorymark.units import GIB, gib_text
 
 
 def compare_figure(rows: Sequence[GpuFit], *, chosen: str | None = None) -> go.Figure:

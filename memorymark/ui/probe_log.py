@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
-from memorymark.report import GIB
+from memorymark.units import GIB
 
 
 def probe_line(m: Measurement, gpu: GPU, seconds: float | None = None) -> str:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from memorymark.report import GIB, KNEE_FRACTION, Report
+from memorymark.report import KNEE_FRACTION, Report
 from memorymark.ui import charts, downloads, tables, takeaway
 from memorymark.ui.throughput_chart import source_words
+from memorymark.units import GIB, gib_text
 
 SPEEDUP_HELP = (
     "Training samples per second at the optimal batch over the current batch: estimated from "
@@ -55,11 +56,11 @@ def metric_cards(report: Report) -> list[tuple[str, str, str, str | None]]:
          f"The largest batch that trains on {gpu.name} ({src}) and leaves the margin free",
          f"max {maximum.batch_size} with no margin" if above else None),
         (f"Memory at batch {report.settings.current_batch} ({src})",
-         charts.gib_text(current.peak_bytes) if ran else "OOM",
+         gib_text(current.peak_bytes) if ran else "OOM",
          f"Peak of a full training step; {gpu.usable_gib:.2f} GiB usable"
          + _needs(report), None),
         (f"Memory at the optimal batch ({src})",
-         charts.gib_text(optimal.peak_bytes) if optimal else "n/a",
+         gib_text(optimal.peak_bytes) if optimal else "n/a",
          f"of {gpu.usable_gib:.2f} GiB usable, {gpu.total_gib:.2f} GiB total", None),
         ("Usable memory wasted",
          crashed if report.waste_percent is None else f"{report.waste_percent:.1f}%",
@@ -78,7 +79,7 @@ def _needs(report: Report) -> str:
     current = report.current
     if current is None or current.runs or current.required_bytes is None:
         return ""
-    return f"; this batch needs {charts.gib_text(current.required_bytes)} ({report.memory_source})"
+    return f"; this batch needs {gib_text(current.required_bytes)} ({report.memory_source})"
 
 
 def throughput_note(report: Report) -> str | None:

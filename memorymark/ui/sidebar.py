@@ -20,6 +20,7 @@ from memorymark.gpus import GPU
 from memorymark.settings import Costs, Settings
 from memorymark.ui import model_inputs, training_inputs
 from memorymark.ui.state_keys import SETTING_FIELDS, STATE_KEYS, key
+from memorymark.units import memory_source
 
 LOCAL = "this machine"
 CUSTOM = "custom"
@@ -107,7 +108,7 @@ def _gpu_label(choice: str) -> str:
     if choice == CUSTOM:
         return "Custom memory size (simulated)"
     gpu = gpus.find_gpu(choice)
-    how = "measured" if local is not None and local.name == gpu.name else "simulated"
+    how = memory_source(local is not None and local.name == gpu.name)
     return f"{gpu.name}, {gpu.total_gib:.0f} GiB ({how})"
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 from memorymark.compare import GpuFit
 from memorymark.proof import BackwardProof, ProtocolResult
-from memorymark.report import Report, gib
+from memorymark.report import Report
+from memorymark.units import gib, memory_source
 
 
 def rescale_hours(rows: Sequence[GpuFit], hours_per_run: float) -> list[GpuFit]:
@@ -60,7 +61,7 @@ def proof_table(proof: BackwardProof) -> list[dict[str, Any]]:
 
 def protocol_line(r: ProtocolResult, batch_size: int) -> str:
     """One protocol as it lands: `**Forward only**: 0.25 GiB at batch 16 (simulated), ...`."""
-    source = "measured" if r.measured else "simulated"
+    source = memory_source(r.measured)
     peak = f"{gib(r.peak_bytes):.3f} GiB" if r.fits else "out of memory"
     most = "" if r.max_batch is None else f"; max batch {r.max_batch}"
     return f"**{r.label}**: {peak} at batch {batch_size} ({source}){most}"

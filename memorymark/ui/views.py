@@ -18,6 +18,7 @@ from memorymark.report import Report
 from memorymark.settings import Settings
 from memorymark.ui import charts, probe_log, throughput_chart
 from memorymark.ui.sweep_runner import SweepJob, sweep_progress
+from memorymark.units import memory_source as source_of
 
 POLL_SECONDS = 0.5
 LOG_HEIGHT = 220
@@ -109,7 +110,7 @@ def _draw_job(job: SweepJob) -> None:
     if job.gpu is None:
         return
     real = any(m.measured for m in ms) or (not ms and job.backend_name in ("cuda", "mps"))
-    source = "measured" if real else "simulated"
+    source = source_of(real)
     footer = {"cancelled": "cancelled.", "failed": f"failed: {job.error}"}.get(job.state)
     log = probe_log.log_text(
         header(job.settings, job.gpu, job.backend_name), ms, job.gpu, secs, footer

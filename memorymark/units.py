@@ -1,0 +1,33 @@
+"""Bytes and the units people read them in: the one place bytes become GiB or MiB.
+
+GiB is 2**30 bytes and MiB 2**20 everywhere, the JSON keys ending in `_gb` included (they keep
+the original API's names). Engine code carries bytes (`peak_bytes`, `capacity_bytes`) and
+converts only where a person or the JSON contract reads the figure. No torch, no I/O.
+"""
+
+from __future__ import annotations
+
+GIB = 2**30
+MIB = 2**20
+
+
+def gib(n_bytes: float, digits: int = 3) -> float:
+    """Bytes as GiB, rounded for display and JSON."""
+    return round(n_bytes / GIB, digits)
+
+
+def gib_text(n_bytes: float) -> str:
+    """Bytes as a GiB figure a person reads: two decimals from 1 GiB (`20.19 GiB`), three
+    significant digits below (`0.0123 GiB`), so a tiny model's figure is not `0.00 GiB`."""
+    value = n_bytes / GIB
+    return f"{value:.2f} GiB" if value >= 1 else f"{value:.3g} GiB"
+
+
+def size_text(n_bytes: float) -> str:
+    """Bytes for a message: GiB from 1 GiB up, else MiB (`2.00 GiB`, `12.5 MiB`)."""
+    return f"{n_bytes / GIB:.2f} GiB" if n_bytes >= GIB else f"{n_bytes / MIB:.1f} MiB"
+
+
+def memory_source(measured: bool) -> str:
+    """How a memory figure was obtained, in the one word every output uses."""
+    return "measured" if measured else "simulated"
