@@ -8,13 +8,12 @@ Library errors become one line on stderr and a non-zero exit; never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import NoReturn
 
-from memorymark import gpus, models
+from memorymark import models
 from memorymark import settings as settings_mod
 from memorymark.settings import Costs, Settings
 
@@ -281,7 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        return commands.run(args)
+        # Catalog and calibration commands take no model; every other one trains one.
+        takes_settings = args.command not in ("models", "gpus", "calibrate")
+        return commands.run(args, settings_from_args(args) if takes_settings else None)
     except ValueError as exc:  # bad settings, unknown model or GPU
         return _fail(str(exc), EXIT_BAD_INPUT)
     except (commands.StepError, commands.NoGpuError) as exc:
@@ -293,25 +294,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _fail(message: str, status: int) -> int:
     print(f"memorymark: error: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr)
     return status
-
-
-def print_json(data: Any) -> None:
-    """One JSON object on stdout."""
-    print(json.dumps(data, indent=2))
-
-
-def gpu_table() -> list[dict[str, Any]]:
-    """The GPU catalog as rows (for `gpus`)."""
-    return [
-        {
-            "name": g.name,
-            "total_gb": round(g.total_gib, 2),
-            "usable_gb": round(g.usable_gib, 2),
-            "usd_per_hour": g.usd_per_hour,
-            "bf16_tflops": g.bf16_tflops,
-            "fp32_tflops": g.fp32_tflops,
-            "bandwidth_gb_per_s": round(g.memory_bandwidth_bytes_per_s / 1e9),
-            "aliases": g.aliases,
-        }
-        for g in gpus.CATALOG
-    ]

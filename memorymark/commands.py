@@ -7,10 +7,12 @@ else. Split from `cli.py` so that `--help` and flag errors answer without import
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+from typing import Any
 
 from memorymark import calibrate as calibration
-from memorymark import calibration_record, cli, gpus, models
+from memorymark import calibration_record, gpus, models
 from memorymark.calibrate import NoGpuError
 from memorymark.engine import Session
 from memorymark.measurement import Measurement
@@ -23,26 +25,27 @@ from memorymark.units import gib, memory_source
 __all__ = ["NoGpuError", "StepError", "run"]
 
 
-def run(args: argparse.Namespace) -> int:
-    """Dispatch one parsed command; returns the exit status."""
+def run(args: argparse.Namespace, settings: Settings | None) -> int:
+    """Dispatch one parsed command, with the Settings its flags describe (None for the catalog
+    and calibration commands); returns the exit status."""
     if args.command == "models":
         return _models(args)
     if args.command == "gpus":
         return _gpus(args)
     if args.command == "calibrate":
         return _calibrate(args)
-    settings = cli.settings_from_args(args)
+    assert settings is not None
     if args.command == "measure":
         m = Session(settings).measure(args.batch_size)
         if args.json:
-            cli.print_json(m.to_dict())
+            print_json(m.to_dict())
         else:
             _print_measurement(m)
         return 0
     if args.command == "validate-backward":
         proof = Session(settings).prove_backward(args.batch_size, sweeps=args.sweeps)
         if args.json:
-            cli.print_json(proof.to_dict())
+            print_json(proof.to_dict())
         else:
             for r in proof.results:
                 extra = "" if r.max_batch is None else f"   max batch {r.max_batch}"
@@ -73,7 +76,7 @@ def _analyze(args: argparse.Namespace, settings: Settings) -> int:
             _print_probe(m, session.gpu.usable_bytes)
     report = session.report(costs)
     if fmt == "json":
-        cli.print_json(report.to_dict())
+        print_json(report.to_dict())
     elif fmt == "text":
         _print_report(report)
     else:
@@ -233,7 +236,7 @@ def _models(args: argparse.Namespace) -> int:
         for e in models.CATALOG
     ]
     if args.json:
-        cli.print_json(rows)
+        print_json(rows)
         return 0
     for row in rows:
         print(
@@ -244,9 +247,9 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _gpus(args: argparse.Namespace) -> int:
-    rows = cli.gpu_table()
+    rows = gpu_table()
     if args.json:
-        cli.print_json(rows)
+        print_json(rows)
         return 0
     print(
         f"{'GPU':<12} {'total GiB':>9} {'usable GiB':>10} {'$/hour':>7} {'bf16 TFLOP/s':>12} "
@@ -282,7 +285,7 @@ def _calibrate(args: argparse.Namespace) -> int:
             _print_calibration_row(row)
     csv_path, json_path = calibration_record.write(rows, Path(args.out))
     if args.json:
-        cli.print_json([r.to_dict() for r in rows])
+        print_json([r.to_dict() for r in rows])
     else:
         print(f"wrote {csv_path} and {json_path}")
     return 0
@@ -310,3 +313,25 @@ def _print_calibration_row(row: calibration_record.CalibrationRow) -> None:
         f"{'agree' if row.verdict_agrees else 'DISAGREE'}{check}",
         flush=True,
     )
+
+
+def print_json(data: Any) -> None:
+    """One JSON object on stdout."""
+    print(json.dumps(data, indent=2))
+
+
+def gpu_table() -> list[dict[str, Any]]:
+    """The GPU catalog as rows (for `gpus`)."""
+    return [
+        {
+            "name": g.name,
+            "total_gb": round(g.total_gib, 2),
+            "usable_gb": round(g.usable_gib, 2),
+            "usd_per_hour": g.usd_per_hour,
+            "bf16_tflops": g.bf16_tflops,
+            "fp32_tflops": g.fp32_tflops,
+            "bandwidth_gb_per_s": round(g.memory_bandwidth_bytes_per_s / 1e9),
+            "aliases": g.aliases,
+        }
+        for g in gpus.CATALOG
+    ]

@@ -199,10 +199,27 @@ class Session:
 
     def proof(self, batch_size: int, *, sweeps: bool = False) -> Iterator[ProtocolResult]:
         """Forward-only, forward+backward, and the full step (eval and train) at `batch_size`,
-        each as it lands; with `sweeps`, each one's max batch too."""
-        from memorymark.proof import iter_protocols
+        each as it lands (for live progress); with `sweeps`, each one's max batch too."""
+        from memorymark.proof import PROTOCOLS, ProtocolResult, protocol_settings
 
-        return iter_protocols(self.settings, batch_size, sweeps=sweeps)
+        for key, label, _ in PROTOCOLS:
+            variant = protocol_settings(self.settings, key)
+            m = Session(variant, cuda=self._cuda).measure(batch_size)
+            max_batch = None
+            if sweeps:
+                session = Session(replace(variant, current_batch=batch_size), cuda=self._cuda)
+                for _ in session.stream():
+                    pass
+                best = session.report(fixes=False).optimal
+                max_batch = best.batch_size if best else 0
+            yield ProtocolResult(
+                key=key,
+                label=label,
+                peak_bytes=m.peak_bytes,
+                fits=m.fits,
+                max_batch=max_batch,
+                measured=m.measured,
+            )
 
     def prove_backward(self, batch_size: int, *, sweeps: bool = False) -> BackwardProof:
         """The four protocols at `batch_size`, with the prototype's verdict."""

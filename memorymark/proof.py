@@ -1,15 +1,14 @@
 """The backward-pass proof: why a forward-only (or inference-style) number crashes training.
 
-For one model and batch size it measures four steps side by side: forward only (no_grad, eval),
+For one model and batch size, four steps side by side: forward only (no_grad, eval),
 forward+backward (eval, logits.mean(), no optimizer: the prototype's protocol and what simpler
 tools measure), the full step with the optimizer in eval mode, and the full step in train mode
-(what training really runs). This module composes settings and the engine; it measures nothing
-itself.
+(what training really runs). This module holds the protocols and the verdict; `Session.proof`
+(memorymark/engine.py) measures them. No torch, no engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -107,30 +106,3 @@ def protocol_settings(settings: Settings, key: str) -> Settings:
     overrides = next(o for k, _, o in PROTOCOLS if k == key)
     optimizer = settings.optimizer if settings.optimizer != "none" else "adamw"
     return replace(settings, **{"optimizer": optimizer, **overrides})
-
-
-def iter_protocols(
-    settings: Settings, batch_size: int, *, sweeps: bool = False
-) -> Iterator[ProtocolResult]:
-    """Yield each protocol's result as it lands (for live progress), in PROTOCOLS order.
-    Called through `engine.Session.proof`."""
-    from memorymark.engine import Session  # the engine and torch load only when proving
-
-    for key, label, _ in PROTOCOLS:
-        variant = protocol_settings(settings, key)
-        m = Session(variant).measure(batch_size)
-        max_batch = None
-        if sweeps:
-            session = Session(replace(variant, current_batch=batch_size))
-            for _ in session.stream():
-                pass
-            best = session.report(fixes=False).optimal
-            max_batch = best.batch_size if best else 0
-        yield ProtocolResult(
-            key=key,
-            label=label,
-            peak_bytes=m.peak_bytes,
-            fits=m.fits,
-            max_batch=max_batch,
-            measured=m.measured,
-        )

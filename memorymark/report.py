@@ -199,6 +199,11 @@ class Report:
             return "throughput"
         return "batch_ratio" if self.batch_ratio is not None else None
 
+    @property
+    def knee_fraction(self) -> float:
+        """The share of the best throughput where larger batches stop paying off."""
+        return KNEE_FRACTION
+
     def knee(self, fraction: float = KNEE_FRACTION) -> Measurement | None:
         """Where larger batches stop paying off: the smallest batch that fits whose throughput
         reaches `fraction` of the best one measured. Only batch sizes measured count, so a fast

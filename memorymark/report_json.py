@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from memorymark import models
 from memorymark.measurement import Breakdown, Measurement
-from memorymark.report import KNEE_FRACTION
 from memorymark.units import gib
 
 # The one fit policy (memorymark/fit.py), in words, for every backend alike.
@@ -106,7 +105,7 @@ def _throughput_dict(r: Report) -> dict[str, Any]:
         "optimal_samples_per_second": _sps(optimal),
         "current_samples_per_second": _sps(current if current and current.fits else None),
         "diminishing_returns_batch": knee.batch_size if knee else None,
-        "diminishing_returns_fraction": KNEE_FRACTION,
+        "diminishing_returns_fraction": r.knee_fraction,
     }
 
 
