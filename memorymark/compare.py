@@ -4,9 +4,10 @@ Each GPU's answer must be the one `analyze --gpu` gives, and two things make a s
 the attention kernels CUDA picks (by compute capability) and what the caching allocator reserves
 (it hands cached segments back only when the GPU's own limit is near). So two batches are traced
 once per compute capability, and their timeline extrapolation predicts every GPU of that
-capability; each prediction is then verified on that GPU's own simulated backend, by measuring
-the predicted boundary and the grid point above it: about two probes per GPU instead of a sweep.
-This module composes the engine; it knows nothing about how a step is measured.
+capability; each prediction is then verified on that GPU's own simulated backend by the same
+sweep and fast strategy `analyze` uses, handed the borrowed traces: about two probes per GPU
+instead of a sweep. This module composes the engine; it knows nothing about how a step is
+measured.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from memorymark import gpus
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
 from memorymark.settings import Costs, Settings
-from memorymark.sweep import predict_max_batch
+from memorymark.sweep import FastStrategy, best_fit, sweep
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,7 +73,6 @@ def compare_gpus(
 
     costs = costs or Costs()
     kind = "cpu" if settings.backend == "cpu" else "sim"
-    step, first = settings.step, max(settings.step, 2)
     traces: dict[tuple[int, int], tuple[Measurement, Measurement]] = {}
     measured: list[Measurement] = []
     rows = []
@@ -81,27 +81,26 @@ def compare_gpus(
     # Largest first, so each capability's traces come from the GPU most likely to fit them.
     for gpu in sorted(catalog, key=lambda g: -g.usable_bytes):
         backend = simulated_backend(settings, gpu, kind)
-        probes: dict[int, Measurement] = {}
-
-        def fits(batch: int, backend=backend, probes=probes) -> bool:
-            if batch not in probes:
-                probes[batch] = backend.measure(batch)
-                measured.append(probes[batch])
-            return probes[batch].fits
-
-        with backend.session():
-            if gpu.compute_capability not in traces:
-                fits(first), fits(2 * first)
-                traces[gpu.compute_capability] = (probes[first], probes[2 * first])
-            small, large = traces[gpu.compute_capability]
-            limit = fit_policy(settings, gpu).limit_bytes
-            best = _boundary(small, large, step, settings.max_batch, fits, limit)
+        policy = fit_policy(settings, gpu)
+        strategy = FastStrategy(
+            step=settings.step,
+            max_batch=settings.max_batch,
+            capacity_bytes=policy.limit_bytes,
+            run_capacity_bytes=policy.capacity_bytes,
+            traces=traces.get(gpu.compute_capability),
+            find_max=False,
+        )
+        probes = list(sweep(backend, strategy))
+        measured += probes
+        if strategy.traces is not None:
+            traces.setdefault(gpu.compute_capability, strategy.traces)
+        best = best_fit(probes)
         speed = peak_tflops(gpu, settings.precision) / peak_tflops(reference, settings.precision)
         rows.append(
             GpuFit(
                 gpu=gpu,
-                max_batch=best,
-                peak_bytes=probes[best].peak_bytes if best else None,
+                max_batch=best.batch_size if best else None,
+                peak_bytes=best.peak_bytes if best else None,
                 usd_per_hour=gpu.usd_per_hour,
                 relative_speed=round(speed, 4),
                 est_hours_per_run=costs.hours_per_run / speed,
@@ -110,22 +109,3 @@ def compare_gpus(
     order = {g.name: i for i, g in enumerate(catalog)}
     rows.sort(key=lambda r: order[r.gpu.name])
     return rows, measured
-
-
-def _boundary(small, large, step, max_batch, fits, limit) -> int | None:
-    """The largest grid batch that `fits`, walking from the traces' prediction for `limit`."""
-    if not fits(small.batch_size):
-        below = range(min(step, small.batch_size) - 1, 0, -1)
-        return next((b for b in below if fits(b)), None)
-    if small.fits and large.fits:
-        guess = predict_max_batch(small, large, limit)
-    else:
-        guess = small.batch_size
-    top = max_batch // step * step
-    batch = min(top, max(step, int(min(guess, top)) // step * step))
-    # Walk from the prediction to the boundary; with an exact prediction this is two probes.
-    while batch > step and not fits(batch):
-        batch -= step
-    while batch + step <= top and fits(batch + step):
-        batch += step
-    return batch if fits(batch) else None

@@ -179,15 +179,49 @@ class LinearStrategy(Strategy):
 
 
 class FastStrategy(Strategy):
-    """Trace two batches, predict the boundary from the allocation timeline, verify, bisect."""
+    """Trace two batches, predict the boundary from the allocation timeline, verify, bisect.
 
-    _traces: tuple[Measurement, Measurement] | None = None
+    `traces` borrows two traced steps from another run whose kernels are the same (another GPU
+    of the same compute capability: Compare GPUs), so the search starts at the prediction;
+    `find_max` off skips the search for the maximum past the recommended batch.
+    """
+
+    def __init__(
+        self,
+        *,
+        traces: tuple[Measurement, Measurement] | None = None,
+        find_max: bool = True,
+        **limits: int | None,
+    ) -> None:
+        super().__init__(**limits)  # type: ignore[arg-type]
+        self.traces = traces
+        """The two traced steps the predictions come from (borrowed, or measured here)."""
+        self._borrowed = traces is not None
+        self.find_max = find_max
 
     def propose(self) -> Iterator[int]:
         """About four probes when the prediction holds: two traces, the answer, the one above;
-        one or two more when the margin moves the recommended batch below the maximum."""
-        yield from self._recommended()
-        yield from self._max_phase()
+        one or two more when the margin moves the recommended batch below the maximum. With
+        borrowed traces, two: the answer and the one above."""
+        if self._borrowed:
+            yield from self._from_prediction()
+        else:
+            yield from self._recommended()
+        if self.find_max:
+            yield from self._max_phase()
+
+    def _from_prediction(self) -> Iterator[int]:
+        guess = self._guess(self.capacity_bytes)
+        yield guess
+        if self._fits(guess):
+            yield from self._search(guess, guess, self._fits)
+            return
+        if guess > self.step:
+            yield guess - self.step
+            if self._fits(guess - self.step):
+                return
+            guess -= self.step
+        yield from self._bisect(0, guess, self._fits)
 
     def _recommended(self) -> Iterator[int]:
         first = max(self.step, 2)  # batch 1 often runs extra ops, so its timeline would not align
@@ -202,20 +236,20 @@ class FastStrategy(Strategy):
         if not self._fits(second):
             yield from self._bisect(first, second, self._fits)
             return
-        self._traces = (self.results[first], self.results[second])
+        self.traces = (self.results[first], self.results[second])
         yield from self._search(second, self._guess(self.capacity_bytes), self._fits)
 
     def _max_phase(self) -> Iterator[int]:
         lo, hi = self._bounds(self._runs)
-        if hi is not None or self._traces is None or lo >= self.max_grid:
+        if hi is not None or self.traces is None or lo >= self.max_grid:
             yield from super()._max_phase()
             return
         # Everything measured runs: the same traces predict where the capacity ends.
         yield from self._search(lo, self._guess(self.run_capacity_bytes), self._runs)
 
     def _guess(self, capacity_bytes: int) -> int:
-        assert self._traces is not None
-        return self._snap(predict_max_batch(*self._traces, capacity_bytes))
+        assert self.traces is not None
+        return self._snap(predict_max_batch(*self.traces, capacity_bytes))
 
     def _snap(self, batch: float) -> int:
         return min(self.max_grid, max(self.step, int(batch) // self.step * self.step))

@@ -191,3 +191,32 @@ def test_fast_and_linear_agree_on_the_simulation_where_reserved_bytes_decide(tin
     best = answers[0]
     assert unbounded.measure(best).required_bytes <= capacity
     assert unbounded.measure(best + 8).required_bytes > capacity
+
+
+def test_borrowed_traces_start_at_the_prediction_and_take_two_probes(function_backend):
+    # Compare GPUs hands each GPU the traces of another with the same kernels.
+    first = run(function_backend, FastStrategy, affine_two_phases, 1000)[2]
+    traces = (first.measure(8), first.measure(16))
+    backend = function_backend(affine_two_phases, 1400)
+    strategy = FastStrategy(step=8, capacity_bytes=1400, traces=traces, find_max=False)
+    best = best_fit(list(sweep(backend, strategy)))
+    # 50 + 7b <= 1400 -> b <= 192.9: the prediction 192 fits, 200 does not.
+    assert (best.batch_size, backend.tried) == (192, [192, 200])
+
+
+def test_borrowed_traces_that_overshoot_walk_down(function_backend):
+    # Live bytes 10% under what the GPU holds: the prediction (136) overshoots, 128 settles it.
+    def live(batch):
+        return (int((100 + 7 * batch) / 1.10),)
+
+    def required(batch):
+        return 100 + 7 * batch
+
+    def make(capacity):
+        return function_backend(live, capacity, required=required)
+
+    traces = (make(10**9).measure(8), make(10**9).measure(16))
+    backend = make(1000)
+    strategy = FastStrategy(step=8, capacity_bytes=1000, traces=traces, find_max=False)
+    assert best_fit(list(sweep(backend, strategy))).batch_size == 128
+    assert backend.tried == [136, 128]
