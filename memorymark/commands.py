@@ -191,7 +191,8 @@ def _print_plan_and_fixes(r: Report) -> None:
         for fix in r.fixes:
             verdict = "fits" if fix.fits else "still too big"
             print(
-                f"  {fix.label:<34} {gib(fix.required_bytes):9.2f} GiB of "
+                f"  {fix.label:<34} {'>=' if fix.lower_bound else '  '}"
+                f"{gib(fix.required_bytes):9.2f} GiB of "
                 f"{gib(fix.capacity_bytes):.2f} on {fix.gpu.name}  {verdict}"
             )
 

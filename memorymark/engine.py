@@ -151,7 +151,8 @@ class Session:
         from memorymark.fixes import what_would_fit
 
         if self._fixes is None:
-            self._fixes = what_would_fit(self.settings)
+            batch_1 = next((m for m in self.measurements if m.batch_size == 1), None)
+            self._fixes = what_would_fit(self.settings, batch_1)
         return self._fixes
 
     def _plan(

@@ -3,9 +3,12 @@
 For a model that runs out of memory even at batch 1, each candidate change (gradient
 checkpointing, bf16 weights, LoRA, their combination, a bigger catalog GPU) is simulated at
 batch 1; a simulated step traces to its end even past the GPU's capacity, so the answer says how
-far off each one is, not only whether it fits.
-This module composes settings and the simulated backend; it never touches a real device, and
-imports the engine only when it simulates, so the report can hold `Fix` records without torch.
+far off each one is, not only whether it fits. What the states alone decide is not stepped: the
+weights, gradients and optimizer state all live at the optimizer step, so when their bytes
+(counted on the meta device, in seconds even for a 70B model) already pass a limit, the change is
+reported as needing at least that. This module composes settings and the simulated backend; it
+never touches a real device, and imports the engine only when it simulates, so the report can
+hold `Fix` records without torch.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ class Fix:
     required_bytes: int
     """What the GPU must hold at batch 1: predicted reserved bytes, as a sweep decides fit."""
     capacity_bytes: int
+    lower_bound: bool = False
+    """True when the states alone decided it without a step: it needs at least `required_bytes`
+    (weights, gradients and optimizer state), which already pass the limit."""
 
     @property
     def fits(self) -> bool:
@@ -48,6 +54,7 @@ class Fix:
             "batch_1_required_gb": gib(self.required_bytes),
             "limit_gb": gib(self.capacity_bytes),
             "fits": self.fits,
+            "at_least": self.lower_bound,
             "settings": self.settings.to_dict(),
         }
 
@@ -89,8 +96,35 @@ def _variants(s: Settings, gpu: gpus.GPU) -> list[tuple[str, Settings]]:
     return out
 
 
-def what_would_fit(settings: Settings) -> FitAnswer:
-    """Batch 1 as configured, each candidate change, then the smallest catalog GPU that fits."""
+def state_bytes(settings: Settings) -> int:
+    """A lower bound on any training step's peak under `settings`: the bytes of the weights and,
+    for the parameters that train, their gradients and the optimizer's state, all alive at the
+    optimizer step. Counted on the meta device: nothing is allocated or run."""
+    import torch
+
+    from memorymark.workload import Workload
+
+    with torch.device("meta"):
+        model = Workload(settings).build_model()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if settings.forward_only or settings.optimizer == "none":
+        return weights
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    # AdamW keeps two buffers like each trained weight, SGD's momentum one; Adafactor's factored
+    # moments are small, so they count as none (a lower bound stays a lower bound).
+    buffers = (
+        2
+        if settings.optimizer.startswith("adamw")
+        else (1 if settings.optimizer.startswith("sgd") else 0)
+    )
+    return weights + trainable * (1 + buffers)
+
+
+def what_would_fit(settings: Settings, batch_1: Measurement | None = None) -> FitAnswer:
+    """Batch 1 as configured, each candidate change, then the smallest catalog GPU that fits.
+
+    `batch_1` is the sweep's own simulated step at batch 1 as configured, when it took one: it
+    is not stepped again."""
     from memorymark.devices import fit_policy, resolve_gpu
 
     gpu = resolve_gpu(settings, "sim")
@@ -98,12 +132,19 @@ def what_would_fit(settings: Settings) -> FitAnswer:
     fixes = []
     for label, variant in _variants(settings, gpu):
         try:
-            m = simulated_step(variant, gpu)
+            states = state_bytes(variant)
         except ValueError:
             continue  # this model has no such switch (checkpointing on a plain ResNet, ...)
-        fixes.append(_fix(label, variant, gpu, m, limit))
-    base = simulated_step(settings, gpu)
-    # Another architecture may pick other attention kernels: one step per architecture.
+        if states > limit:
+            fixes.append(_bound(label, variant, gpu, states, limit))
+            continue
+        fixes.append(_fix(label, variant, gpu, simulated_step(variant, gpu), limit))
+    base = batch_1 if batch_1 is not None and not batch_1.measured else None
+    base = base if base is not None and base.required_bytes is not None else None
+    base = base or simulated_step(settings, gpu)
+    states = state_bytes(settings)
+    # Another architecture may pick other attention kernels: one step per architecture, and
+    # none for a GPU the states alone overflow.
     by_arch = {gpu.arch: base}
     for bigger in sorted(gpus.CATALOG, key=lambda g: g.usable_bytes):
         if bigger.usable_bytes <= gpu.usable_bytes:
@@ -111,14 +152,28 @@ def what_would_fit(settings: Settings) -> FitAnswer:
         if settings.precision in gpus.BF16_PRECISIONS and not bigger.supports_bf16:
             continue
         variant = replace(settings, gpu=bigger.name, gpu_memory_gib=None)
+        bigger_limit = fit_policy(variant, bigger).limit_bytes
+        if states > bigger_limit:
+            continue
         if bigger.arch not in by_arch:
             by_arch[bigger.arch] = simulated_step(variant, bigger)
         m = by_arch[bigger.arch]
-        bigger_limit = fit_policy(variant, bigger).limit_bytes
         if _required(m) <= bigger_limit:
             fixes.append(_fix(f"a bigger GPU: {bigger.name}", variant, bigger, m, bigger_limit))
             break
     return FitAnswer(required_bytes=_required(base), fixes=tuple(fixes))
+
+
+def _bound(label: str, settings: Settings, gpu: gpus.GPU, states: int, limit: int) -> Fix:
+    return Fix(
+        label=label,
+        settings=settings,
+        gpu=gpu,
+        peak_bytes=states,
+        required_bytes=states,
+        capacity_bytes=limit,
+        lower_bound=True,
+    )
 
 
 def _required(m: Measurement) -> int:

@@ -1,6 +1,9 @@
 """When nothing fits, each candidate change comes with its simulated batch-1 peak."""
 
+from dataclasses import replace
+
 from memorymark import gpus
+from memorymark.fit import FitPolicy
 from memorymark.fixes import simulated_step, what_would_fit
 from memorymark.settings import Settings
 
@@ -42,3 +45,53 @@ def test_no_bf16_fix_is_offered_on_a_gpu_without_bf16():
     assert "bf16-true weights and optimizer" in [
         label for label, _ in _variants(s, gpus.find_gpu("a10"))
     ]
+
+
+def test_what_the_states_alone_decide_is_not_stepped(monkeypatch):
+    from memorymark import fixes
+
+    settings = Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1, margin="49%")
+    states = fixes.state_bytes(settings)
+    # The weights, gradients and AdamW's two buffers, all alive at the optimizer step.
+    model_bytes = fixes.state_bytes(replace(settings, optimizer="none"))
+    assert states == 4 * model_bytes
+    stepped = []
+    real_step = fixes.simulated_step
+
+    def counting(variant, gpu, batch_size=1):
+        stepped.append(variant)
+        return real_step(variant, gpu, batch_size)
+
+    monkeypatch.setattr(fixes, "simulated_step", counting)
+    # A limit below the states: every change whose states pass it is a bound, never a step.
+    monkeypatch.setattr(fixes, "_variants", lambda s, gpu: [("checkpointing", s)])
+    tiny = gpus.custom_gpu(1)
+    monkeypatch.setattr(
+        "memorymark.devices.fit_policy",
+        lambda s, gpu: FitPolicy(capacity_bytes=states, margin_bytes=states // 2),
+    )
+    answer = fixes.what_would_fit(settings)
+    (fix, *_) = answer.fixes
+    assert fix.lower_bound and fix.required_bytes == states and not fix.fits
+    assert fix.to_dict()["at_least"] is True
+    assert stepped == [settings]  # only batch 1 as configured, which no sweep handed in
+    assert tiny.usable_bytes > 0
+
+
+def test_the_sweep_s_batch_1_is_not_stepped_again(monkeypatch):
+    from memorymark import fixes
+
+    settings = Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1, margin="49%")
+    custom = gpus.custom_gpu(1)
+    batch_1 = fixes.simulated_step(settings, custom)
+    monkeypatch.setattr(fixes, "_variants", lambda s, gpu: [])
+    stepped_on = []
+    real_step = fixes.simulated_step
+
+    def counting(variant, gpu, batch_size=1):
+        stepped_on.append(gpu.name)
+        return real_step(variant, gpu, batch_size)
+
+    monkeypatch.setattr(fixes, "simulated_step", counting)
+    assert fixes.what_would_fit(settings, batch_1).required_bytes == batch_1.required_bytes
+    assert custom.name not in stepped_on  # other architectures' GPUs still get their own step

@@ -83,6 +83,7 @@ def fixes(report: Report) -> None:
         mark = ":green[**fits**]" if fix.fits else ":red[still too big]"
         text_col.markdown(
             f"{mark} · **{fix.label}** on {fix.gpu.name}: batch 1 peaks at "
+            f"{'at least ' if fix.lower_bound else ''}"
             f"{tables.how_far_off(fix.required_bytes, fix.capacity_bytes)}"
         )
         button_col.button(
