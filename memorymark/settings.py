@@ -51,7 +51,7 @@ _RANGES = (
     ("max_batch", 1, limits.MAX_BATCH, "256x the default largest batch"),
     ("target_batch", 1, limits.MAX_BATCH, "256x the default largest batch"),
     ("lora_rank", 0, limits.MAX_LORA_RANK, "4x the widest open model's hidden size"),
-    ("grad_accum", 1, limits.MAX_GRAD_ACCUM, "past 2 the peak no longer grows"),
+    ("grad_accum", 1, limits.MAX_GRAD_ACCUM, "past 2 micro-batches the peak no longer grows"),
     ("gpu_memory_gib", 1, gpus.MAX_CUSTOM_GIB, "the largest custom GPU"),
 )
 

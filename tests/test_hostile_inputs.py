@@ -1,5 +1,7 @@
 """Hostile numbers in settings, costs and links: refused in one line that names the ceiling."""
 
+import re
+
 import pytest
 
 from memorymark import limits
@@ -14,7 +16,7 @@ from memorymark.settings import Costs, Settings, parse_margin
         ({"max_batch": 10**12}, r"max_batch must be at most 1,048,576 \(256x"),
         ({"target_batch": 10**12}, "target_batch must be at most 1,048,576"),
         ({"lora_rank": 10**9}, r"lora_rank must be at most 65,536 \(4x"),
-        ({"grad_accum": 10**9}, "grad_accum must be at most 1,024"),
+        ({"grad_accum": 10**9}, "grad_accum must be at most 256 .past 2 micro-batches"),
         ({"gpu_memory_gib": float("nan")}, "gpu_memory_gib must be a finite number"),
         ({"gpu_memory_gib": float("inf")}, "gpu_memory_gib must be a finite number"),
         ({"gpu_memory_gib": 1e9}, "gpu_memory_gib must be at most 2,048"),
@@ -79,3 +81,36 @@ def test_a_ceiling_itself_is_accepted():
     s = Settings(model="t5-small", seq_len=limits.MAX_SEQ_LEN, max_batch=limits.MAX_BATCH)
     assert (s.seq_len, s.max_batch) == (2**20, 2**20)
     assert Costs(usd_per_hour=1000.0, hours_per_run=8784.0).hours_per_run == 8784.0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["measure", "bert", "--batch-size", "1e9"], "--batch-size: not a whole number: '1e9'"),
+        (
+            ["measure", "bert", "--batch-size", "9" * 5000],
+            r"not a whole number: '999.*\.\.\. \(see",
+        ),
+        (
+            ["measure", "bert", "--batch-size", str(2**40)],
+            "--batch-size: must be at most 1,048,576",
+        ),
+        (["measure", "bert", "--batch-size", "1", "--seq-len", "1e9"], "not a whole number"),
+        (["analyze", "bert", "--price", "abc"], "--price: not a number: 'abc'"),
+        (["analyze", "bert", "--price", "nan"], "usd_per_hour must be a finite number"),
+        (["analyze", "bert", "--runs-per-year", "1e400"], "runs_per_year must be a finite"),
+        (["analyze", "bert", "--grad-accum", "100000"], "grad_accum must be at most 256"),
+        (["calibrate", "--batch-sizes", "4", str(10**12)], "must be at most 1,048,576"),
+    ],
+)
+def test_cli_numbers_are_refused_in_one_short_line_with_status_2(argv, message, capsys):
+    from memorymark import cli
+
+    try:
+        status = cli.main(argv)
+    except SystemExit as done:  # argparse's refusals exit from inside main
+        status = done.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and len(err) < 250
+    assert re.search(message, err)
