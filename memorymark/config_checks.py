@@ -158,7 +158,8 @@ def _check_size(name: str, key: str, value: Any, high: int, why: str) -> None:
                 f"config file {name}: {key} must be a whole number (got {_kind(item)})"
             )
         try:
-            limits.check_range(f"config file {name}: {key}", item, 0, high, why)
+            low = 0 if key in _LAYERS else 1  # a width of 0 builds zero-element weights
+            limits.check_range(f"config file {name}: {key}", item, low, high, why)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 

@@ -19,10 +19,10 @@ MAX_IMAGE_SIZE = 8192
 """Pixels a side: 36x ImageNet training's 224, 16x the largest catalog resolution (ViT's 224)."""
 MAX_BATCH = 2**20
 """Samples (step, current, largest, target batch): 256x the default largest batch, 4096."""
-MAX_GRAD_ACCUM = 256
-"""Micro-batches per optimizer step: each one is stepped in turn (1024 took a minute on a
-two-layer BERT), and from the second on the peak no longer grows (every gradient is alive
-already; see plan.py), so 2 measures what any larger count needs."""
+MAX_GRAD_ACCUM = 64
+"""Micro-batches per optimizer step: each one is stepped in turn (256 took 20 s on a two-layer
+BERT, minutes on a 7B model), and from the second on the peak no longer grows (every gradient
+is alive already; see plan.py), so 2 measures what any larger count needs."""
 MAX_HIDDEN_SIZE = 65536
 """A layer's width: 4x the widest open dense model's (Llama-3.1-405B, hidden_size 16384)."""
 MAX_LORA_RANK = MAX_HIDDEN_SIZE

@@ -16,7 +16,7 @@ from memorymark.settings import Costs, Settings, parse_margin
         ({"max_batch": 10**12}, r"max_batch must be at most 1,048,576 \(256x"),
         ({"target_batch": 10**12}, "target_batch must be at most 1,048,576"),
         ({"lora_rank": 10**9}, r"lora_rank must be at most 65,536 \(4x"),
-        ({"grad_accum": 10**9}, "grad_accum must be at most 256 .past 2 micro-batches"),
+        ({"grad_accum": 10**9}, "grad_accum must be at most 64 .past 2 micro-batches"),
         ({"gpu_memory_gib": float("nan")}, "gpu_memory_gib must be a finite number"),
         ({"gpu_memory_gib": float("inf")}, "gpu_memory_gib must be a finite number"),
         ({"gpu_memory_gib": 1e9}, "gpu_memory_gib must be at most 2,048"),
@@ -99,7 +99,7 @@ def test_a_ceiling_itself_is_accepted():
         (["analyze", "bert", "--price", "abc"], "--price: not a number: 'abc'"),
         (["analyze", "bert", "--price", "nan"], "usd_per_hour must be a finite number"),
         (["analyze", "bert", "--runs-per-year", "1e400"], "runs_per_year must be a finite"),
-        (["analyze", "bert", "--grad-accum", "100000"], "grad_accum must be at most 256"),
+        (["analyze", "bert", "--grad-accum", "100000"], "grad_accum must be at most 64"),
         (["calibrate", "--batch-sizes", "4", str(10**12)], "must be at most 1,048,576"),
     ],
 )
