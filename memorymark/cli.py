@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from memorymark import models
+from memorymark import limits, models
 from memorymark import settings as settings_mod
 from memorymark.settings import Costs, Settings
 
@@ -27,10 +27,37 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"memorymark: error: {message} (see `{self.prog} --help`)\n")
 
 
+def _int(text: str) -> int:
+    """A whole number; Settings checks its range. argparse's own `int` would echo the whole
+    text (a 5000-digit one) in its error."""
+    try:
+        return int(text)
+    except ValueError:  # "1e9", "2.5", past Python's 4300-digit limit
+        raise argparse.ArgumentTypeError(f"not a whole number: {limits.shown(text)}") from None
+
+
+def _float(text: str) -> float:
+    """A number; Settings and Costs refuse nan, inf and values past their ceilings."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {limits.shown(text)}") from None
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
+    value = _int(text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {limits.shown(value)})")
+    return value
+
+
+def _batch_size(text: str) -> int:
+    """A batch size flag that no Settings field checks (measure's, calibrate's)."""
+    value = _positive_int(text)
+    if value > limits.MAX_BATCH:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {limits.MAX_BATCH:,} (256x the default largest batch)"
+        )
     return value
 
 
@@ -46,8 +73,8 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
         "--config-file", metavar="PATH", help="any transformers config.json (instead of MODEL)"
     )
     p.add_argument("--task", help="sequence-classification, causal-lm or image-classification")
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per sample (text)")
-    p.add_argument("--image-size", type=int, default=d.image_size, help="pixels per side (images)")
+    p.add_argument("--seq-len", type=_int, default=d.seq_len, help="tokens per sample (text)")
+    p.add_argument("--image-size", type=_int, default=d.image_size, help="pixels per side (images)")
     p.add_argument(
         "--optimizer",
         default=d.optimizer,
@@ -63,7 +90,7 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-grad-norm",
-        type=float,
+        type=_float,
         metavar="NORM",
         help="clip the gradients' total norm before the optimizer step (HF Trainer: 1.0)",
     )
@@ -78,7 +105,7 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", help="a catalog GPU to simulate or check (see `memorymark gpus`)")
     p.add_argument(
         "--gpu-memory",
-        type=float,
+        type=_float,
         metavar="GIB",
         help="total memory of a GPU not in the catalog, in GiB as PyTorch reports it",
     )
@@ -94,7 +121,7 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="recompute activations in backward (the model's own switch)",
     )
-    p.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters of this rank (peft)")
+    p.add_argument("--lora-rank", type=_int, default=0, help="LoRA adapters of this rank (peft)")
     p.add_argument(
         "--lora-targets",
         default="",
@@ -146,12 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument(
         "--price",
-        type=float,
+        type=_float,
         metavar="USD_PER_HOUR",
         help="price of one GPU-hour (default: the GPU catalog's)",
     )
-    analyze.add_argument("--hours-per-run", type=float, default=Costs().hours_per_run)
-    analyze.add_argument("--runs-per-year", type=float, default=Costs().runs_per_year)
+    analyze.add_argument("--hours-per-run", type=_float, default=Costs().hours_per_run)
+    analyze.add_argument("--runs-per-year", type=_float, default=Costs().runs_per_year)
 
     measure = sub.add_parser(
         "measure",
@@ -159,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: memorymark measure gpt2 --batch-size 8 --json",
     )
     _add_workload_flags(measure)
-    measure.add_argument("--batch-size", type=_positive_int, required=True)
+    measure.add_argument("--batch-size", type=_batch_size, required=True)
 
     proof = sub.add_parser(
         "validate-backward",
@@ -167,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: memorymark validate-backward bert --batch-size 16",
     )
     _add_workload_flags(proof)
-    proof.add_argument("--batch-size", type=_positive_int, default=16)
+    proof.add_argument("--batch-size", type=_batch_size, default=16)
     proof.add_argument(
         "--sweeps",
         action="store_true",
@@ -183,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument(
         "--models", nargs="+", default=["bert", "gpt2", "resnet"], help="catalog models"
     )
-    calibrate.add_argument("--batch-sizes", nargs="+", type=_positive_int, default=[4, 8, 16])
+    calibrate.add_argument("--batch-sizes", nargs="+", type=_batch_size, default=[4, 8, 16])
     calibrate.add_argument(
         "--precisions", nargs="+", choices=settings_mod.PRECISIONS, default=[d.precision]
     )
@@ -205,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument("--seq-len", type=_positive_int, default=d.seq_len)
     calibrate.add_argument("--image-size", type=_positive_int, default=d.image_size)
-    calibrate.add_argument("--lora-rank", type=int, default=d.lora_rank)
+    calibrate.add_argument("--lora-rank", type=_int, default=d.lora_rank)
     calibrate.add_argument(
         "--emulate-gpu",
         metavar="NAME",

@@ -2,26 +2,30 @@
 
 Each source becomes a `ModelEntry` the rest of the engine treats like a catalog model:
 
-- `file:PATH` (the CLI's `--config-file`, the app's upload): any transformers `config.json`;
-  its tasks come from the transformers auto-model mappings for its `model_type`, its default
-  task from its `architectures`;
+- `file:PATH` (the CLI's `--config-file`, the app's upload): any transformers `config.json`,
+  read and checked by `config_checks` (a regular file, capped size, sane types and sizes) and
+  then by transformers' own config class; its tasks come from the transformers auto-model
+  mappings for its `model_type`, its default task from its `architectures`;
 - `hf:ORG/NAME`: fetches only `config.json` from the Hugging Face hub (never weights), then as
-  a file; offline, one line says so and how to pass `--config-file` instead;
+  a file; offline, one line within seconds says so and how to pass `--config-file` instead;
 - `timm:NAME`, `torchvision:NAME`: built by those libraries with no pretrained weights; both are
   optional installs, and a missing one is a one-line error.
 
-This module resolves and describes models; it never measures anything.
+Names are checked against each source's own name syntax before anything is fetched or built, so
+a spec is a model name and never a path (timm reads `local-dir:/any/folder` as one). This module
+resolves and describes models; it never measures anything.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
+import os
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from memorymark import models
+from memorymark import config_checks, limits, models
 
 # Task -> transformers' auto mapping (model_type -> class name) that builds it.
 _TASK_MAPPINGS = (
@@ -42,6 +46,24 @@ _ARCHITECTURE_TASKS = (
 )
 # Config keys that cap the sequence length, in the order transformers families use them.
 _POSITION_KEYS = ("max_position_embeddings", "n_positions")
+# What each source accepts as a name. The hub's: ORG/NAME, each part ASCII letters, digits, "-",
+# "_" and ".", at most 96 characters, no "--" or ".." (huggingface_hub's validate_repo_id,
+# utils/_validators.py, mirroring the hub's own Names.ts). timm's: lowercase model names of
+# letters, digits and "_", with an optional ".tag" for the pretrained config (timm's
+# `list_models()` names, e.g. vit_base_patch16_224.augreg_in21k); its "hf-hub:" and
+# "local-dir:" schemes are refused. torchvision's: `torchvision.models.list_models()` names.
+_NAMES = {
+    "hf": re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}", re.ASCII),
+    "timm": re.compile(r"[A-Za-z0-9_]{1,128}(\.[A-Za-z0-9_]{1,128})?", re.ASCII),
+    "torchvision": re.compile(r"[A-Za-z0-9_]{1,128}", re.ASCII),
+}
+_NAME_HELP = {
+    "hf": "hf:ORG/NAME, e.g. hf:openai-community/gpt2",
+    "timm": "timm:NAME or timm:NAME.TAG, e.g. timm:convnext_tiny",
+    "torchvision": "torchvision:NAME, e.g. torchvision:resnet50",
+}
+# Seconds to wait for the hub: huggingface_hub's own HF_HUB_ETAG_TIMEOUT when set, else this.
+HUB_TIMEOUT_SECONDS = 5.0
 
 
 class ModelSourceError(ValueError):
@@ -66,7 +88,13 @@ def resolve(spec: str) -> models.ModelEntry:
     """The entry for a `file:`, `hf:`, `timm:` or `torchvision:` spec."""
     prefix, _, name = spec.partition(":")
     if not name:
-        raise ModelSourceError(f"model spec {spec!r} names nothing after '{prefix}:'")
+        raise ModelSourceError(f"model spec {limits.shown(spec)} names nothing after '{prefix}:'")
+    if prefix in _NAMES and not (
+        _NAMES[prefix].fullmatch(name) and ".." not in name and "--" not in name
+    ):
+        raise ModelSourceError(
+            f"{limits.shown(name)} is not a {prefix} model name: use {_NAME_HELP[prefix]}"
+        )
     if prefix == "file":
         return from_config_file(name)
     if prefix == "hf":
@@ -82,7 +110,7 @@ def resolve(spec: str) -> models.ModelEntry:
             source=prefix,
         )
     raise ModelSourceError(
-        f"unknown model source {prefix!r}: use file:, hf:, timm: or torchvision:"
+        f"unknown model source {limits.shown(prefix)}: use file:, hf:, timm: or torchvision:"
     )
 
 
@@ -95,14 +123,23 @@ def from_config_file(path: str) -> models.ModelEntry:
         raise ModelSourceError(
             "this app reads config files only from its uploads: upload the config.json instead"
         )
-    data = _read_config(Path(path).expanduser())
-    model_type = data.get("model_type")
+    return _entry_from_file(path)
+
+
+def _entry_from_file(path: str) -> models.ModelEntry:
+    shown = limits.shown(path)
+    try:
+        data = config_checks.read_config(Path(path).expanduser())
+    except config_checks.ConfigError as exc:
+        raise ModelSourceError(str(exc)) from None
+    model_type = data["model_type"]
     tasks = tasks_for(model_type)
     if not tasks:
         raise ModelSourceError(
-            f"{path}: model_type {model_type!r} has no sequence-classification, causal-lm, "
-            "seq2seq-lm or image-classification model in this transformers"
+            f"{shown}: model_type {limits.shown(model_type)} has no sequence-classification, "
+            "causal-lm, seq2seq-lm or image-classification model in this transformers"
         )
+    _check_with_transformers(model_type, data, shown)
     positions = [data[k] for k in _POSITION_KEYS if isinstance(data.get(k), int)]
     labels = (
         data.get("num_labels")
@@ -121,18 +158,19 @@ def from_config_file(path: str) -> models.ModelEntry:
     )
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def _check_with_transformers(model_type: str, data: dict[str, Any], shown: str) -> None:
+    """Build the config object as `models.build_model` will, so a value transformers refuses
+    (an id2label with non-integer keys, a str where it wants a number) is refused here."""
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in data.items() if k != "model_type" and not k.startswith("_")}
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ModelSourceError(f"config file {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelSourceError(f"config file {str(path)!r} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or "model_type" not in data:
+        AutoConfig.for_model(model_type, **fields)
+    except Exception as exc:  # noqa: BLE001 - whatever transformers raises, the file is the cause
+        reason = str(exc).strip().splitlines()[0][:100] if str(exc).strip() else ""
         raise ModelSourceError(
-            f"config file {str(path)!r} has no model_type: is it a transformers config.json?"
-        )
-    return data
+            f"config file {shown}: transformers cannot read it ({type(exc).__name__}: {reason})"
+        ) from None
 
 
 def tasks_for(model_type: str | None) -> tuple[str, ...]:
@@ -160,19 +198,49 @@ def _default_task(data: dict[str, Any], tasks: tuple[str, ...]) -> str:
 def from_hub(repo_id: str) -> models.ModelEntry:
     """Fetch only `config.json` of `repo_id` from the Hugging Face hub, then read it."""
     try:
-        from huggingface_hub import hf_hub_download
-
-        path = hf_hub_download(repo_id, "config.json", etag_timeout=5)
+        path = _hub_config_path(repo_id)
     except Exception as exc:  # noqa: BLE001 - every failure here has the same way forward
         reason = type(exc).__name__
         raise ModelSourceError(
             f"could not fetch {repo_id}'s config.json from the Hugging Face hub ({reason}); "
             f"download it where the hub is reachable and pass --config-file PATH"
         ) from None
-    entry = from_config_file(path)
+    entry = _entry_from_file(path)  # the hub's cache, not a user's path: no upload-folder rule
     return models.ModelEntry(
         **{**_fields(entry), "key": f"hf:{repo_id}", "display_name": f"{repo_id} (hub)"}
     )
+
+
+def _hub_config_path(repo_id: str) -> str:
+    """The local path of `repo_id`'s config.json: fetched when the hub answers one request
+    within the timeout, else a copy cached by an earlier fetch, else the hub's error.
+
+    `hf_hub_download` alone, with nothing cached, retries a failed first request five times
+    with backoff and a 60 s timeout (huggingface_hub 1.x and 2.x, file_download.py:
+    `_ETAG_RETRY_TIMEOUT`, `retry_on_errors=True`), printing a line per retry: 25-47 s before
+    it gives up offline. `get_hf_file_metadata` makes one request, with no retry.
+    """
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+
+    timeout = hub_timeout_seconds()
+    try:
+        get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=timeout)
+    except Exception:
+        try:
+            return hf_hub_download(repo_id, "config.json", local_files_only=True)
+        except Exception:  # noqa: BLE001 - not cached either: the hub's error says why
+            pass
+        raise
+    return hf_hub_download(repo_id, "config.json", etag_timeout=timeout)
+
+
+def hub_timeout_seconds() -> float:
+    """huggingface_hub's HF_HUB_ETAG_TIMEOUT (seconds) when set to a number, else 5."""
+    try:
+        seconds = float(os.environ.get("HF_HUB_ETAG_TIMEOUT", ""))
+    except ValueError:
+        return HUB_TIMEOUT_SECONDS
+    return seconds if 0 < seconds <= 60 else HUB_TIMEOUT_SECONDS
 
 
 def _fields(entry: models.ModelEntry) -> dict[str, Any]:

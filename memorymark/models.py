@@ -9,11 +9,12 @@ nothing about devices, fake tensors or measurement; callers choose where the mod
 from __future__ import annotations
 
 import difflib
-import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from memorymark import config_checks, limits
 
 if TYPE_CHECKING:
     from torch import nn
@@ -218,14 +219,15 @@ def find_model(key: str) -> ModelEntry:
 
         return model_sources.resolve(key.strip())
     wanted = key.strip().lower()
+    shown = limits.shown(key)
     for entry in CATALOG:
         if entry.key == wanted:
             return entry
     keys = [e.key for e in CATALOG]
-    close = difflib.get_close_matches(wanted, keys, n=1)
+    close = difflib.get_close_matches(wanted[:100], keys, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise UnknownModelError(
-        f"unknown model {key!r}; {hint}known: {', '.join(keys)}, or file:PATH, hf:ORG/NAME, "
+        f"unknown model {shown}; {hint}known: {', '.join(keys)}, or file:PATH, hf:ORG/NAME, "
         "timm:NAME, torchvision:NAME"
     )
 
@@ -237,7 +239,8 @@ def model_keys() -> list[str]:
 
 @cache
 def _config_dict(config_file: str) -> dict[str, Any]:
-    data = json.loads((CONFIG_DIR / config_file).read_text())
+    # A file: entry's absolute path replaces CONFIG_DIR; read with the same checks as at resolve.
+    data = config_checks.read_config(CONFIG_DIR / config_file)
     return {k: v for k, v in data.items() if not k.startswith("_")}
 
 
@@ -281,7 +284,18 @@ def build_model(
         SEQ2SEQ_LM: transformers.AutoModelForSeq2SeqLM,
     }[task]
     attn = None if attn_implementation == "sdpa" else attn_implementation
-    return auto_class.from_config(config, attn_implementation=attn)
+    if entry.source == "catalog":
+        return auto_class.from_config(config, attn_implementation=attn)
+    try:
+        return auto_class.from_config(config, attn_implementation=attn)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError) as exc:
+        # A user's config.json can hold values transformers' config accepts and its modules
+        # do not (a string activation it does not know, heads that do not divide the width).
+        reason = str(exc).strip().splitlines()[0][:100] if str(exc).strip() else ""
+        raise ValueError(
+            f"{entry.display_name}: transformers cannot build this config "
+            f"({type(exc).__name__}: {reason})"
+        ) from None
 
 
 def parameter_count(entry: ModelEntry, task: str | None = None) -> int:

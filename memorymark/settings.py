@@ -9,13 +9,13 @@ built-in models (to validate them) but never builds one, and never imports torch
 from __future__ import annotations
 
 import dataclasses
-import math
+import sys
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from memorymark import models
+from memorymark import gpus, limits, models
 
 OPTIMIZERS = ("adamw", "adamw-fused", "adamw-forloop", "sgd", "sgd-forloop", "adafactor", "none")
 # Hugging Face Trainer's `optim` values (transformers' OptimizerNames) for the same optimizers:
@@ -40,14 +40,48 @@ PROTOCOLS = ("full", "inference-style")
 DEFAULT_MAX_BATCH = 4096
 
 
+# Text fields longer than this are refused: no path, module list or margin needs more.
+MAX_TEXT_CHARS = 4096
+# (field, low, high, why high): every number a Settings holds, checked the same way.
+_RANGES = (
+    ("seq_len", 1, limits.MAX_SEQ_LEN, "8x the longest context in the catalog"),
+    ("image_size", 8, limits.MAX_IMAGE_SIZE, "36x ImageNet's 224 pixels"),
+    ("step", 1, limits.MAX_BATCH, "256x the default largest batch"),
+    ("current_batch", 1, limits.MAX_BATCH, "256x the default largest batch"),
+    ("max_batch", 1, limits.MAX_BATCH, "256x the default largest batch"),
+    ("target_batch", 1, limits.MAX_BATCH, "256x the default largest batch"),
+    ("lora_rank", 0, limits.MAX_LORA_RANK, "4x the widest open model's hidden size"),
+    ("grad_accum", 1, limits.MAX_GRAD_ACCUM, "past 2 micro-batches the peak no longer grows"),
+    ("gpu_memory_gib", 1, gpus.MAX_CUSTOM_GIB, "the largest custom GPU"),
+)
+
+
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ValueError(f"{name} must be one of {', '.join(allowed)} (got {value!r})")
+        raise ValueError(f"{name} must be one of {', '.join(allowed)} (got {limits.shown(value)})")
 
 
-def _at_least(name: str, value: float, low: float) -> None:
-    if not math.isfinite(value) or value < low:
-        raise ValueError(f"{name} must be at least {low:g} (got {value:g})")
+def _at_least(
+    name: str, value: float, low: float, high: float | None = None, why: str = ""
+) -> None:
+    limits.check_range(name, value, low, high, why)
+
+
+def _check_types(obj: Any) -> None:
+    """Refuse a field of the wrong type in one line (a JSON dict can hold anything)."""
+    for f in fields(obj):
+        value, kind = getattr(obj, f.name), _FIELD_TYPES[type(obj)][f.name]
+        args = typing.get_args(kind)
+        if value is None and type(None) in args:
+            continue
+        base = next((a for a in args if a is not type(None)), kind)
+        ok = isinstance(value, base) and not (base is not bool and isinstance(value, bool))
+        if base is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok:
+            raise ValueError(f"{f.name} must be a {base.__name__} (got {limits.shown(value)})")
+        if base is str and len(value) > MAX_TEXT_CHARS:
+            raise ValueError(f"{f.name} must be at most {MAX_TEXT_CHARS} characters")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,17 +145,20 @@ class Settings:
     because an under-prediction means a crash at step one."""
 
     def __post_init__(self) -> None:
+        _check_types(self)
+        for name, low, high, why in _RANGES:
+            if getattr(self, name) is not None:
+                _at_least(name, getattr(self, name), low, high, why)
         entry = models.find_model(self.model)
         if self.task is not None and self.task not in entry.tasks:
             raise ValueError(
-                f"model {self.model!r} supports tasks {', '.join(entry.tasks)} (got {self.task!r})"
+                f"model {limits.shown(self.model)} supports tasks {', '.join(entry.tasks)} "
+                f"(got {limits.shown(self.task)})"
             )
-        _at_least("seq_len", self.seq_len, 1)
         if entry.max_positions is not None and self.seq_len > entry.max_positions:
             raise ValueError(
                 f"seq_len {self.seq_len} exceeds {self.model}'s {entry.max_positions} positions"
             )
-        _at_least("image_size", self.image_size, 8)
         if self.optimizer in _OPTIMIZER_ALIASES:
             object.__setattr__(self, "optimizer", _OPTIMIZER_ALIASES[self.optimizer])
         _choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -132,19 +169,10 @@ class Settings:
         _choice("attention", self.attention, ATTENTIONS)
         parse_margin(self.margin, 1)
         _choice("strategy", self.strategy, STRATEGIES)
-        _at_least("step", self.step, 1)
-        _at_least("current_batch", self.current_batch, 1)
-        _at_least("max_batch", self.max_batch, 1)
-        _at_least("lora_rank", self.lora_rank, 0)
-        _at_least("grad_accum", self.grad_accum, 1)
-        if self.max_grad_norm is not None and not (
-            math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0
-        ):
-            raise ValueError(f"max_grad_norm must be a positive number (got {self.max_grad_norm})")
-        if self.target_batch is not None:
-            _at_least("target_batch", self.target_batch, 1)
-        if self.gpu_memory_gib is not None:
-            _at_least("gpu_memory_gib", self.gpu_memory_gib, 1)
+        norm = self.max_grad_norm
+        # Compared without float(): a huge int would overflow it.
+        if norm is not None and not (0 < norm <= sys.float_info.max):  # False for nan
+            raise ValueError(f"max_grad_norm must be a positive number (got {limits.shown(norm)})")
 
     def margin_bytes(self, usable_bytes: int) -> int:
         """The margin in bytes for a GPU with `usable_bytes` of usable memory."""
@@ -194,25 +222,29 @@ class Settings:
 _UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
 
+# A margin written as a size is at most the largest custom GPU (2048 GiB).
+MAX_MARGIN_BYTES = int(gpus.MAX_CUSTOM_GIB * 2**30)
+
+
 def parse_margin(text: str, usable_bytes: int) -> int:
     """Bytes of a margin written as a percentage of `usable_bytes` or as a size with a unit."""
     raw = text.strip().lower().replace(" ", "")
     try:
         if raw.endswith("%"):
             percent = float(raw[:-1])
-            if not 0 <= percent < 50:
+            if not 0 <= percent < 50:  # False for nan
                 raise ValueError
             return int(usable_bytes * percent / 100)
         number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
         unit = raw[len(number) :] or "b"
         value = float(number) * _UNITS[unit]
-        if value < 0:
+        if not 0 <= value <= MAX_MARGIN_BYTES:  # False for nan and inf ("1e400GiB")
             raise ValueError
         return int(value)
     except (ValueError, KeyError):
         raise ValueError(
-            f'margin must be a percentage below 50 ("2%") or a size ("512MiB", "1GiB"); '
-            f"got {text!r}"
+            f'margin must be a percentage below 50 ("2%") or a size up to '
+            f'{gpus.MAX_CUSTOM_GIB:g} GiB ("512MiB", "1GiB"); got {limits.shown(text)}'
         ) from None
 
 
@@ -228,10 +260,13 @@ class Costs:
     """Training runs per year."""
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.usd_per_hour is not None:
-            _at_least("usd_per_hour", self.usd_per_hour, 0)
-        _at_least("hours_per_run", self.hours_per_run, 0)
-        _at_least("runs_per_year", self.runs_per_year, 0)
+            _at_least("usd_per_hour", self.usd_per_hour, 0, limits.MAX_USD_PER_HOUR, "over 100x "
+                      "the dearest catalog GPU")  # fmt: skip
+        _at_least("hours_per_run", self.hours_per_run, 0, limits.MAX_HOURS_PER_RUN, "a leap year")
+        _at_least("runs_per_year", self.runs_per_year, 0, limits.MAX_RUNS_PER_YEAR,
+                  "one every five minutes")  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of every field."""
@@ -267,7 +302,7 @@ def _parse_query(cls: type, params: Mapping[str, str]) -> dict[str, Any]:
         try:
             parsed[f.name] = _parse_value(raw, kind)
         except ValueError:
-            raise ValueError(f"bad value for {f.name}: {raw!r}") from None
+            raise ValueError(f"bad value for {f.name}: {limits.shown(raw)}") from None
     return parsed
 
 
@@ -286,3 +321,6 @@ def _parse_value(raw: str, kind: Any) -> Any:
     if kind is float:
         return float(raw)
     return raw
+
+
+_FIELD_TYPES = {cls: typing.get_type_hints(cls) for cls in (Settings, Costs)}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -141,3 +142,8 @@ def chart(at: AppTest, key: str) -> dict:
 def trace(spec: dict, name: str) -> dict:
     """The trace called `name` in a figure's JSON."""
     return next(t for t in spec["data"] if t.get("name") == name)
+
+
+def shown(markdown: str) -> str:
+    """What a message's markdown shows: its backslash escapes (user text) resolved."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown)

@@ -89,6 +89,7 @@ def test_the_hub_unreachable_says_how_to_pass_a_config_file(monkeypatch):
     def offline(*args, **kwargs):
         raise huggingface_hub.errors.LocalEntryNotFoundError("no connection")
 
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", offline)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
     model_sources.from_hub.cache_clear()
     with pytest.raises(ValueError, match="could not fetch org/model's config.json") as info:
@@ -102,6 +103,7 @@ def test_a_hub_config_is_read_like_a_file(monkeypatch, tmp_path):
     path = write_config(
         tmp_path, **TINY_BERT, max_position_embeddings=64, architectures=["BertForMaskedLM"]
     )
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda url, **kw: None)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name, **kw: path)
     model_sources.from_hub.cache_clear()
     entry = models.find_model("hf:someone/tiny-bert")

@@ -20,6 +20,7 @@ from memorymark.gpus import GPU
 from memorymark.settings import Costs, Settings
 from memorymark.ui import model_inputs, training_inputs
 from memorymark.ui.state_keys import SETTING_FIELDS, STATE_KEYS, key
+from memorymark.ui.user_text import plain
 from memorymark.units import memory_source
 
 LOCAL = "this machine"
@@ -185,7 +186,7 @@ def settings_sidebar(*, costs: bool = True) -> tuple[Settings | None, Costs]:
     _keep_alive()
     sb = st.sidebar
     for message in st.session_state.get(key("url_errors"), []):
-        sb.warning(f"Ignored the link's settings: {message}. Defaults are shown instead.")
+        sb.warning(f"Ignored the link's settings: {plain(message)}. Defaults are shown instead.")
     sb.header("Settings")
     model_values, entry = model_inputs.model_inputs(sb)
     gpu_values, gpu = _gpu_inputs(sb)
@@ -198,7 +199,9 @@ def settings_sidebar(*, costs: bool = True) -> tuple[Settings | None, Costs]:
         chosen = Settings(**values)
     except ValueError as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        st.error(f"These settings cannot run: {message}. Next step: change it in the sidebar.")
+        st.error(
+            f"These settings cannot run: {plain(message)}. Next step: change it in the sidebar."
+        )
         return None, chosen_costs
     query = {**chosen.to_query(), **chosen_costs.to_query()}
     if st.query_params.to_dict() != query:

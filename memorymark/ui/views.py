@@ -18,6 +18,7 @@ from memorymark.report import Report
 from memorymark.settings import Settings
 from memorymark.ui import charts, probe_log, throughput_chart
 from memorymark.ui.sweep_runner import SweepJob, sweep_progress
+from memorymark.ui.user_text import plain
 from memorymark.units import memory_source as source_of
 
 POLL_SECONDS = 0.5
@@ -54,7 +55,7 @@ def next_step(error: str) -> str:
 
 def show_error(error: str) -> None:
     """An st.error with the message and a next step: never a traceback."""
-    st.error(f"The analysis failed: {error}\n\nNext step: {next_step(error)}")
+    st.error(f"The analysis failed: {plain(error)}\n\nNext step: {next_step(error)}")
 
 
 def header(settings: Settings, gpu: GPU, backend: str | None) -> str:
