@@ -25,24 +25,24 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from memorymark import config_checks, limits, models
+from memorymark import config_checks, limits, model_entry
 
 # Task -> transformers' auto mapping (model_type -> class name) that builds it.
 _TASK_MAPPINGS = (
-    (models.CAUSAL_LM, "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
-    (models.SEQUENCE_CLASSIFICATION, "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
-    (models.SEQ2SEQ_LM, "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
-    (models.IMAGE_CLASSIFICATION, "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+    (model_entry.CAUSAL_LM, "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    (model_entry.SEQUENCE_CLASSIFICATION, "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+    (model_entry.SEQ2SEQ_LM, "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    (model_entry.IMAGE_CLASSIFICATION, "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
 )
 # Suffixes of `architectures` entries that name the task a checkpoint was trained for.
 _ARCHITECTURE_TASKS = (
-    ("ForCausalLM", models.CAUSAL_LM),
-    ("LMHeadModel", models.CAUSAL_LM),
-    ("ForSequenceClassification", models.SEQUENCE_CLASSIFICATION),
-    ("ForImageClassification", models.IMAGE_CLASSIFICATION),
-    ("ForConditionalGeneration", models.SEQ2SEQ_LM),
+    ("ForCausalLM", model_entry.CAUSAL_LM),
+    ("LMHeadModel", model_entry.CAUSAL_LM),
+    ("ForSequenceClassification", model_entry.SEQUENCE_CLASSIFICATION),
+    ("ForImageClassification", model_entry.IMAGE_CLASSIFICATION),
+    ("ForConditionalGeneration", model_entry.SEQ2SEQ_LM),
     # Masked-LM checkpoints (BERT, RoBERTa) are fine-tuned as classifiers.
-    ("ForMaskedLM", models.SEQUENCE_CLASSIFICATION),
+    ("ForMaskedLM", model_entry.SEQUENCE_CLASSIFICATION),
 )
 # Config keys that cap the sequence length, in the order transformers families use them.
 _POSITION_KEYS = ("max_position_embeddings", "n_positions")
@@ -84,7 +84,7 @@ def restrict_config_files(root: Path | None) -> None:
     from_config_file.cache_clear()
 
 
-def resolve(spec: str) -> models.ModelEntry:
+def resolve(spec: str) -> model_entry.ModelEntry:
     """The entry for a `file:`, `hf:`, `timm:` or `torchvision:` spec."""
     prefix, _, name = spec.partition(":")
     if not name:
@@ -100,12 +100,12 @@ def resolve(spec: str) -> models.ModelEntry:
     if prefix == "hf":
         return from_hub(name)
     if prefix in ("timm", "torchvision"):
-        return models.ModelEntry(
+        return model_entry.ModelEntry(
             key=spec,
             display_name=f"{name} ({prefix})",
             config_file="",
-            tasks=(models.IMAGE_CLASSIFICATION,),
-            default_task=models.IMAGE_CLASSIFICATION,
+            tasks=(model_entry.IMAGE_CLASSIFICATION,),
+            default_task=model_entry.IMAGE_CLASSIFICATION,
             num_labels=1000,
             source=prefix,
         )
@@ -115,7 +115,7 @@ def resolve(spec: str) -> models.ModelEntry:
 
 
 @cache
-def from_config_file(path: str) -> models.ModelEntry:
+def from_config_file(path: str) -> model_entry.ModelEntry:
     """An entry for any transformers config.json on disk."""
     if _config_root is not None and not Path(path).expanduser().resolve().is_relative_to(
         _config_root
@@ -126,7 +126,7 @@ def from_config_file(path: str) -> models.ModelEntry:
     return _entry_from_file(path)
 
 
-def _entry_from_file(path: str) -> models.ModelEntry:
+def _entry_from_file(path: str) -> model_entry.ModelEntry:
     shown = limits.shown(path)
     try:
         data = config_checks.read_config(Path(path).expanduser())
@@ -144,9 +144,9 @@ def _entry_from_file(path: str) -> models.ModelEntry:
     labels = (
         data.get("num_labels")
         or len(data.get("id2label") or {})
-        or (1000 if tasks == (models.IMAGE_CLASSIFICATION,) else 2)
+        or (1000 if tasks == (model_entry.IMAGE_CLASSIFICATION,) else 2)
     )
-    return models.ModelEntry(
+    return model_entry.ModelEntry(
         key=f"file:{path}",
         display_name=f"{Path(path).parent.name or Path(path).stem} ({model_type})",
         config_file=str(Path(path).expanduser().resolve()),
@@ -195,7 +195,7 @@ def _default_task(data: dict[str, Any], tasks: tuple[str, ...]) -> str:
 
 
 @cache
-def from_hub(repo_id: str) -> models.ModelEntry:
+def from_hub(repo_id: str) -> model_entry.ModelEntry:
     """Fetch only `config.json` of `repo_id` from the Hugging Face hub, then read it."""
     try:
         path = _hub_config_path(repo_id)
@@ -206,7 +206,7 @@ def from_hub(repo_id: str) -> models.ModelEntry:
             f"download it where the hub is reachable and pass --config-file PATH"
         ) from None
     entry = _entry_from_file(path)  # the hub's cache, not a user's path: no upload-folder rule
-    return models.ModelEntry(
+    return model_entry.ModelEntry(
         **{**_fields(entry), "key": f"hf:{repo_id}", "display_name": f"{repo_id} (hub)"}
     )
 
@@ -243,11 +243,11 @@ def hub_timeout_seconds() -> float:
     return seconds if 0 < seconds <= 60 else HUB_TIMEOUT_SECONDS
 
 
-def _fields(entry: models.ModelEntry) -> dict[str, Any]:
+def _fields(entry: model_entry.ModelEntry) -> dict[str, Any]:
     return {name: getattr(entry, name) for name in entry.__dataclass_fields__}
 
 
-def build_library_model(entry: models.ModelEntry, image_size: int | None) -> Any:
+def build_library_model(entry: model_entry.ModelEntry, image_size: int | None) -> Any:
     """A timm or torchvision classifier with random weights (no pretrained download)."""
     name = entry.key.partition(":")[2]
     library = _import(entry.source)

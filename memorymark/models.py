@@ -9,47 +9,28 @@ nothing about devices, fake tensors or measurement; callers choose where the mod
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memorymark import config_checks, limits
 
+# The tasks and the entry record live in model_entry, so that model_sources (entries for
+# configs outside the catalog) needs nothing from this module; re-exported for callers.
+from memorymark.model_entry import (
+    CAUSAL_LM,
+    DECODER_TASKS,
+    IMAGE_CLASSIFICATION,
+    SEQ2SEQ_LM,
+    SEQUENCE_CLASSIFICATION,
+    TEXT_CLASSIFIERS,
+    ModelEntry,
+)
+
 if TYPE_CHECKING:
     from torch import nn
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-
-SEQUENCE_CLASSIFICATION = "sequence-classification"
-CAUSAL_LM = "causal-lm"
-IMAGE_CLASSIFICATION = "image-classification"
-SEQ2SEQ_LM = "seq2seq-lm"
-TEXT_CLASSIFIERS = (SEQUENCE_CLASSIFICATION,)
-DECODER_TASKS = (CAUSAL_LM, SEQUENCE_CLASSIFICATION)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ModelEntry:
-    """One catalog model: where its config lives and what it can be trained for."""
-
-    key: str
-    display_name: str
-    config_file: str
-    tasks: tuple[str, ...]
-    default_task: str
-    max_positions: int | None = None
-    """The longest sequence the model's position embeddings allow; None for image models."""
-    num_labels: int = 2
-    """Classes of the classification head (sequence classification: 2, as a typical fine-tune)."""
-    source: str = "catalog"
-    """catalog or config (a transformers config.json), timm, torchvision (their own builders)."""
-
-    @property
-    def input_kind(self) -> str:
-        """text (takes token ids and a sequence length) or image (takes pixels and a size)."""
-        return "image" if IMAGE_CLASSIFICATION in self.tasks else "text"
-
 
 CATALOG: tuple[ModelEntry, ...] = (
     ModelEntry(

@@ -76,3 +76,54 @@ def test_the_blocker_really_blocks_torch():
         capture_output=True, text=True, cwd=ROOT, timeout=120,
     )  # fmt: skip
     assert result.returncode != 0 and "torch is blocked" in result.stderr
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """The memorymark modules `path` imports at run time, in functions too (TYPE_CHECKING
+    blocks aside): a function-level import that breaks a cycle still couples the two."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for inner in ast.walk(node)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module in modules | {"memorymark"}
+        ):
+            subs = {f"{node.module}.{a.name}" for a in node.names} & modules
+            found |= subs or {node.module}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names} & modules
+    return found
+
+
+def test_no_import_cycles_among_the_engine_s_modules():
+    package = ROOT / "memorymark"
+    paths = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in package.rglob("*.py")
+    }
+    graph = {name: _imports(path, set(paths)) - {name} for name, path in paths.items()}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(
+            dep == goal or (dep not in seen and reaches(dep, goal, seen | {dep}))
+            for dep in graph.get(start, ())
+        )
+
+    # The package's __init__ re-exports the front door; importing a submodule through it is
+    # not a cycle between two modules.
+    cycles = sorted(
+        (a, b) for a, deps in graph.items() for b in deps
+        if a < b and a != "memorymark" and b != "memorymark" and reaches(b, a, {b})
+    )  # fmt: skip
+    assert cycles == []
