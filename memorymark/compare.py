@@ -18,7 +18,8 @@ from memorymark import gpus
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
 from memorymark.settings import Costs, Settings
-from memorymark.sweep import FastStrategy, best_fit, sweep
+from memorymark.strategies import FastStrategy
+from memorymark.sweep import best_fit, sweep
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

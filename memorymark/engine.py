@@ -98,7 +98,8 @@ class Session:
     def stream(self) -> Iterator[Measurement]:
         """Yield each measurement of the sweep the moment it exists; the backend is released at
         the end, however the consumer stops (use `contextlib.closing` to stop early)."""
-        from memorymark.sweep import STRATEGIES, sweep
+        from memorymark.strategies import STRATEGIES
+        from memorymark.sweep import sweep
 
         s = self.settings
         strategy = STRATEGIES[s.strategy](

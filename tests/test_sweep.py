@@ -5,7 +5,8 @@ import contextlib
 import pytest
 
 from memorymark.measurement import Measurement
-from memorymark.sweep import FastStrategy, LinearStrategy, best_fit, predict_max_batch, sweep
+from memorymark.strategies import FastStrategy, LinearStrategy, predict_max_batch
+from memorymark.sweep import best_fit, sweep
 
 
 def affine_two_phases(batch):
