@@ -212,3 +212,28 @@ def test_the_real_engine_through_the_worker_thread_and_fragment() -> None:
     assert not at.exception
     assert metrics(at)["Optimal batch size"] == "64"
     assert at.info[0].value.startswith("Every batch up to 64 fits")
+
+
+def test_another_model_starts_from_its_own_task() -> None:
+    at = app(model="tiny-bert")
+    assert at.session_state["mm_task"] == "sequence-classification"
+    at.selectbox(key="mm_model").set_value("tiny-gpt2").run()
+    # GPT-2 also trains sequence classification, but BERT's choice is not GPT-2's: causal-lm.
+    assert at.session_state["mm_task"] == "causal-lm"
+    assert "task" not in at.query_params
+
+
+def test_a_linked_task_is_kept() -> None:
+    at = app(model="tiny-gpt2", task="sequence-classification")
+    assert at.session_state["mm_task"] == "sequence-classification"
+    at.run()
+    assert at.session_state["mm_task"] == "sequence-classification"
+
+
+def test_the_live_log_shows_the_command_that_runs_these_settings(fake) -> None:
+    at = app(model="tiny-bert", seq_len="64", precision="bf16-mixed", grad_accum="2")
+    at.button(key="analyze").click().run()
+    first = at.code[0].value.splitlines()[0]
+    assert first.startswith(
+        "$ memorymark analyze tiny-bert --seq-len 64 --precision bf16-mixed --grad-accum 2"
+    )

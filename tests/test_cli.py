@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from memorymark import cli
 from memorymark.cli import build_parser, main
+from memorymark.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -163,3 +165,24 @@ def test_every_cli_option_appears_in_the_readme():
             for flag in action.option_strings:
                 if flag not in ("-h", "--help"):
                     assert flag in readme, f"{name} {flag} is not in the README"
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        Settings(model="tiny-bert"),
+        Settings(model="gpt2", task="sequence-classification", seq_len=512, gpu="a10",
+                 precision="bf16-mixed", optimizer="adamw-fused", grad_checkpointing=True,
+                 lora_rank=8, lora_targets="c_attn", grad_accum=4, max_grad_norm=1.0,
+                 margin="1GiB", target_batch=1024, current_batch=32, strategy="linear", step=4),
+        Settings(model="tiny-resnet", image_size=64, gpu_memory_gib=12.5, backend="sim",
+                 mode="eval", loss="logits-mean", optimizer="none", forward_only=True),
+    ],
+)  # fmt: skip
+def test_the_command_line_of_settings_reads_back_into_the_same_settings(settings):
+    import shlex
+
+    line = cli.command_line(settings)
+    argv = shlex.split(line)
+    assert argv[:2] == ["memorymark", "analyze"]
+    assert cli.settings_from_args(cli.build_parser().parse_args(argv[1:])) == settings

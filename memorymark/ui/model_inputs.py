@@ -117,9 +117,17 @@ def _size_inputs(sb: Any, entry: models.ModelEntry) -> None:
     )
 
 
+TASK_FOR_KEY = "mm_task_for"
+"""The model the task widget's value was chosen for: another model starts from its own default
+(GPT-2 after BERT trains causal-lm, not the classification BERT left behind)."""
+
+
 def _task_input(sb: Any, entry: models.ModelEntry, spec: str) -> str:
-    if st.session_state.get(key("task")) not in entry.tasks:
+    chosen_for = spec or st.session_state[key("model")]
+    stale = st.session_state.get(TASK_FOR_KEY, chosen_for) != chosen_for
+    if stale or st.session_state.get(key("task")) not in entry.tasks:
         st.session_state[key("task")] = entry.default_task
+    st.session_state[TASK_FOR_KEY] = chosen_for
     if len(entry.tasks) > 1:
         sb.selectbox("Task", entry.tasks, key=key("task"))
     task = st.session_state[key("task")]

@@ -56,6 +56,7 @@ def load_settings(s: Settings) -> None:
     values["gpu_choice"] = _gpu_choice(s)
     for name, value in values.items():
         st.session_state[key(name)] = value
+    st.session_state[model_inputs.TASK_FOR_KEY] = s.model  # the task was chosen for this model
 
 
 def apply_and_analyze(s: Settings) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import streamlit as st
 
+from memorymark.engine import command_line
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
 from memorymark.report import Report
@@ -59,9 +60,9 @@ def show_error(error: str) -> None:
 
 
 def header(settings: Settings, gpu: GPU, backend: str | None) -> str:
-    """The log's `$` line: what runs where."""
+    """The log's `$` line: the CLI command that runs these very settings, and where it runs."""
     how = "measured" if backend in ("cuda", "mps") else (backend or "sim")
-    return f"memorymark analyze {settings.model} --gpu '{gpu.name}' ({how}, {settings.strategy})"
+    return f"{command_line(settings)}  # {gpu.name}, {how}, {settings.strategy}"
 
 
 def sweep_panel(
