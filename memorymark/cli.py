@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -261,25 +260,6 @@ def _model_spec(args: argparse.Namespace) -> str:
     if not args.model:
         raise ValueError("which model? give MODEL (see `memorymark models`) or --config-file PATH")
     return args.model
-
-
-# Settings fields whose flag is not the field's name with dashes.
-_FLAG_NAMES = {"gpu_memory_gib": "--gpu-memory"}
-
-
-def command_line(settings: Settings) -> str:
-    """The `memorymark analyze` command that runs `settings`: every setting that differs from
-    the defaults, as the flags `settings_from_args` reads back into the same Settings."""
-    words = ["memorymark", "analyze", shlex.quote(settings.model)]
-    for name, value in settings.to_query().items():
-        if name == "model":
-            continue
-        flag = _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
-        if value == "true":  # store_true flags
-            words.append(flag)
-        elif value != "false":
-            words += [flag, shlex.quote(value)]
-    return " ".join(words)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

@@ -232,13 +232,6 @@ class Session:
         )
 
 
-def command_line(settings: Settings) -> str:
-    """The `memorymark analyze` command line that runs `settings` (every non-default setting)."""
-    from memorymark.cli import command_line as cli_command_line
-
-    return cli_command_line(settings)
-
-
 def local_gpu() -> GPU | None:
     """The CUDA GPU in this machine, or None (the app offers it as the "measured" choice)."""
     from memorymark import devices

@@ -9,6 +9,7 @@ built-in models (to validate them) but never builds one, and never imports torch
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import sys
 import typing
 from collections.abc import Mapping
@@ -213,6 +214,20 @@ class Settings:
         """URL query parameters for the fields that differ from the defaults."""
         return _to_query(self, Settings())
 
+    def to_command_line(self) -> str:
+        """The `memorymark analyze` command that runs these settings: every field that differs
+        from the defaults, as the flags the CLI reads back into the same Settings."""
+        words = ["memorymark", "analyze", shlex.quote(self.model)]
+        for name, value in self.to_query().items():
+            if name == "model":
+                continue
+            flag = _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+            if value == "true":  # an on/off flag
+                words.append(flag)
+            elif value != "false":
+                words += [flag, shlex.quote(value)]
+        return " ".join(words)
+
     @classmethod
     def from_query(cls, params: Mapping[str, str]) -> Settings:
         """Parse URL query parameters (strings); unknown keys are ignored, bad values raise."""
@@ -280,6 +295,10 @@ class Costs:
     def from_query(cls, params: Mapping[str, str]) -> Costs:
         """Parse URL query parameters (strings); unknown keys are ignored, bad values raise."""
         return cls(**_parse_query(cls, params))
+
+
+# Fields whose CLI flag is not the field's name with dashes (memorymark/cli.py).
+_FLAG_NAMES = {"gpu_memory_gib": "--gpu-memory"}
 
 
 def _to_query(obj: Any, default: Any) -> dict[str, str]:

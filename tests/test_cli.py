@@ -182,7 +182,7 @@ def test_every_cli_option_appears_in_the_readme():
 def test_the_command_line_of_settings_reads_back_into_the_same_settings(settings):
     import shlex
 
-    line = cli.command_line(settings)
+    line = settings.to_command_line()
     argv = shlex.split(line)
     assert argv[:2] == ["memorymark", "analyze"]
     assert cli.settings_from_args(cli.build_parser().parse_args(argv[1:])) == settings

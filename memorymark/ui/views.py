@@ -12,7 +12,6 @@ from collections.abc import Sequence
 
 import streamlit as st
 
-from memorymark.engine import command_line
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
 from memorymark.report import Report
@@ -62,7 +61,7 @@ def show_error(error: str) -> None:
 def header(settings: Settings, gpu: GPU, backend: str | None) -> str:
     """The log's `$` line: the CLI command that runs these very settings, and where it runs."""
     how = "measured" if backend in ("cuda", "mps") else (backend or "sim")
-    return f"{command_line(settings)}  # {gpu.name}, {how}, {settings.strategy}"
+    return f"{settings.to_command_line()}  # {gpu.name}, {how}, {settings.strategy}"
 
 
 def sweep_panel(
