@@ -161,7 +161,16 @@ def what_would_fit(settings: Settings, batch_1: Measurement | None = None) -> Fi
         if _required(m) <= bigger_limit:
             fixes.append(_fix(f"a bigger GPU: {bigger.name}", variant, bigger, m, bigger_limit))
             break
-    return FitAnswer(required_bytes=_required(base), fixes=tuple(fixes))
+    # A change of settings that needs no less than batch 1 as configured, in live or reserved
+    # bytes, is no way out: not offered (a bigger GPU helps by its capacity instead).
+    helpful = tuple(
+        f
+        for f in fixes
+        if f.gpu is not gpu
+        or f.required_bytes < _required(base)
+        or (not f.lower_bound and f.peak_bytes < base.peak_bytes)
+    )
+    return FitAnswer(required_bytes=_required(base), fixes=helpful)
 
 
 def _bound(label: str, settings: Settings, gpu: gpus.GPU, states: int, limit: int) -> Fix:

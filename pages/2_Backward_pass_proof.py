@@ -47,7 +47,9 @@ if error is not None:
 st.metric(
     f"Forward+backward / forward-only ({proof.memory_source})",
     f"{proof.ratio:.2f}x",
-    help=f"Prototype check: {proof.verdict} (2-3x expected when backward is measured)",
+    delta=f"{proof.verdict}: 2-3x expected when backward is measured",
+    delta_color="normal" if proof.verdict == "PASS" else "inverse",
+    delta_arrow="off",
 )
 gpu = page_runs.gpu_for(settings)
 st.plotly_chart(page_charts.proof_figure(proof, gpu), key="proof_chart", width="stretch")

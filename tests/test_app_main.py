@@ -72,6 +72,8 @@ def test_returning_to_an_analysed_configuration_is_instant(fake) -> None:
     assert metrics(at)["Optimal batch size"] == "192"
     at.button(key="analyze").click().run()
     assert len(fake.created) == 1
+    # Served from the cache, and the log says so rather than passing its timing off as new.
+    assert "cached: optimal batch 192" in at.code[0].value
 
 
 def test_while_a_sweep_runs_analyze_is_disabled_and_cancel_stops_it(fake) -> None:

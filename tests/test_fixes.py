@@ -95,3 +95,13 @@ def test_the_sweep_s_batch_1_is_not_stepped_again(monkeypatch):
     monkeypatch.setattr(fixes, "simulated_step", counting)
     assert fixes.what_would_fit(settings, batch_1).required_bytes == batch_1.required_bytes
     assert custom.name not in stepped_on  # other architectures' GPUs still get their own step
+
+
+def test_a_change_that_needs_no_less_is_not_offered(monkeypatch):
+    from memorymark import fixes
+
+    settings = Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1, margin="49%")
+    # "Checkpointing" that changes nothing: the same settings under another label.
+    monkeypatch.setattr(fixes, "_variants", lambda s, gpu: [("no change", s)])
+    answer = fixes.what_would_fit(settings)
+    assert all(fix.label != "no change" for fix in answer.fixes)

@@ -101,6 +101,8 @@ def test_proof_shows_four_protocols_with_ratios_and_max_batches() -> None:
     assert bars["y"][3] > bars["y"][1] > bars["y"][0]  # training > inference-style > forward
     ratio = at.metric[0].value
     assert ratio.endswith("x") and float(ratio[:-1]) > 1.2
+    # The verdict is on the card itself, not in a tooltip.
+    assert at.metric[0].proto.delta.split(":")[0] in ("PASS", "WARN", "FAIL")
     rows = at.dataframe[0].value
     assert list(rows["x forward-only"])[0] == 1.0
     assert "simulated" in chart(at)["layout"]["title"]["text"]
