@@ -33,7 +33,10 @@ class GpuFit:
     """Peak at max_batch (simulated)."""
     usd_per_hour: float
     relative_speed: float
-    """Estimated: this GPU's peak TFLOP/s at the run's precision over the chosen GPU's."""
+    """Estimated, with the model Analyze's speedup uses (each operator's FLOPs and bytes on the
+    GPU's roofline): samples/s at this GPU's max batch over samples/s at the user's current
+    batch on the chosen GPU. Where either is unknown (nothing fits), the ratio of peak TFLOP/s
+    at the run's precision."""
     est_hours_per_run: float
     """Estimated: the user's hours per run (on the chosen GPU) divided by relative_speed."""
 
@@ -74,6 +77,9 @@ def compare_gpus(
 
     costs = costs or Costs()
     kind = "cpu" if settings.backend == "cpu" else "sim"
+    # What the user's hours per run are for: their current batch on the GPU they chose.
+    with simulated_backend(settings, reference, kind).session() as on_reference:
+        baseline = on_reference.measure(settings.current_batch).samples_per_second
     traces: dict[tuple[int, int], tuple[Measurement, Measurement]] = {}
     measured: list[Measurement] = []
     rows = []
@@ -96,7 +102,7 @@ def compare_gpus(
         if strategy.traces is not None:
             traces.setdefault(gpu.compute_capability, strategy.traces)
         best = best_fit(probes)
-        speed = peak_tflops(gpu, settings.precision) / peak_tflops(reference, settings.precision)
+        speed = _relative_speed(best, gpu, reference, settings, baseline)
         rows.append(
             GpuFit(
                 gpu=gpu,
@@ -110,3 +116,15 @@ def compare_gpus(
     order = {g.name: i for i, g in enumerate(catalog)}
     rows.sort(key=lambda r: order[r.gpu.name])
     return rows, measured
+
+
+def _relative_speed(
+    best: Measurement | None,
+    gpu: GPU,
+    reference: GPU,
+    settings: Settings,
+    baseline_samples_per_second: float | None,
+) -> float:
+    if best is not None and best.samples_per_second and baseline_samples_per_second:
+        return best.samples_per_second / baseline_samples_per_second
+    return peak_tflops(gpu, settings.precision) / peak_tflops(reference, settings.precision)

@@ -48,10 +48,10 @@ st.plotly_chart(
 st.dataframe(tables.compare_table(rows), hide_index=True, width="stretch", height="content")
 st.caption(
     f"Memory simulated on fake tensors: {len(probes)} probes for {len(rows)} GPUs. Relative "
-    "speed, hours and cost per run are estimated from peak TFLOP/s at the run's precision "
-    f"({settings.precision}: {tables.rate_words(settings.precision)}): your "
-    f"{costs.hours_per_run:g} h per run on {chosen}, divided by each GPU's speed relative to "
-    "it. Prices are catalog on-demand defaults."
+    "speed is estimated as Analyze estimates speedup (each operator's FLOPs and bytes on the "
+    "GPU's roofline): samples/s at each GPU's max batch over samples/s at your current batch "
+    f"on {chosen}. Your {costs.hours_per_run:g} h per run there, divided by it, gives hours "
+    "and cost per run. Prices are catalog on-demand defaults."
 )
 left_out = without_precision(settings)
 if left_out:

@@ -82,7 +82,6 @@ def test_the_probes_csv_has_reserved_bytes_and_throughput() -> None:
 def test_compare_table_has_the_estimated_relative_speed() -> None:
     row = replace(gpu_fit("H100", 512, 1.0), relative_speed=7.654)
     assert tables.compare_table([row])[0]["Relative speed (estimated)"] == 7.65
-    assert tables.rate_words("32-true") == "FP32"
 
 
 def test_protocol_line_as_each_protocol_lands() -> None:

@@ -316,3 +316,17 @@ def test_compare_gives_each_gpu_the_answer_analyze_gives_it():
     assert rows[0].max_batch < rows[1].max_batch
     # One pair of traces per compute capability: the second GPU reuses the first one's.
     assert [p.batch_size for p in probes].count(16) == 1
+
+
+def test_compare_rates_speed_as_analyze_does_from_flops_and_bytes():
+    # One speed model everywhere: samples/s at each GPU's max batch over samples/s at the
+    # current batch on the chosen GPU, both estimated on the roofline.
+    settings = Settings(model="tiny-gpt2", seq_len=64, max_batch=256, gpu="a10")
+    a10, h100 = gpus.find_gpu("a10"), gpus.find_gpu("h100")
+    rows, probes = Session(settings).compare(catalog=(a10, h100))
+    analysis = Session(settings)
+    report = analysis.analyze()
+    by_gpu = {r.gpu.name: r for r in rows}
+    expected = report.optimal.samples_per_second / report.current.samples_per_second
+    assert by_gpu["A10"].relative_speed == pytest.approx(expected, rel=1e-3)
+    assert by_gpu["H100 80GB"].relative_speed > by_gpu["A10"].relative_speed

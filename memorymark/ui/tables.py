@@ -21,11 +21,6 @@ def rescale_hours(rows: Sequence[GpuFit], hours_per_run: float) -> list[GpuFit]:
     return [r.with_hours(hours_per_run) for r in rows]
 
 
-def rate_words(precision: str) -> str:
-    """Which peak rate a run at `precision` uses, as `compare.peak_tflops` picks it."""
-    return "FP32" if precision == "32-true" else "bf16/fp16 tensor cores"
-
-
 def compare_table(rows: Sequence[GpuFit]) -> list[dict[str, Any]]:
     """One row per GPU: memory, max batch (simulated), price, time and cost per run (estimated)."""
     return [
