@@ -23,11 +23,19 @@ from torch import nn
 
 from memorymark import allocator, throughput
 from memorymark.fit import FitPolicy
-from memorymark.measurement import Measurement
+from memorymark.measurement import Category, Measurement
 from memorymark.oom import StepError, is_oom, one_line
 from memorymark.throughput import Roofline, WorkCounter
 from memorymark.tracker import MemoryTracker
-from memorymark.workload import Workload
+from memorymark.workload import Phase, Workload
+
+# The category of what each phase of the step allocates (and does not label otherwise:
+# gradients are labelled as they accumulate, optimizer state when it is created).
+PHASE_CATEGORY: dict[Phase, Category] = {
+    Phase.FORWARD: Category.ACTIVATIONS,
+    Phase.BACKWARD: Category.TEMPORARY,
+    Phase.OPTIMIZER: Category.TEMPORARY,
+}
 
 
 class Backend:
@@ -159,13 +167,13 @@ class Backend:
         optimizer = self.workload.build_optimizer(model)
         tracker = self._failed_tracker = MemoryTracker(self.budget_bytes)
         # Weights and optimizer state alone may exceed the budget: that is an OOM at any batch.
-        tracker.track_all([*model.parameters(), *model.buffers()], "parameters")
-        tracker.phase_category = "optimizer_state"
+        tracker.track_all([*model.parameters(), *model.buffers()], Category.PARAMETERS)
+        tracker.phase_category = Category.OPTIMIZER_STATE
         with self._step_context(), tracker:
             self.workload.prime_optimizer(model, optimizer)
         self._failed_tracker = None
         if optimizer is not None:
-            tracker.track_all(list(optimizer.state.values()), "optimizer_state")
+            tracker.track_all(list(optimizer.state.values()), Category.OPTIMIZER_STATE)
         tracker.mark_baseline()  # what a fresh process allocates before its first step
         for p in model.parameters():
             if p.requires_grad:
@@ -175,11 +183,11 @@ class Backend:
 
     def _label_gradient(self, param: torch.Tensor) -> None:
         if self._tracker is not None and param.grad is not None and not self._timing:
-            self._tracker.track(param.grad, "gradients")
+            self._tracker.track(param.grad, Category.GRADIENTS)
 
-    def _on_phase(self, category: str) -> None:
+    def _on_phase(self, phase: Phase) -> None:
         if self._tracker is not None:
-            self._tracker.phase_category = category
+            self._tracker.phase_category = PHASE_CATEGORY[phase]
 
     def _after_step(self, *, failed: bool) -> None:
         if self._model is not None:

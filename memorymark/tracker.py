@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from memorymark.measurement import CATEGORIES, Breakdown
+from memorymark.measurement import Breakdown, Category
 
 _DEVICE_QUERY = torch.ops.prim.device.default
 
@@ -32,7 +32,7 @@ _DEVICE_QUERY = torch.ops.prim.device.default
 class _Record:
     __slots__ = ("nbytes", "category", "seq")
 
-    def __init__(self, nbytes: int, category: str, seq: int) -> None:
+    def __init__(self, nbytes: int, category: Category, seq: int) -> None:
         self.nbytes = nbytes
         self.category = category
         self.seq = seq
@@ -63,9 +63,9 @@ class MemoryTracker(TorchDispatchMode):
     def __init__(self, budget_bytes: int | None = None) -> None:
         super().__init__()
         self.budget_bytes = budget_bytes
-        self.phase_category = "activations"
-        """Category given to storages created from now on (set by the step's phase callback)."""
-        self.live_by_category: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+        self.phase_category = Category.ACTIVATIONS
+        """Category given to storages created from now on (the backend sets it per phase)."""
+        self.live_by_category: dict[Category, int] = dict.fromkeys(Category, 0)
         self.live_bytes = 0
         self.peak_bytes = 0
         self._peak_by_category = dict(self.live_by_category)
@@ -84,7 +84,7 @@ class MemoryTracker(TorchDispatchMode):
         self._records: dict[int, _Record] = {}
 
     # -- labelling ---------------------------------------------------------------------------
-    def track(self, tensor: torch.Tensor, category: str) -> None:
+    def track(self, tensor: torch.Tensor, category: Category) -> None:
         """Count `tensor`'s storage under `category` (moving it there if already counted)."""
         storage = tensor.untyped_storage()
         record = self._records.get(id(storage))
@@ -95,7 +95,7 @@ class MemoryTracker(TorchDispatchMode):
             self.live_by_category[category] += record.nbytes
             record.category = category
 
-    def track_all(self, tensors: Any, category: str) -> None:
+    def track_all(self, tensors: Any, category: Category) -> None:
         """`track` every tensor among the leaves of a nested structure."""
         for leaf in tree_leaves(tensors):
             if isinstance(leaf, torch.Tensor):
@@ -120,10 +120,10 @@ class MemoryTracker(TorchDispatchMode):
 
     def peak_breakdown(self) -> Breakdown:
         """Live bytes by category at the moment of the peak."""
-        return Breakdown(**self._peak_by_category)
+        return Breakdown(**{c.value: n for c, n in self._peak_by_category.items()})
 
     # -- counting ----------------------------------------------------------------------------
-    def _add(self, storage: torch.UntypedStorage, category: str) -> None:
+    def _add(self, storage: torch.UntypedStorage, category: Category) -> None:
         nbytes = storage.nbytes()
         if self.budget_bytes is not None and self.live_bytes + nbytes > self.budget_bytes:
             raise simulated_oom(nbytes, self.live_bytes, self.budget_bytes)

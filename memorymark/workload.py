@@ -17,6 +17,7 @@ import contextlib
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,15 +27,23 @@ from torch import nn
 from memorymark import adapters, cuda_rules, models, optimizers
 from memorymark.settings import Settings
 
-# Phases the step reports through `on_phase`, named for the category of what each one allocates.
-FORWARD = "activations"
-BACKWARD = "temporary"
-OPTIMIZER = "temporary"
 
-Phase = Callable[[str], None]
+class Phase(Enum):
+    """The parts of a step, in the order it runs them; reported through `on_phase`."""
+
+    FORWARD = "forward"
+    """Forward pass and loss of one micro-batch."""
+    BACKWARD = "backward"
+    """Its backward pass, gradients adding up."""
+    OPTIMIZER = "optimizer"
+    """Clipping (when asked), the optimizer step and the GradScaler's update: over parameters,
+    gradients and optimizer state only, whatever the batch size."""
 
 
-def _no_phase(_: str) -> None:
+OnPhase = Callable[[Phase], None]
+
+
+def _no_phase(_: Phase) -> None:
     pass
 
 
@@ -133,7 +142,7 @@ class Workload:
         optimizer: torch.optim.Optimizer | None,
         batch_size: int,
         device: torch.device | str,
-        on_phase: Phase = _no_phase,
+        on_phase: OnPhase = _no_phase,
     ) -> None:
         """Run one optimizer step at micro-batch `batch_size`: `grad_accum` forward/backward
         passes whose gradients add up, clipping if asked, then the optimizer step. Raises the
@@ -141,7 +150,7 @@ class Workload:
         s = self.settings
         model.train(s.mode == "train")
         if s.forward_only:
-            on_phase(FORWARD)
+            on_phase(Phase.FORWARD)
             with torch.no_grad(), self._autocast(device):
                 self._forward(model, self.make_batch(batch_size, device))
             return
@@ -152,7 +161,7 @@ class Workload:
                 # backward: that, not the first micro-batch, is the loop's peak.
                 self._forward_backward(model, batch_size, device, scaler, on_phase)
             if optimizer is not None:
-                on_phase(OPTIMIZER)
+                on_phase(Phase.OPTIMIZER)
                 if s.max_grad_norm is not None:
                     self._clip(model, optimizer, scaler)
                 if scaler is None:
@@ -171,9 +180,9 @@ class Workload:
         batch_size: int,
         device: torch.device | str,
         scaler: torch.amp.GradScaler | None,
-        on_phase: Phase,
+        on_phase: OnPhase,
     ) -> None:
-        on_phase(FORWARD)
+        on_phase(Phase.FORWARD)
         batch = self.make_batch(batch_size, device)
         with self._autocast(
             device
@@ -182,7 +191,7 @@ class Workload:
             if self.settings.grad_accum > 1:
                 loss = loss / self.settings.grad_accum  # as HF Trainer and Lightning scale it
         del batch
-        on_phase(BACKWARD)
+        on_phase(Phase.BACKWARD)
         (loss if scaler is None else scaler.scale(loss)).backward()
 
     def _autocast(self, device: torch.device | str) -> contextlib.AbstractContextManager[None]:

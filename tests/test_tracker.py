@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from memorymark.measurement import CATEGORIES, Category
 from memorymark.tracker import MemoryTracker
 
 
@@ -55,15 +56,15 @@ def test_categories_follow_the_phase_and_relabels_move_bytes():
     tracker = MemoryTracker()
     with tracker:
         act = torch.zeros(100)
-        tracker.phase_category = "temporary"
+        tracker.phase_category = Category.TEMPORARY
         tmp = torch.zeros(50)
-    tracker.track(tmp, "gradients")
+    tracker.track(tmp, Category.GRADIENTS)
     breakdown = tracker.peak_breakdown()
     assert (breakdown.activations, breakdown.temporary) == (400, 200)  # at the peak
-    assert tracker.live_by_category["gradients"] == 200
-    assert tracker.live_by_category["temporary"] == 0
+    assert tracker.live_by_category[Category.GRADIENTS] == 200
+    assert tracker.live_by_category[Category.TEMPORARY] == 0
     del act, tmp
-    assert tracker.live_by_category["gradients"] == 0
+    assert tracker.live_by_category[Category.GRADIENTS] == 0
 
 
 def test_timeline_records_live_bytes_after_each_op():
@@ -108,3 +109,14 @@ def test_work_counter_sees_every_operator_but_device_queries():
         x = torch.zeros(4)
         _ = (x + 1).device
     assert seen == ["zeros.default", "add.Tensor"]
+
+
+def test_categories_keep_their_names_for_the_ui_and_json():
+    assert CATEGORIES == ("parameters", "gradients", "optimizer_state", "activations", "temporary")
+    assert tuple(Category) == CATEGORIES  # members are their names
+    tracker = MemoryTracker()
+    with tracker:
+        kept = torch.zeros(8)
+    assert list(tracker.peak_breakdown().to_dict()) == list(CATEGORIES)
+    assert type(next(iter(tracker.peak_breakdown().to_dict()))) is str
+    del kept
