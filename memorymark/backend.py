@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -111,6 +111,10 @@ class Backend:
     def _empty_cache(self) -> None:
         """Return cached blocks to the device (before each probe, and after an OOM)."""
 
+    def _run_optimizer(self, optimizer_phase: Callable[[], None]) -> None:
+        """Run the step's optimizer phase (the simulation may stand in for it)."""
+        optimizer_phase()
+
     # -- the shared measurement ----------------------------------------------------------------
     def measure(self, batch_size: int) -> Measurement:
         """Run one step at `batch_size` and report its peak and the policy's verdict."""
@@ -130,7 +134,12 @@ class Backend:
             work = tracker.work_counter = self._work_counter()
             with self._step_context(), tracker:
                 self.workload.run_step(
-                    self._model, self._optimizer, batch_size, self.device, self._on_phase
+                    self._model,
+                    self._optimizer,
+                    batch_size,
+                    self.device,
+                    self._on_phase,
+                    self._run_optimizer,
                 )
             self._synchronize()
             # The first step's own figures, before timed steps add theirs.

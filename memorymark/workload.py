@@ -8,7 +8,8 @@ applied as the PyTorch AMP docs and Lightning do it: forward and loss under `tor
 (bf16-mixed, 16-mixed), a GradScaler for 16-mixed, weights and buffers converted for bf16-true. It
 knows nothing about how memory is measured, nor which device it runs on (`cuda_rules` decides how
 the precision is applied); the caller passes `on_phase` to hear when forward, backward and the
-optimizer start.
+optimizer start, and may pass `run_optimizer` to decide how the optimizer phase runs (the
+simulation runs it once and replays its memory afterwards).
 """
 
 from __future__ import annotations
@@ -41,10 +42,16 @@ class Phase(Enum):
 
 
 OnPhase = Callable[[Phase], None]
+RunOptimizer = Callable[[Callable[[], None]], None]
+"""Given the optimizer phase as a function of no arguments, runs it (or stands in for it)."""
 
 
 def _no_phase(_: Phase) -> None:
     pass
+
+
+def _run_now(optimizer_phase: Callable[[], None]) -> None:
+    optimizer_phase()
 
 
 # 16-mixed: the GradScaler of each optimizer, created with its state at the first step and kept
@@ -143,10 +150,11 @@ class Workload:
         batch_size: int,
         device: torch.device | str,
         on_phase: OnPhase = _no_phase,
+        run_optimizer: RunOptimizer = _run_now,
     ) -> None:
         """Run one optimizer step at micro-batch `batch_size`: `grad_accum` forward/backward
-        passes whose gradients add up, clipping if asked, then the optimizer step. Raises the
-        device's OOM error if it does not fit."""
+        passes whose gradients add up, clipping if asked, then the optimizer step (through
+        `run_optimizer`). Raises the device's OOM error if it does not fit."""
         s = self.settings
         model.train(s.mode == "train")
         if s.forward_only:
@@ -162,13 +170,7 @@ class Workload:
                 self._forward_backward(model, batch_size, device, scaler, on_phase)
             if optimizer is not None:
                 on_phase(Phase.OPTIMIZER)
-                if s.max_grad_norm is not None:
-                    self._clip(model, optimizer, scaler)
-                if scaler is None:
-                    optimizer.step()
-                else:
-                    scaler.step(optimizer)
-                    scaler.update()
+                run_optimizer(lambda: self._optimizer_phase(model, optimizer, scaler))
         finally:
             # set_to_none frees the gradients, as training loops do; after an OOM it also drops
             # the partial gradients so the next probe starts from the same baseline.
@@ -193,6 +195,21 @@ class Workload:
         del batch
         on_phase(Phase.BACKWARD)
         (loss if scaler is None else scaler.scale(loss)).backward()
+
+    def _optimizer_phase(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
+    ) -> None:
+        # Reads parameters, gradients and optimizer state only: nothing the batch size shapes.
+        if self.settings.max_grad_norm is not None:
+            self._clip(model, optimizer, scaler)
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
 
     def _autocast(self, device: torch.device | str) -> contextlib.AbstractContextManager[None]:
         return cuda_rules.autocast(self.settings.precision, torch.device(device).type)
