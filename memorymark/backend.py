@@ -16,18 +16,26 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
 
 from memorymark import allocator, throughput
 from memorymark.fit import FitPolicy
-from memorymark.measurement import Measurement
+from memorymark.measurement import Category, Measurement
 from memorymark.oom import StepError, is_oom, one_line
 from memorymark.throughput import Roofline, WorkCounter
 from memorymark.tracker import MemoryTracker
-from memorymark.workload import Workload
+from memorymark.workload import Phase, Workload
+
+# The category of what each phase of the step allocates (and does not label otherwise:
+# gradients are labelled as they accumulate, optimizer state when it is created).
+PHASE_CATEGORY: dict[Phase, Category] = {
+    Phase.FORWARD: Category.ACTIVATIONS,
+    Phase.BACKWARD: Category.TEMPORARY,
+    Phase.OPTIMIZER: Category.TEMPORARY,
+}
 
 
 class Backend:
@@ -103,6 +111,10 @@ class Backend:
     def _empty_cache(self) -> None:
         """Return cached blocks to the device (before each probe, and after an OOM)."""
 
+    def _run_optimizer(self, optimizer_phase: Callable[[], None]) -> None:
+        """Run the step's optimizer phase (the simulation may stand in for it)."""
+        optimizer_phase()
+
     # -- the shared measurement ----------------------------------------------------------------
     def measure(self, batch_size: int) -> Measurement:
         """Run one step at `batch_size` and report its peak and the policy's verdict."""
@@ -122,7 +134,12 @@ class Backend:
             work = tracker.work_counter = self._work_counter()
             with self._step_context(), tracker:
                 self.workload.run_step(
-                    self._model, self._optimizer, batch_size, self.device, self._on_phase
+                    self._model,
+                    self._optimizer,
+                    batch_size,
+                    self.device,
+                    self._on_phase,
+                    self._run_optimizer,
                 )
             self._synchronize()
             # The first step's own figures, before timed steps add theirs.
@@ -159,13 +176,13 @@ class Backend:
         optimizer = self.workload.build_optimizer(model)
         tracker = self._failed_tracker = MemoryTracker(self.budget_bytes)
         # Weights and optimizer state alone may exceed the budget: that is an OOM at any batch.
-        tracker.track_all([*model.parameters(), *model.buffers()], "parameters")
-        tracker.phase_category = "optimizer_state"
+        tracker.track_all([*model.parameters(), *model.buffers()], Category.PARAMETERS)
+        tracker.phase_category = Category.OPTIMIZER_STATE
         with self._step_context(), tracker:
             self.workload.prime_optimizer(model, optimizer)
         self._failed_tracker = None
         if optimizer is not None:
-            tracker.track_all(list(optimizer.state.values()), "optimizer_state")
+            tracker.track_all(list(optimizer.state.values()), Category.OPTIMIZER_STATE)
         tracker.mark_baseline()  # what a fresh process allocates before its first step
         for p in model.parameters():
             if p.requires_grad:
@@ -175,11 +192,11 @@ class Backend:
 
     def _label_gradient(self, param: torch.Tensor) -> None:
         if self._tracker is not None and param.grad is not None and not self._timing:
-            self._tracker.track(param.grad, "gradients")
+            self._tracker.track(param.grad, Category.GRADIENTS)
 
-    def _on_phase(self, category: str) -> None:
+    def _on_phase(self, phase: Phase) -> None:
         if self._tracker is not None:
-            self._tracker.phase_category = category
+            self._tracker.phase_category = PHASE_CATEGORY[phase]
 
     def _after_step(self, *, failed: bool) -> None:
         if self._model is not None:

@@ -8,9 +8,23 @@ how the numbers were taken.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporary")
+
+class Category(StrEnum):
+    """What a tracked byte is for: the kinds a peak is broken down into. Members are their
+    names as strings, so they key JSON and the breakdown as the names do."""
+
+    PARAMETERS = "parameters"
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATIONS = "activations"
+    TEMPORARY = "temporary"
+
+
+CATEGORIES: tuple[str, ...] = tuple(c.value for c in Category)
+"""The categories' names, in the breakdown's order (the UI's and the JSON's keys)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,13 +7,24 @@ of the same shape, dtype and strides, keeping tied weights tied. The step then r
 every storage would take. Where CUDA kernels allocate differently from CPU ones, `cuda_rules`
 decides (for the target GPU's compute capability); this module only wires fake tensors in, and
 answers the two questions library code asks of tensor values, which fake tensors don't have.
+
+The optimizer phase (clipping, the optimizer step, the GradScaler's update) reads parameters,
+gradients and optimizer state, never the batch: its allocations are the same at every batch
+size, and it is a third to a half of a simulated step. So it runs, recorded, at the first probe
+and, from the next probe on, its recorded memory and work are spliced into the step instead
+(`MemoryTracker.splice`): peak, breakdown, timeline, allocator replay and FLOPs come out as if
+it ran. State it replaces every step (Adafactor's RMS) is recorded at the second probe, once the
+state it frees is the first probe's. `reuse_optimizer_step=False`, or the environment variable
+MEMORYMARK_REUSE_OPTIMIZER_STEP=0, runs it at every probe. Real devices always run it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,6 +35,8 @@ from memorymark import cuda_rules, gpus
 from memorymark.backend import Backend
 from memorymark.scoped_patch import ScopedPatch
 from memorymark.settings import Settings
+from memorymark.throughput import WorkCounter
+from memorymark.tracker import Segment
 from memorymark.workload import Workload
 
 
@@ -89,6 +102,37 @@ def _valueless_patches() -> tuple[ScopedPatch, ...]:
     return tuple(patches)
 
 
+def _reuse_by_default() -> bool:
+    """False when MEMORYMARK_REUSE_OPTIMIZER_STEP is 0 (or false, no, off): the escape hatch."""
+    value = os.environ.get("MEMORYMARK_REUSE_OPTIMIZER_STEP", "1")
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+class _WorkRecorder:
+    """Counts each operator into `counter` and keeps what each one added, in order, so a
+    later step adds the very same floats in the very same order."""
+
+    def __init__(self, counter: WorkCounter) -> None:
+        self.counter = counter
+        self.ops: list[tuple[int, int, float]] = []
+
+    def count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        one = WorkCounter(self.counter.roofline)
+        one.count(func, args, kwargs, out)
+        if one.flops or one.bytes_moved or one.roofline_seconds:
+            self.ops.append((one.flops, one.bytes_moved, one.roofline_seconds))
+            add_work(self.counter, self.ops[-1:])
+
+
+def add_work(counter: WorkCounter, ops: list[tuple[int, int, float]]) -> None:
+    """Add recorded operators' FLOPs, bytes and roofline seconds to `counter`, one by one as
+    `WorkCounter.count` adds them (a float sum depends on its order)."""
+    for flops, nbytes, seconds in ops:
+        counter.flops += flops
+        counter.bytes_moved += nbytes
+        counter.roofline_seconds += seconds
+
+
 def target_capability(settings: Settings, gpu: gpus.GPU | None = None) -> tuple[int, int]:
     """Compute capability of the GPU simulated: `gpu`'s, else the named one's, else Ampere's."""
     if gpu is not None:
@@ -115,6 +159,7 @@ class SimBackend(Backend):
         gpu: gpus.GPU | None = None,
         resident_allocations: tuple[int, ...] = (),
         cuda_rules: bool = True,
+        reuse_optimizer_step: bool | None = None,
     ) -> None:
         # No tracker budget: fake tensors cost nothing, so a step past the capacity traces to
         # its end and the replay says what it would need.
@@ -129,6 +174,14 @@ class SimBackend(Backend):
         """(major, minor) of the GPU whose kernel choices the step imitates."""
         self.cuda_rules = cuda_rules
         """Apply `cuda_rules` (True) or keep CPU's kernels, as the `cpu` backend does (False)."""
+        self.reuse_optimizer_step = (
+            _reuse_by_default() if reuse_optimizer_step is None else reuse_optimizer_step
+        )
+        """Run the optimizer phase once and splice its record into later probes (True), or run
+        it at every probe (False); set it before the first probe. None: on unless
+        MEMORYMARK_REUSE_OPTIMIZER_STEP=0."""
+        self._optimizer_record: tuple[Segment, list[tuple[int, int, float]] | None] | None = None
+        """The optimizer phase's memory and work (None: no work counted), once reusable."""
 
     @contextlib.contextmanager
     def _step_context(self) -> Iterator[None]:
@@ -144,3 +197,37 @@ class SimBackend(Backend):
         with torch.device("meta"):
             model = self.workload.build_model()
         return to_fake(model, self._fake_mode)
+
+    def _run_optimizer(self, optimizer_phase: Callable[[], None]) -> None:
+        tracker = self._tracker
+        if not self.reuse_optimizer_step or tracker is None:
+            optimizer_phase()
+            return
+        counter = tracker.work_counter
+        if self._optimizer_record is not None:
+            segment, work = self._optimizer_record
+            if (work is None) == (counter is None):
+                tracker.splice(segment)
+                if counter is not None and work is not None:
+                    add_work(counter, work)
+                return
+            # Recorded without a throughput estimate and now asked for one (a roofline set
+            # after the first probe): record again. (State spliced as replaced, Adafactor's
+            # RMS, would then be counted freed twice; no caller sets a roofline that late.)
+            self._optimizer_record = None
+        recorder = _WorkRecorder(counter) if isinstance(counter, WorkCounter) else None
+        tracker.work_counter = recorder or counter
+        tracker.start_segment()
+        completed = False
+        try:
+            optimizer_phase()
+            completed = True
+        finally:
+            tracker.work_counter = counter
+            segment = tracker.finish_segment(completed=completed)
+        if segment is not None and (counter is None or recorder is not None):
+            self._optimizer_record = segment, recorder.ops if recorder else None
+
+    def release(self) -> None:
+        self._optimizer_record = None  # it numbers the tracker's allocations, which go too
+        super().release()

@@ -10,6 +10,11 @@ and every allocation and free in order (the event log `allocator.replay` reads: 
 +nbytes for an allocation, ~sequence number for a free), and hands each operator to an optional
 work counter (the throughput estimate's FLOPs and bytes).
 
+A stretch of a step can be recorded as a `Segment` and spliced into later steps instead of
+running it again: the simulation does this for the optimizer step, whose allocations do not
+depend on the batch size. A splice leaves the peak, its breakdown, the timeline and the event
+log exactly as running the stretch again would.
+
 This module knows nothing about models, optimizers or GPUs; callers label tensors and phases.
 Where MemTracker (torch.distributed._tools) walks module hooks and costs ~7-10x a raw step, this
 does one dict lookup per output.
@@ -18,25 +23,56 @@ does one dict lookup per output.
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from memorymark.measurement import CATEGORIES, Breakdown
+from memorymark.measurement import Breakdown, Category
 
 _DEVICE_QUERY = torch.ops.prim.device.default
+
+# The kinds of a Segment's items (kind, nbytes, category, index).
+_ALLOC = 0
+_FREE_OWN = 1
+"""A free of the segment's own allocation number `index`."""
+_FREE_PREVIOUS = 2
+"""A free of allocation `index` of the segment before it: state replaced every step."""
+_OP_END = 3
+"""An operator ended: a timeline entry and a peak check."""
+_FREE_RAW = 4
+"""While recording: a free by sequence number, resolved to one of the above at the end."""
+_RELABEL = 5
+"""While recording: a storage moved to another category, which a segment cannot replay."""
+_OP_END_ITEM = (_OP_END, 0, None, 0)
 
 
 class _Record:
     __slots__ = ("nbytes", "category", "seq")
 
-    def __init__(self, nbytes: int, category: str, seq: int) -> None:
+    def __init__(self, nbytes: int, category: Category, seq: int) -> None:
         self.nbytes = nbytes
         self.category = category
         self.seq = seq
         """The allocation's sequence number: its free is logged as ~seq."""
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A stretch of a step as the tracker saw it, for `MemoryTracker.splice` to replay.
+
+    Each item is (kind, nbytes, category, index): an allocation; a free of the segment's own
+    allocation `index`, or of allocation `index` of the segment before it (state an optimizer
+    replaces each step, as Adafactor's RMS); or the end of an operator.
+    """
+
+    items: tuple[tuple[int, int, Category | None, int], ...]
+    allocations: int
+    """Sequence numbers the segment takes."""
+    survivors: frozenset[int]
+    """Its own allocations still alive at its end: what the next segment frees."""
 
 
 class OperatorObserver(Protocol):
@@ -63,9 +99,9 @@ class MemoryTracker(TorchDispatchMode):
     def __init__(self, budget_bytes: int | None = None) -> None:
         super().__init__()
         self.budget_bytes = budget_bytes
-        self.phase_category = "activations"
-        """Category given to storages created from now on (set by the step's phase callback)."""
-        self.live_by_category: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+        self.phase_category = Category.ACTIVATIONS
+        """Category given to storages created from now on (the backend sets it per phase)."""
+        self.live_by_category: dict[Category, int] = dict.fromkeys(Category, 0)
         self.live_bytes = 0
         self.peak_bytes = 0
         self._peak_by_category = dict(self.live_by_category)
@@ -82,20 +118,27 @@ class MemoryTracker(TorchDispatchMode):
         self._next_seq = 0
         self._baseline_end = 0
         self._records: dict[int, _Record] = {}
+        self._log: list[tuple[int, int, Category | None, int]] | None = None
+        """What the segment being recorded did, in order; None when not recording."""
+        self._log_first_seq = 0
+        self._previous: tuple[int, Segment] | None = None
+        """(first seq, segment) of the last segment recorded or spliced."""
 
     # -- labelling ---------------------------------------------------------------------------
-    def track(self, tensor: torch.Tensor, category: str) -> None:
+    def track(self, tensor: torch.Tensor, category: Category) -> None:
         """Count `tensor`'s storage under `category` (moving it there if already counted)."""
         storage = tensor.untyped_storage()
         record = self._records.get(id(storage))
         if record is None:
             self._add(storage, category)
         elif record.category != category:
+            if self._log is not None:
+                self._log.append((_RELABEL, 0, None, 0))
             self.live_by_category[record.category] -= record.nbytes
             self.live_by_category[category] += record.nbytes
             record.category = category
 
-    def track_all(self, tensors: Any, category: str) -> None:
+    def track_all(self, tensors: Any, category: Category) -> None:
         """`track` every tensor among the leaves of a nested structure."""
         for leaf in tree_leaves(tensors):
             if isinstance(leaf, torch.Tensor):
@@ -118,12 +161,82 @@ class MemoryTracker(TorchDispatchMode):
         self.events = []
         self.events_first_seq = self._next_seq
 
+    # -- segments ----------------------------------------------------------------------------
+    def start_segment(self) -> None:
+        """Record from now on what the tracker sees, until `finish_segment`."""
+        self._log = []
+        self._log_first_seq = self._next_seq
+
+    def finish_segment(self, *, completed: bool = True) -> Segment | None:
+        """Stop recording. Returns the segment when splicing it would stand for running the same
+        stretch again, else None: when it did not complete, moved a storage to another
+        category, freed what neither it nor the segment before allocated, or left allocations
+        alive that the next segment would not free as this one freed the last one's."""
+        log, self._log = self._log or [], None
+        first, end = self._log_first_seq, self._next_seq
+        previous, self._previous = self._previous, None
+        if not completed:
+            return None
+        prev_first, prev = previous if previous is not None else (0, None)
+        items, allocs, alive, freed_previous = [], [], set(), {}
+        standalone = True
+        for item in log:
+            kind, nbytes, category, seq = item
+            if kind == _ALLOC:
+                alive.add(len(allocs))
+                allocs.append((nbytes, category))
+            elif kind == _FREE_RAW and first <= seq < end:
+                item = (_FREE_OWN, nbytes, category, seq - first)
+                alive.discard(seq - first)
+            elif kind == _FREE_RAW and prev is not None and seq - prev_first in prev.survivors:
+                item = (_FREE_PREVIOUS, nbytes, category, seq - prev_first)
+                freed_previous[seq - prev_first] = (nbytes, category)
+            elif kind != _OP_END:
+                standalone = False  # a relabel, or a free of something older
+            items.append(item)
+        segment = Segment(tuple(items), end - first, frozenset(alive))
+        self._previous = first, segment
+        # Periodic: what this one leaves, the next one frees as this one freed the last's.
+        periodic = set(freed_previous) == alive == (prev.survivors if prev else set()) and all(
+            freed_previous[i] == allocs[i] for i in alive
+        )
+        return segment if standalone and periodic else None
+
+    def splice(self, segment: Segment) -> None:
+        """Count `segment` as if the stretch it recorded ran again now: its allocations and
+        frees (numbered as they would be) into the event log, its operators into the timeline
+        and the peak. The storages are not created; what it leaves alive is counted as live.
+        Only without a budget: a stretch cut short by an OOM would leave what it held."""
+        if self.budget_bytes is not None:
+            raise ValueError("a tracker with a byte budget must run every step for real")
+        first = self._next_seq
+        prev_first = self._previous[0] if self._previous is not None else 0
+        live, peak = self.live_bytes, self.peak_bytes
+        by_category, events, timeline = self.live_by_category, self.events, self.timeline
+        for kind, nbytes, category, index in segment.items:
+            if kind == _OP_END:
+                timeline.append(live)
+                if live > peak:
+                    peak = live
+                    self._peak_by_category = dict(by_category)
+            elif kind == _ALLOC:
+                events.append(nbytes)
+                live += nbytes
+                by_category[category] += nbytes
+            else:
+                events.append(~((first if kind == _FREE_OWN else prev_first) + index))
+                live -= nbytes
+                by_category[category] -= nbytes
+        self.live_bytes, self.peak_bytes = live, peak
+        self._next_seq = first + segment.allocations
+        self._previous = first, segment
+
     def peak_breakdown(self) -> Breakdown:
         """Live bytes by category at the moment of the peak."""
-        return Breakdown(**self._peak_by_category)
+        return Breakdown(**{c.value: n for c, n in self._peak_by_category.items()})
 
     # -- counting ----------------------------------------------------------------------------
-    def _add(self, storage: torch.UntypedStorage, category: str) -> None:
+    def _add(self, storage: torch.UntypedStorage, category: Category) -> None:
         nbytes = storage.nbytes()
         if self.budget_bytes is not None and self.live_bytes + nbytes > self.budget_bytes:
             raise simulated_oom(nbytes, self.live_bytes, self.budget_bytes)
@@ -131,6 +244,8 @@ class MemoryTracker(TorchDispatchMode):
         seq = self._next_seq
         self._next_seq = seq + 1
         self.events.append(nbytes)
+        if self._log is not None:
+            self._log.append((_ALLOC, nbytes, category, 0))
         record = _Record(nbytes, category, seq)
         self._records[key] = record
         self.live_bytes += nbytes
@@ -141,6 +256,8 @@ class MemoryTracker(TorchDispatchMode):
         if self._records.get(key) is record:
             del self._records[key]
         self.events.append(~record.seq)
+        if self._log is not None:
+            self._log.append((_FREE_RAW, record.nbytes, record.category, record.seq))
         self.live_bytes -= record.nbytes
         self.live_by_category[record.category] -= record.nbytes
 
@@ -158,6 +275,8 @@ class MemoryTracker(TorchDispatchMode):
                 if id(storage) not in self._records:
                     self._add(storage, self.phase_category)
         self.timeline.append(self.live_bytes)
+        if self._log is not None:
+            self._log.append(_OP_END_ITEM)
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
             self._peak_by_category = dict(self.live_by_category)

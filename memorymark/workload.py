@@ -8,7 +8,8 @@ applied as the PyTorch AMP docs and Lightning do it: forward and loss under `tor
 (bf16-mixed, 16-mixed), a GradScaler for 16-mixed, weights and buffers converted for bf16-true. It
 knows nothing about how memory is measured, nor which device it runs on (`cuda_rules` decides how
 the precision is applied); the caller passes `on_phase` to hear when forward, backward and the
-optimizer start.
+optimizer start, and may pass `run_optimizer` to decide how the optimizer phase runs (the
+simulation runs it once and replays its memory afterwards).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,16 +28,30 @@ from torch import nn
 from memorymark import adapters, cuda_rules, models, optimizers
 from memorymark.settings import Settings
 
-# Phases the step reports through `on_phase`, named for the category of what each one allocates.
-FORWARD = "activations"
-BACKWARD = "temporary"
-OPTIMIZER = "temporary"
 
-Phase = Callable[[str], None]
+class Phase(Enum):
+    """The parts of a step, in the order it runs them; reported through `on_phase`."""
+
+    FORWARD = "forward"
+    """Forward pass and loss of one micro-batch."""
+    BACKWARD = "backward"
+    """Its backward pass, gradients adding up."""
+    OPTIMIZER = "optimizer"
+    """Clipping (when asked), the optimizer step and the GradScaler's update: over parameters,
+    gradients and optimizer state only, whatever the batch size."""
 
 
-def _no_phase(_: str) -> None:
+OnPhase = Callable[[Phase], None]
+RunOptimizer = Callable[[Callable[[], None]], None]
+"""Given the optimizer phase as a function of no arguments, runs it (or stands in for it)."""
+
+
+def _no_phase(_: Phase) -> None:
     pass
+
+
+def _run_now(optimizer_phase: Callable[[], None]) -> None:
+    optimizer_phase()
 
 
 # 16-mixed: the GradScaler of each optimizer, created with its state at the first step and kept
@@ -133,15 +149,16 @@ class Workload:
         optimizer: torch.optim.Optimizer | None,
         batch_size: int,
         device: torch.device | str,
-        on_phase: Phase = _no_phase,
+        on_phase: OnPhase = _no_phase,
+        run_optimizer: RunOptimizer = _run_now,
     ) -> None:
         """Run one optimizer step at micro-batch `batch_size`: `grad_accum` forward/backward
-        passes whose gradients add up, clipping if asked, then the optimizer step. Raises the
-        device's OOM error if it does not fit."""
+        passes whose gradients add up, clipping if asked, then the optimizer step (through
+        `run_optimizer`). Raises the device's OOM error if it does not fit."""
         s = self.settings
         model.train(s.mode == "train")
         if s.forward_only:
-            on_phase(FORWARD)
+            on_phase(Phase.FORWARD)
             with torch.no_grad(), self._autocast(device):
                 self._forward(model, self.make_batch(batch_size, device))
             return
@@ -152,14 +169,8 @@ class Workload:
                 # backward: that, not the first micro-batch, is the loop's peak.
                 self._forward_backward(model, batch_size, device, scaler, on_phase)
             if optimizer is not None:
-                on_phase(OPTIMIZER)
-                if s.max_grad_norm is not None:
-                    self._clip(model, optimizer, scaler)
-                if scaler is None:
-                    optimizer.step()
-                else:
-                    scaler.step(optimizer)
-                    scaler.update()
+                on_phase(Phase.OPTIMIZER)
+                run_optimizer(lambda: self._optimizer_phase(model, optimizer, scaler))
         finally:
             # set_to_none frees the gradients, as training loops do; after an OOM it also drops
             # the partial gradients so the next probe starts from the same baseline.
@@ -171,9 +182,9 @@ class Workload:
         batch_size: int,
         device: torch.device | str,
         scaler: torch.amp.GradScaler | None,
-        on_phase: Phase,
+        on_phase: OnPhase,
     ) -> None:
-        on_phase(FORWARD)
+        on_phase(Phase.FORWARD)
         batch = self.make_batch(batch_size, device)
         with self._autocast(
             device
@@ -182,8 +193,23 @@ class Workload:
             if self.settings.grad_accum > 1:
                 loss = loss / self.settings.grad_accum  # as HF Trainer and Lightning scale it
         del batch
-        on_phase(BACKWARD)
+        on_phase(Phase.BACKWARD)
         (loss if scaler is None else scaler.scale(loss)).backward()
+
+    def _optimizer_phase(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
+    ) -> None:
+        # Reads parameters, gradients and optimizer state only: nothing the batch size shapes.
+        if self.settings.max_grad_norm is not None:
+            self._clip(model, optimizer, scaler)
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
 
     def _autocast(self, device: torch.device | str) -> contextlib.AbstractContextManager[None]:
         return cuda_rules.autocast(self.settings.precision, torch.device(device).type)

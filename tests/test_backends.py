@@ -11,6 +11,7 @@ from memorymark import gpus
 from memorymark.cuda_rules import versions
 from memorymark.devices import CpuBackend, DeviceBackend, resolve_backend_name
 from memorymark.engine import Session
+from memorymark.measurement import Category
 from memorymark.oom import StepError
 from memorymark.settings import Settings
 from memorymark.sim import SimBackend
@@ -92,7 +93,7 @@ def test_a_step_past_the_capacity_says_what_it_needs_and_the_next_starts_afresh(
     assert (
         backend._tracker.live_bytes
         == backend._tracker.peak_breakdown().parameters
-        + (backend._tracker.live_by_category["optimizer_state"])
+        + (backend._tracker.live_by_category[Category.OPTIMIZER_STATE])
     )
 
 

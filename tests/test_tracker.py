@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from memorymark.measurement import CATEGORIES, Category
 from memorymark.tracker import MemoryTracker
 
 
@@ -55,15 +56,15 @@ def test_categories_follow_the_phase_and_relabels_move_bytes():
     tracker = MemoryTracker()
     with tracker:
         act = torch.zeros(100)
-        tracker.phase_category = "temporary"
+        tracker.phase_category = Category.TEMPORARY
         tmp = torch.zeros(50)
-    tracker.track(tmp, "gradients")
+    tracker.track(tmp, Category.GRADIENTS)
     breakdown = tracker.peak_breakdown()
     assert (breakdown.activations, breakdown.temporary) == (400, 200)  # at the peak
-    assert tracker.live_by_category["gradients"] == 200
-    assert tracker.live_by_category["temporary"] == 0
+    assert tracker.live_by_category[Category.GRADIENTS] == 200
+    assert tracker.live_by_category[Category.TEMPORARY] == 0
     del act, tmp
-    assert tracker.live_by_category["gradients"] == 0
+    assert tracker.live_by_category[Category.GRADIENTS] == 0
 
 
 def test_timeline_records_live_bytes_after_each_op():
@@ -108,3 +109,86 @@ def test_work_counter_sees_every_operator_but_device_queries():
         x = torch.zeros(4)
         _ = (x + 1).device
     assert seen == ["zeros.default", "add.Tensor"]
+
+
+def test_categories_keep_their_names_for_the_ui_and_json():
+    assert CATEGORIES == ("parameters", "gradients", "optimizer_state", "activations", "temporary")
+    assert tuple(Category) == CATEGORIES  # members are their names
+    tracker = MemoryTracker()
+    with tracker:
+        kept = torch.zeros(8)
+    assert list(tracker.peak_breakdown().to_dict()) == list(CATEGORIES)
+    assert type(next(iter(tracker.peak_breakdown().to_dict()))) is str
+    del kept
+
+
+def _replace_state(state):
+    """A stretch like an optimizer step: a temporary, and state replaced (the old one freed)."""
+    tmp = torch.ones(50)
+    state["kept"] = tmp * 2
+    del tmp
+
+
+def _steps(tracker, stretch, n=4):
+    """`n` steps of a batch-sized tensor and then `stretch` (state made before, as priming)."""
+    with tracker:
+        state = {"kept": torch.zeros(50)}
+        for batch in range(1, n + 1):
+            activations = torch.zeros(10 * batch)
+            stretch(state)
+            del activations
+    return state
+
+
+def test_a_spliced_segment_counts_what_running_it_again_counts():
+    ran = MemoryTracker()
+    kept = _steps(ran, _replace_state)  # the state lives on, as the optimizer's does
+
+    spliced = MemoryTracker()
+    records = []
+
+    def record_or_splice(state):
+        if records and records[-1] is not None:
+            spliced.splice(records[-1])
+            return
+        spliced.start_segment()
+        _replace_state(state)
+        records.append(spliced.finish_segment())
+
+    kept_too = _steps(spliced, record_or_splice)
+    # The first stretch frees what was made before it, so the second one's record repeats.
+    assert records[0] is None and records[1] is not None and len(records) == 2
+    assert spliced.timeline == ran.timeline
+    assert spliced.events == ran.events
+    assert (spliced.peak_bytes, spliced.peak_breakdown()) == (ran.peak_bytes, ran.peak_breakdown())
+    assert spliced.live_bytes == ran.live_bytes
+    del kept, kept_too
+
+
+def test_a_segment_that_relabels_or_frees_older_storage_is_not_reusable():
+    tracker = MemoryTracker()
+    with tracker:
+        older = torch.zeros(10)
+        tracker.start_segment()
+        del older
+        assert tracker.finish_segment() is None
+        kept = torch.zeros(10)
+        tracker.start_segment()
+        tracker.track(kept, Category.GRADIENTS)
+        assert tracker.finish_segment() is None
+        tracker.start_segment()
+        _ = torch.zeros(10) + 1
+        assert tracker.finish_segment(completed=False) is None
+        tracker.start_segment()
+        tmp = torch.zeros(10) + 1
+        del tmp
+        segment = tracker.finish_segment()
+    assert segment is not None and segment.allocations == 2 and not segment.survivors
+
+
+def test_a_tracker_with_a_budget_runs_every_step():
+    tracker = MemoryTracker(budget_bytes=10_000)
+    tracker.start_segment()
+    segment = tracker.finish_segment()
+    with pytest.raises(ValueError, match="must run every step for real"):
+        tracker.splice(segment)
