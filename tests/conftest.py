@@ -4,7 +4,7 @@ known function of batch size, for testing search strategies exactly."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -64,6 +64,18 @@ class FunctionBackend:
 def function_backend() -> type[FunctionBackend]:
     """The FunctionBackend class, to build with a timeline and a capacity."""
     return FunctionBackend
+
+
+@pytest.fixture
+def any_config_path() -> Iterator[None]:
+    """Config files from anywhere: the app limits them to its upload folder once imported,
+    and the config tests read tmp_path."""
+    from memorymark import model_sources
+
+    before = model_sources._config_root
+    model_sources.restrict_config_files(None)
+    yield
+    model_sources.restrict_config_files(before)
 
 
 # The app tests' fixtures: imported lazily so engine-only test runs never load Streamlit.

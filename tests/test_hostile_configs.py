@@ -6,27 +6,12 @@ import re
 import threading
 
 import pytest
+from config_samples import TINY_BERT
 
 from memorymark import cli, config_checks, model_sources, models
 from memorymark.settings import Settings
 
-TINY_BERT = {
-    "model_type": "bert",
-    "hidden_size": 32,
-    "num_attention_heads": 2,
-    "num_hidden_layers": 1,
-    "intermediate_size": 64,
-    "vocab_size": 100,
-}
-
-
-@pytest.fixture(autouse=True)
-def any_config_path():
-    """The app limits config files to its upload folder once imported; these tests read tmp."""
-    before = model_sources._config_root
-    model_sources.restrict_config_files(None)
-    yield
-    model_sources.restrict_config_files(before)
+pytestmark = pytest.mark.usefixtures("any_config_path")
 
 
 def refusal(spec):

@@ -5,6 +5,7 @@ import sys
 import types
 
 import pytest
+from config_samples import TINY_BERT
 from torch import nn
 
 from memorymark import model_sources, models
@@ -13,24 +14,9 @@ from memorymark.sim import SimBackend
 from memorymark.workload import Workload
 
 BIG = 8 * 2**30
-# A one-layer BERT config.json, as a hub or an upload would hold it.
-TINY_BERT = {
-    "model_type": "bert",
-    "hidden_size": 32,
-    "num_attention_heads": 2,
-    "num_hidden_layers": 1,
-    "intermediate_size": 64,
-    "vocab_size": 100,
-}
 
 
-@pytest.fixture(autouse=True)
-def any_config_path():
-    """The app limits config files to its upload folder once imported; these tests read tmp."""
-    before = model_sources._config_root
-    model_sources.restrict_config_files(None)
-    yield
-    model_sources.restrict_config_files(before)
+pytestmark = pytest.mark.usefixtures("any_config_path")
 
 
 def write_config(tmp_path, **data):

@@ -10,6 +10,7 @@ import math
 from dataclasses import fields
 
 import pytest
+from config_samples import TINY_BERT
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
@@ -150,14 +151,6 @@ CONFIG_KEYS = ["architectures", "id2label", "label2id", "num_labels", "hidden_si
                "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
                "max_position_embeddings", "n_positions", "hidden_act", "text_config",
                "hidden_sizes", "depths", "image_size"]  # fmt: skip
-TINY_BERT = {
-    "model_type": "bert",
-    "hidden_size": 32,
-    "num_attention_heads": 2,
-    "num_hidden_layers": 1,
-    "intermediate_size": 64,
-    "vocab_size": 100,
-}
 
 
 @pytest.fixture(scope="module")
