@@ -117,7 +117,7 @@ def probe_line(m: Measurement, usable_bytes: int) -> str:
 
 def _print_measurement(m: Measurement) -> None:
     source = memory_source(m.measured)
-    verdict = "fits" if m.fits else ("runs, inside the margin" if m.runs else "out of memory")
+    verdict = "fits" if m.fits else ("runs, not recommended" if m.runs else "out of memory")
     need = "" if m.required_bytes is None else f", reserved {gib(m.required_bytes):.3f} GiB"
     print(
         f"batch {m.batch_size}: {verdict}, peak {gib(m.peak_bytes):.3f} GiB{need} "

@@ -159,8 +159,9 @@ def sweep_figure(
     optimal: Measurement | None = None,
     limit_bytes: int | None = None,
 ) -> go.Figure:
-    """Peak memory vs batch size: probes that fit, run inside the margin (amber) or ran out of
-    memory (red, at what the step reached, or the top edge), the fit, usable and total lines.
+    """Peak memory vs batch size: probes that fit, that run but are not recommended (amber:
+    inside the margin, or only after a cache flush), or that ran out of memory (red, at what the
+    step reached, or the top edge); the fit, usable and total lines.
 
     `limit_bytes` (usable less the safety margin: what the search works to) adds a third line
     when it lies below usable.
@@ -174,7 +175,7 @@ def sweep_figure(
     fig.add_trace(_points("fits", [m for m in ordered if m.fits], GREEN, "circle", 9))
     inside = [m for m in ordered if m.runs and not m.fits]
     if inside:
-        fig.add_trace(_points("runs, inside the margin", inside, AMBER, "diamond", 10))
+        fig.add_trace(_points("runs, not recommended", inside, AMBER, "diamond", 10))
     ooms = [m for m in ordered if not m.runs]
     fig.add_trace(_points("OOM", ooms, RED, "x", 11, ceiling_gib=0.97 * y_range[1]))
     if optimal is not None:
