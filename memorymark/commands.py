@@ -153,7 +153,7 @@ def _print_report(r: Report) -> None:
     oom = d["predicted_oom_batch"]
     print(
         f"  usable memory        {d['usable_gb']} GiB, less a {d['margin_gb']} GiB margin"
-        + ("" if oom is None else f"; batch {oom} does not fit")
+        + ("" if oom is None else f"; batch {oom} runs out of memory")
     )
     if not r.current_fits:
         print(f"  current batch size   {d['current_batch_size']}  crashes: out of memory")

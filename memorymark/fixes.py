@@ -143,9 +143,9 @@ def what_would_fit(settings: Settings, batch_1: Measurement | None = None) -> Fi
     base = base if base is not None and base.required_bytes is not None else None
     base = base or simulated_step(settings, gpu)
     states = state_bytes(settings)
-    # Another architecture may pick other attention kernels: one step per architecture, and
-    # none for a GPU the states alone overflow.
-    by_arch = {gpu.arch: base}
+    # Another compute capability may pick other attention kernels: one step per capability,
+    # and none for a GPU the states alone overflow.
+    by_arch = {gpu.compute_capability: base}
     for bigger in sorted(gpus.CATALOG, key=lambda g: g.usable_bytes):
         if bigger.usable_bytes <= gpu.usable_bytes:
             continue
@@ -155,9 +155,9 @@ def what_would_fit(settings: Settings, batch_1: Measurement | None = None) -> Fi
         bigger_limit = fit_policy(variant, bigger).limit_bytes
         if states > bigger_limit:
             continue
-        if bigger.arch not in by_arch:
-            by_arch[bigger.arch] = simulated_step(variant, bigger)
-        m = by_arch[bigger.arch]
+        if bigger.compute_capability not in by_arch:
+            by_arch[bigger.compute_capability] = simulated_step(variant, bigger)
+        m = by_arch[bigger.compute_capability]
         if _required(m) <= bigger_limit:
             fixes.append(_fix(f"a bigger GPU: {bigger.name}", variant, bigger, m, bigger_limit))
             break

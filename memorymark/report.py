@@ -85,7 +85,7 @@ class Report:
     @property
     def optimal(self) -> Measurement | None:
         """The largest batch measured as fitting below every batch that did not fit."""
-        return best_fit(list(self.measurements))
+        return best_fit(self.searched)
 
     @property
     def current(self) -> Measurement | None:
@@ -96,9 +96,16 @@ class Report:
         return None
 
     @property
+    def searched(self) -> list[Measurement]:
+        """The measurements the answer may come from: none past `max_batch` (the current batch,
+        measured for its waste or its needs, may lie beyond it)."""
+        return [m for m in self.measurements if m.batch_size <= self.settings.max_batch]
+
+    @property
     def max_fit(self) -> Measurement | None:
-        """The largest batch measured to run with no margin (no OOM, no allocation retry)."""
-        return best_fit(list(self.measurements), runs=True)
+        """The largest batch measured to run with no margin (no OOM; an allocation retry
+        allowed)."""
+        return best_fit(self.searched, runs=True)
 
     @property
     def current_fits(self) -> bool:
@@ -112,7 +119,7 @@ class Report:
     @property
     def capped(self) -> bool:
         """True when the search stopped at max_batch with everything fitting."""
-        return self.optimal is not None and all(m.fits for m in self.measurements)
+        return self.optimal is not None and all(m.fits for m in self.searched)
 
     @property
     def global_batch(self) -> int | None:
@@ -120,7 +127,9 @@ class Report:
         when it does not run (the plan keeps it with accumulation), else None."""
         if self.settings.target_batch is not None:
             return self.settings.target_batch
-        return None if self.current_fits else self.settings.current_batch
+        # The current global batch: each optimizer step sees current_batch x grad_accum.
+        s = self.settings
+        return None if self.current_fits else s.current_batch * s.grad_accum
 
     @property
     def waste_bytes(self) -> int | None:
@@ -156,8 +165,8 @@ class Report:
 
     @property
     def predicted_oom_batch(self) -> int | None:
-        """The smallest batch measured not to fit (None when the search hit max_batch)."""
-        return self._first_failure()
+        """The smallest batch measured not to run: out of memory (None when none was)."""
+        return min((m.batch_size for m in self.searched if not m.runs), default=None)
 
     # -- time and money --------------------------------------------------------------------------
     @property
@@ -212,7 +221,7 @@ class Report:
         ceiling = self._first_failure()
         timed = [
             m
-            for m in self.measurements
+            for m in self.searched
             if m.fits and m.samples_per_second and (ceiling is None or m.batch_size < ceiling)
         ]
         if not timed:
@@ -253,11 +262,15 @@ class Report:
     # -- words and JSON ---------------------------------------------------------------------------
     def verdict(self) -> str:
         """One sentence a person reads first."""
-        optimal, current = self.optimal, self.current
+        optimal, current, maximum = self.optimal, self.current, self.max_fit
         b, gpu = self.settings.current_batch, self.gpu.name
+        if optimal is None and maximum is not None:
+            return (
+                f"No batch size on this {gpu} leaves the margin free without an allocation "
+                f"retry; batch {maximum.batch_size} runs with no headroom."
+            )
         if optimal is None:
             return f"No batch size trains on this {gpu}: even batch 1 runs out of memory."
-        maximum = self.max_fit
         if maximum is not None and maximum.batch_size > optimal.batch_size:
             answer = (
                 f"batch {optimal.batch_size} trains with the margin free "
@@ -270,17 +283,22 @@ class Report:
             needs = ""
             if current is not None and current.required_bytes is not None:
                 needs = (
-                    f" (needs {gib(current.required_bytes):.1f} of "
-                    f"{gib(self.gpu.usable_bytes):.1f} GiB)"
+                    f" (needs {gib(current.required_bytes):.2f} of "
+                    f"{gib(self.gpu.usable_bytes):.2f} GiB)"
                 )
             return f"Batch {b} crashes with out of memory on this {gpu}{needs}; {answer}."
         if current is not None and not current.fits:
-            return f"Batch {b} runs on this {gpu} but leaves less than the margin free; {answer}."
+            why = (
+                "only after the allocator flushed its cache"
+                if current.alloc_retries
+                else "but leaves less than the margin free"
+            )
+            return f"Batch {b} runs on this {gpu} {why}; {answer}."
         used = 0.0 if current is None else 100 * _held(current) / self.gpu.usable_bytes
         return f"Batch {b} uses {used:.0f}% of this {gpu}'s usable memory; {answer}."
 
     def _first_failure(self) -> int | None:
-        return min((m.batch_size for m in self.measurements if not m.fits), default=None)
+        return min((m.batch_size for m in self.searched if not m.fits), default=None)
 
     @property
     def plan_note(self) -> str | None:

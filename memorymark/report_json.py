@@ -103,7 +103,7 @@ def _throughput_dict(r: Report) -> dict[str, Any]:
         "batch_ratio": r.batch_ratio,
         "throughput_source": r.throughput_source,
         "optimal_samples_per_second": _sps(optimal),
-        "current_samples_per_second": _sps(current if current and current.fits else None),
+        "current_samples_per_second": _sps(current if current and current.runs else None),
         "diminishing_returns_batch": knee.batch_size if knee else None,
         "diminishing_returns_fraction": r.knee_fraction,
     }

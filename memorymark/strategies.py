@@ -67,30 +67,35 @@ class Strategy:
     def _runs(self, batch_size: int) -> bool:
         return bool(self.results[batch_size].runs)
 
-    def _unit(self, lo: int) -> int:
-        # The grid's step from the first grid point up; below it, every batch size counts, so a
-        # model that only trains at tiny batches still gets an exact answer.
-        return self.step if lo >= self.step else 1
+    def _unit(self, hi: int) -> int:
+        # Grid points (multiples of step) up to a failure above the first grid point; below
+        # it, every batch size counts, so a model that only trains at tiny batches still gets
+        # an exact answer.
+        return self.step if hi > self.step else 1
 
     def _bisect(self, lo: int, hi: int, passes: Predicate) -> Iterator[int]:
-        # lo passes (0 stands for "nothing smaller to try") and hi does not. Steps that were
-        # traced say what they need, which is close to linear in batch size near the top, so
-        # the next probe goes where the line through lo and hi crosses the capacity. A hi that
-        # failed with its needs inside the capacity (it ran only after a cache flush) says
-        # nothing of where the boundary is, except that it is near: walk down from it, doubling
-        # the stride. Either way a probe never lands below the halving point, so the worst case
-        # stays logarithmic.
+        # lo passes (0 stands for "nothing smaller to try") and hi does not; the candidates are
+        # the grid points strictly between them. Steps that were traced say what they need,
+        # which is close to linear in batch size near the top, so the next probe goes where
+        # the line through lo and hi crosses the capacity. A hi that failed with its needs
+        # inside the capacity (it ran only after a cache flush) says nothing of where the
+        # boundary is, except that it is near: walk down from it, doubling the stride. Either
+        # way a probe never lands below the middle candidate, so the worst case stays
+        # logarithmic, and each probe is a new candidate, so the search always ends.
         interpolate, stride = True, 0
-        while hi - lo > self._unit(lo):
-            unit = self._unit(lo)
-            half = lo + (hi - lo) // unit // 2 * unit
+        while True:
+            unit = self._unit(hi)
+            first, last = (lo // unit + 1) * unit, (hi - 1) // unit * unit
+            if first > last:
+                return
+            half = first + (last - first) // unit // 2 * unit
             mid = None
             if self._failed_within_capacity(hi, passes):
                 stride = stride * 2 if stride else unit
                 mid = max(hi - stride, half)
             elif interpolate:
-                mid = self._interpolate(lo, hi, passes, unit)
-            mid = half if mid is None or not lo < mid < hi else mid
+                mid = self._interpolate(lo, hi, passes)
+            mid = half if mid is None else min(last, max(first, mid // unit * unit))
             yield mid
             gap = hi - lo
             lo, hi = (mid, hi) if passes(mid) else (lo, mid)
@@ -103,8 +108,8 @@ class Strategy:
         needs = self.results[batch].required_bytes if batch in self.results else None
         return needs is not None and needs <= self._capacity_for(passes)
 
-    def _interpolate(self, lo: int, hi: int, passes: Predicate, unit: int) -> int | None:
-        """The grid point where required bytes, linear between lo and hi, reach the capacity
+    def _interpolate(self, lo: int, hi: int, passes: Predicate) -> int | None:
+        """The batch where required bytes, linear between lo and hi, reach the capacity
         `passes` judges against; None when lo or hi says nothing of its needs."""
         low, high = self.results.get(lo), self.results.get(hi)
         if low is None or high is None or low.required_bytes is None:
@@ -114,8 +119,7 @@ class Strategy:
         capacity = self._capacity_for(passes)
         slope = (high.required_bytes - low.required_bytes) / (hi - lo)
         crossing = lo + (capacity - low.required_bytes) / slope
-        guess = lo + int((crossing - lo) // unit) * unit
-        return min(max(guess, lo + unit), hi - unit)
+        return int(crossing)
 
     def _gallop(self, lo: int, passes: Predicate) -> Iterator[int]:
         # The prediction was low: double the stride until a batch fails, then bisect.
@@ -213,7 +217,8 @@ class FastStrategy(Strategy):
         yield from self._bisect(0, guess, self._fits)
 
     def _recommended(self) -> Iterator[int]:
-        first = max(self.step, 2)  # batch 1 often runs extra ops, so its timeline would not align
+        # Batch 1 often runs extra ops, so its timeline would not align with a larger one's.
+        first = min(max(self.step, 2), self.max_grid)
         yield first
         if not self._fits(first):
             yield from self._bisect(0, first, self._fits)

@@ -56,7 +56,7 @@ def test_memory_rows_say_which_number_is_which() -> None:
     assert rows["Reserved at batch 192"]["Source"] == "simulated"
     headroom = A10.usable_bytes - reserved
     assert rows["Headroom at batch 192"]["Value"] == f"{round(headroom / GIB, 3):.2f} GiB"
-    assert rows["First batch that does not fit"]["Value"] == "batch 200"
+    assert rows["First batch out of memory"]["Value"] == "batch 200"
     assert "CUDA context" in rows["Usable capacity"]["Meaning"]
 
 

@@ -75,7 +75,7 @@ def test_which_memory_number_is_which(fake) -> None:
     assert (
         table.loc["Headroom at batch 192", "Value"] == f"{gib(A10.usable_bytes - reserved):.2f} GiB"
     )
-    assert table.loc["First batch that does not fit", "Value"] == "batch 200"
+    assert table.loc["First batch out of memory", "Value"] == "batch 200"
     assert set(table.loc[["Allocated at batch 192", "Reserved at batch 192"], "Source"]) == {
         "simulated"
     }

@@ -112,7 +112,7 @@ def test_a_current_batch_that_crashes_is_never_priced_as_if_it_ran():
     assert (r.speedup, r.batch_ratio, r.throughput_ratio) == (None, None, None)
     assert r.verdict().startswith(
         "Batch 184 crashes with out of memory on this A10 "
-        f"(needs 21.0 of {A10.usable_gib:.1f} GiB); batch 176 trains"
+        f"(needs 21.00 of {A10.usable_gib:.2f} GiB); batch 176 trains"
     )
     d = r.to_dict()
     assert (d["waste_gb"], d["speedup"], d["cost_savings_annual"]) == (None, None, None)
@@ -205,3 +205,36 @@ def test_json_says_which_memory_number_is_which():
     assert (d["optimal_samples_per_second"], d["current_samples_per_second"]) == (100.0, 80.0)
     assert d["diminishing_returns_batch"] == 64
     assert [row["samples_per_second"] for row in d["results"]] == [50, 80, 96, 99, 100, None]
+
+
+def test_nothing_past_max_batch_is_the_answer():
+    # The current batch (100) is measured for its needs, but the search stopped at 64.
+    r = Report(
+        settings=Settings(current_batch=100, max_batch=64, gpu="a10"), costs=Costs(), gpu=A10,
+        backend="sim", measurements=(m(8, 2.0), m(64, 8.0), m(100, 12.0)), elapsed_seconds=0.1,
+    )  # fmt: skip
+    assert r.optimal.batch_size == 64 and r.max_fit.batch_size == 64 and r.capped
+
+
+def test_runs_without_the_margin_is_not_called_out_of_memory():
+    probes = [m(1, 20.0, fits=False, runs=True), m(2, 20.5, fits=False, runs=True)]
+    r = report(probes, current=2)
+    assert r.optimal is None and r.max_fit.batch_size == 2
+    assert r.verdict().startswith("No batch size on this A10 leaves the margin free")
+    assert r.predicted_oom_batch is None
+
+
+def test_a_crashing_current_batch_keeps_its_global_batch_with_accumulation():
+    r = Report(
+        settings=Settings(current_batch=6, grad_accum=2, gpu="a10"), costs=Costs(), gpu=A10,
+        backend="sim", measurements=(m(4, 10.0), m(6, 30.0, fits=False)), elapsed_seconds=0.1,
+    )  # fmt: skip
+    assert r.global_batch == 12
+
+
+def test_a_current_batch_that_needed_a_cache_flush_says_so():
+    flushed = Measurement(batch_size=16, fits=False, runs=True, peak_bytes=3 * GIB,
+                          required_bytes=3 * GIB, alloc_retries=1, backend="sim",
+                          measured=False)  # fmt: skip
+    r = report([m(8, 2.0), flushed, m(24, 30.0, fits=False)], current=16)
+    assert "runs on this A10 only after the allocator flushed its cache" in r.verdict()

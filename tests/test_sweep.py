@@ -221,3 +221,30 @@ def test_borrowed_traces_that_overshoot_walk_down(function_backend):
     strategy = FastStrategy(step=8, capacity_bytes=1000, traces=traces, find_max=False)
     assert best_fit(list(sweep(backend, strategy))).batch_size == 128
     assert backend.tried == [136, 128]
+
+
+def test_a_bisection_from_nothing_stays_on_the_grid_and_ends(function_backend):
+    # Borrowed traces that under-count (30% of the slope) overshoot twice; the search from 0
+    # then used to land between grid points and propose the same batch forever.
+    def live(batch):
+        return (3_890_084, 3_890_084 + int(0.3 * 179_506 * batch))
+
+    def required(batch):
+        return 4_322_316 + 179_506 * batch
+
+    def make(capacity):
+        return function_backend(live, capacity, required=required)
+
+    traces = (make(10**12).measure(8), make(10**12).measure(16))
+    backend = make(10**7)
+    strategy = FastStrategy(step=8, max_batch=100, capacity_bytes=10**7, traces=traces,
+                            find_max=False)  # fmt: skip
+    best = best_fit(list(sweep(backend, strategy)))
+    assert best.batch_size == 24  # 4.32 MB + 0.18 MB x 24 <= 10 MB; 32 does not fit
+    assert all(b % 8 == 0 for b in backend.tried)
+    assert len(backend.tried) == len(set(backend.tried)) < 10
+
+
+def test_max_batch_one_tries_nothing_larger(function_backend):
+    _, tried, _ = run(function_backend, FastStrategy, affine_two_phases, 10**6, step=1, max_batch=1)
+    assert tried == [1]

@@ -88,7 +88,7 @@ def _gib_text(value: float | None) -> str:
 
 def memory_rows(report: Report) -> list[dict[str, str]]:
     """Which memory number is which: allocated vs reserved at the optimal batch, usable capacity,
-    the margin, the limit, the headroom and the first batch that does not fit."""
+    the margin, the limit, the headroom and the first batch out of memory."""
     d, src = report.to_dict(), report.memory_source
     at = f" at batch {d['optimal_batch_size']}" if d["optimal_batch_size"] else ""
     over, oom = d["gpu_overheads_gb"], d["predicted_oom_batch"]
@@ -107,7 +107,7 @@ def memory_rows(report: Report) -> list[dict[str, str]]:
         ("Limit", _gib_text(d["limit_gb"]), "usable less margin", d["fit_criterion"]),
         ("Headroom" + at, _gib_text(d["headroom_gb"]), src,
          "usable less what the optimal batch needs: its distance from an out-of-memory"),
-        ("First batch that does not fit", "none tried" if oom is None else f"batch {oom}",
+        ("First batch out of memory", "none tried" if oom is None else f"batch {oom}",
          src, "the smallest batch measured out of memory"),
     ]  # fmt: skip
     return [{"Figure": f, "Value": v, "Source": s, "Meaning": m} for f, v, s, m in rows]
