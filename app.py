@@ -37,11 +37,20 @@ def analyze_page() -> None:
     report = sweep_runner.cached_report(settings)
     if running:
         if job.settings != settings:
+            job.changed_while_running = True
             st.caption("Showing the sweep in progress: it runs the settings before your change.")
         views.live_sweep(job)
     elif report is not None:
         views.finished_sweep(report, job)
         results.results(report.with_costs(costs))
+    elif job is not None and job.changed_while_running and job.report is not None:
+        # The settings changed while this sweep ran: its result is still worth seeing.
+        st.info(
+            "These results are for the settings before your change; click **Analyze** to run "
+            "the new ones."
+        )
+        views.finished_sweep(job.report, job)
+        results.results(job.report.with_costs(costs))
     elif job is not None and job.settings == settings and job.state in ("failed", "cancelled"):
         views.live_sweep(job)
         if job.state == "failed":

@@ -239,3 +239,15 @@ def test_the_live_log_shows_the_command_that_runs_these_settings(fake) -> None:
     assert first.startswith(
         "$ memorymark analyze tiny-bert --seq-len 64 --precision bf16-mixed --grad-accum 2"
     )
+
+
+def test_a_result_is_shown_when_the_settings_changed_during_its_sweep(fake) -> None:
+    fake.gate = threading.Event()
+    at = app(sync=False, model="tiny-bert")
+    at.button(key="analyze").click().run()
+    run_until(at, lambda at: "1 probes" in at.get("progress")[0].proto.text)
+    at.number_input(key="mm_seq_len").set_value(64).run()  # a change while it runs
+    fake.gate.set()
+    run_until(at, lambda at: bool(at.metric))
+    assert metrics(at)["Optimal batch size"] == "192"
+    assert any("settings before your change" in i.value for i in at.info)

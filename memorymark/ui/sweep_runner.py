@@ -117,6 +117,9 @@ class SweepJob:
     backend_name: str | None = None
     report: Report | None = None
     cancel_event: threading.Event = field(default_factory=threading.Event)
+    changed_while_running: bool = False
+    """Set by the page when the sidebar changed during the sweep: its result is then shown
+    for the settings before the change, not dropped."""
     started: float = field(default_factory=time.perf_counter)
     finished: float | None = None
     thread: threading.Thread | None = None
