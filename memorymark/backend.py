@@ -27,6 +27,7 @@ from memorymark.measurement import Category, Measurement
 from memorymark.oom import StepError, is_oom, one_line
 from memorymark.throughput import Roofline, WorkCounter
 from memorymark.tracker import MemoryTracker
+from memorymark.units import size_text
 from memorymark.workload import Phase, Workload
 
 # The category of what each phase of the step allocates (and does not label otherwise:
@@ -287,14 +288,14 @@ class Backend:
 
     def _allocator_oom(self, required_bytes: int) -> str:
         return (
-            f"simulated out of memory: needs {_size(required_bytes)} of "
-            f"{_size(self.policy.capacity_bytes)}"
+            f"simulated out of memory: needs {size_text(required_bytes)} of "
+            f"{size_text(self.policy.capacity_bytes)}"
         )
 
     def _past_capacity(self, required: int | None) -> str:
         return (
-            f"reserved {_size(required or 0)}, past the capacity of "
-            f"{_size(self.policy.capacity_bytes)}"
+            f"reserved {size_text(required or 0)}, past the capacity of "
+            f"{size_text(self.policy.capacity_bytes)}"
         )
 
     @staticmethod
@@ -322,8 +323,3 @@ class Backend:
             yield self
         finally:
             self.release()
-
-
-def _size(n_bytes: int) -> str:
-    """Bytes for a message: GiB from 1 GiB up, else MiB."""
-    return f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"

@@ -8,19 +8,25 @@ how the numbers were taken.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum
 from typing import Any
 
+from memorymark.units import gib
 
-class Category(StrEnum):
+
+class Category(str, Enum):
     """What a tracked byte is for: the kinds a peak is broken down into. Members are their
-    names as strings, so they key JSON and the breakdown as the names do."""
+    names as strings, so they key JSON and the breakdown as the names do. (str, Enum) rather
+    than StrEnum, which needs Python 3.11: the package supports 3.10."""
 
     PARAMETERS = "parameters"
     GRADIENTS = "gradients"
     OPTIMIZER_STATE = "optimizer_state"
     ACTIVATIONS = "activations"
     TEMPORARY = "temporary"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 CATEGORIES: tuple[str, ...] = tuple(c.value for c in Category)
@@ -131,7 +137,7 @@ class Measurement:
             "batch_size": self.batch_size,
             "success": self.fits,
             "peak_bytes": self.peak_bytes,
-            "memory_gb": round(self.peak_bytes / 2**30, 4),
+            "memory_gb": gib(self.peak_bytes, 4),
             "runs": self.runs,
             "required_bytes": self.required_bytes,
             "alloc_retries": self.alloc_retries,
