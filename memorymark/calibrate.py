@@ -129,9 +129,7 @@ def predicted_boundary(settings: Settings, gpu: gpus.GPU) -> tuple[int, int]:
     """The largest batch a simulated sweep on catalog GPU `gpu` (no margin) says runs, 0 when
     none does, and the sweep's step."""
     session = Session(replace(settings, backend="sim", gpu=gpu.name, margin="0%"))
-    for _ in session.stream():
-        pass
-    best = session.report(fixes=False).max_fit
+    best = session.analyze(fixes=False, plan=False).max_fit
     return (best.batch_size if best is not None else 0), settings.step
 
 

@@ -116,9 +116,13 @@ class Session:
                 self.elapsed_seconds = time.perf_counter() - start
                 yield measurement
 
-    def report(self, costs: Costs | None = None, *, fixes: bool = True) -> Report:
+    def report(
+        self, costs: Costs | None = None, *, fixes: bool = True, plan: bool = True
+    ) -> Report:
         """The report over every measurement taken so far, with the plan for the global batch
-        and, when nothing fits and `fixes` is on, each way out (computed once per session)."""
+        (`plan`: its accumulation steps may be measured) and, when nothing fits and `fixes` is
+        on, each way out (both computed once per session). Callers that need only the answer
+        turn both off."""
         from memorymark.cuda_rules import versions
 
         report = Report(
@@ -131,9 +135,9 @@ class Session:
             torch_version=versions.installed_version(),
             unverified_rules=versions.unverified_rules(),
         )
-        if report.optimal is not None:
-            plan, probes = self._plan(report.optimal.batch_size, report.global_batch)
-            report = replace(report, plan=plan, plan_probes=probes)
+        if plan and report.optimal is not None:
+            planned, probes = self._plan(report.optimal.batch_size, report.global_batch)
+            report = replace(report, plan=planned, plan_probes=probes)
         if fixes and self.measurements and report.optimal is None:
             answer = self.fixes()
             report = replace(
@@ -141,11 +145,14 @@ class Session:
             )
         return report
 
-    def analyze(self, costs: Costs | None = None) -> Report:
-        """Run the whole sweep and return its report (for scripts that need no live progress)."""
+    def analyze(
+        self, costs: Costs | None = None, *, fixes: bool = True, plan: bool = True
+    ) -> Report:
+        """Run the whole sweep and return its report (for scripts that need no live progress);
+        `fixes` and `plan` as for `report`."""
         for _ in self.stream():
             pass
-        return self.report(costs)
+        return self.report(costs, fixes=fixes, plan=plan)
 
     def fixes(self) -> FitAnswer:
         """When nothing fits: batch 1 as configured, and each change (or GPU) that might fit."""
@@ -210,9 +217,7 @@ class Session:
             max_batch = None
             if sweeps:
                 session = Session(replace(variant, current_batch=batch_size), cuda=self._cuda)
-                for _ in session.stream():
-                    pass
-                best = session.report(fixes=False).optimal
+                best = session.analyze(fixes=False, plan=False).optimal
                 max_batch = best.batch_size if best else 0
             yield ProtocolResult(
                 key=key,
