@@ -106,9 +106,7 @@ def probe_line(m: Measurement, usable_bytes: int) -> str:
             need = f"  needs {gib(m.required_bytes):.1f} GiB of {gib(usable_bytes):.1f}"
         return f"  batch {m.batch_size:>6}  {status}{need}"
     share = 100 * (m.required_bytes or m.peak_bytes) / usable_bytes
-    why = ""
-    if not m.fits:
-        why = "  (after a cache flush)" if m.alloc_retries else "  (inside the margin)"
+    why = f"  ({m.held_back})" if m.held_back else ""
     return (
         f"  batch {m.batch_size:>6}  {status}  peak {gib(m.peak_bytes):8.3f} GiB{held}  "
         f"({share:5.1f}%){rate}{why}"

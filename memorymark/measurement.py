@@ -111,6 +111,14 @@ class Measurement:
     timeline: tuple[int, ...] = field(default=(), repr=False, compare=False)
     """Live bytes after each operator of the step: what the fast strategy extrapolates."""
 
+    @property
+    def held_back(self) -> str | None:
+        """Why a step that runs is not recommended ("after a cache flush", "inside the
+        margin"), or None for one that fits or does not run."""
+        if self.fits or not self.runs:
+            return None
+        return "after a cache flush" if self.alloc_retries else "inside the margin"
+
     def __post_init__(self) -> None:
         if self.runs is None:
             object.__setattr__(self, "runs", self.fits)

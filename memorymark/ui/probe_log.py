@@ -23,8 +23,8 @@ def probe_line(m: Measurement, gpu: GPU, seconds: float | None = None) -> str:
         share = 100 * held / gpu.usable_bytes
         verdict = "fits" if m.fits else "runs"
         result = f"{verdict} {m.peak_bytes / GIB:6.2f} GiB {share:3.0f}%"
-        if not m.fits:
-            result += " (after a cache flush)" if m.alloc_retries else " (inside the margin)"
+        if m.held_back:
+            result += f" ({m.held_back})"
     elif m.required_bytes is not None:
         result = f"OOM, needs {m.required_bytes / GIB:.1f} GiB of {gpu.usable_bytes / GIB:.1f}"
     else:
