@@ -26,13 +26,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import huggingface_hub
 
 from memorymark import cli, commands, model_sources, models
-from memorymark.settings import Costs, Settings
+from memorymark.settings import COST_NAMES, FIELD_NAMES, Costs, Settings
 
 CASE_SECONDS = 20  # per case; the slowest accepted config build takes a few seconds
 HOSTILE = ["nan", "NaN", "inf", "-inf", "Infinity", "1e400", "-1e400", "1e308", "1e9", "1e-400",
@@ -109,7 +109,7 @@ def hostile(rng: random.Random) -> str:
 
 def query_cases(rng: random.Random, n: int) -> Iterator[tuple[str, Callable[[], str | None]]]:
     for cls in (Settings, Costs):
-        names = [f.name for f in fields(cls)]
+        names = list(FIELD_NAMES if cls is Settings else COST_NAMES)
         for _ in range(n):
             params = {rng.choice(names): hostile(rng) for _ in range(rng.randint(1, 4))}
             if cls is Settings and rng.random() < 0.3:

@@ -1,10 +1,11 @@
 """MemoryMark: the largest batch size that really trains, measured or simulated.
 
 The public API is the front door, `Session` (memorymark/engine.py), with the plain value types it
-takes and returns: `Settings` and `Costs` say what to analyse, a Session measures one batch,
-streams a sweep, and returns a `Report` (the arithmetic: optimal and max batch, waste, speedup,
-the plan); a `Measurement` is one batch size's result. Importing the package loads no torch; a
-Session loads it when made. The engine never imports Streamlit.
+takes and returns: `Settings` (in sections: `Workload`, what is trained; `Hardware`, where;
+`Search`, how batch sizes are searched) and `Costs` say what to analyse; a Session measures one
+batch, streams a sweep, and returns a `Report` (the arithmetic: optimal and max batch, waste,
+speedup, the plan); a `Measurement` is one batch size's result. Importing the package loads no
+torch; a Session loads it when made. The engine never imports Streamlit.
 
     >>> from memorymark import Session, Settings
     >>> Session(Settings(model="tiny-bert", seq_len=32, max_batch=16)).measure(8).fits
@@ -14,7 +15,16 @@ Session loads it when made. The engine never imports Streamlit.
 from memorymark.engine import Session
 from memorymark.measurement import Measurement
 from memorymark.report import Report
-from memorymark.settings import Costs, Settings
+from memorymark.settings import Costs, Hardware, Search, Settings, Workload
 
-__all__ = ["Costs", "Measurement", "Report", "Session", "Settings"]
+__all__ = [
+    "Costs",
+    "Hardware",
+    "Measurement",
+    "Report",
+    "Search",
+    "Session",
+    "Settings",
+    "Workload",
+]
 __version__ = "0.1.0"

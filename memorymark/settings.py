@@ -1,24 +1,50 @@
-"""Everything a user can choose, validated once, in two frozen dataclasses.
+"""Everything a user can choose, in sections that each validate themselves and do no I/O.
 
-`Settings` says what is trained, how, on which GPU and how the batch sizes are searched;
-`Costs` holds the price inputs that only the report uses (so a price slider never re-runs a sweep).
-Both round-trip to JSON-able dicts and to URL query parameters. This module knows the names of the
-built-in models (to validate them) but never builds one, and never imports torch.
+`Settings` is three sections: `Workload` (what is trained and how the step runs), `Hardware`
+(where: the GPU kind and the backend that measures or simulates it) and `Search` (how batch sizes
+are searched and what the answer is compared with). `Costs` holds the price inputs that only the
+report uses, so a price slider never re-runs a sweep. New settings go in the section they belong
+to: quantization in `Workload`, GPU count and distribution in `Hardware`, limits in `Search`.
+
+Every field also has one flat name (`settings.optimizer` reads `settings.workload.optimizer`): the
+CLI flags, URL query parameters and JSON use those names, and round-trip exactly. This module
+knows the built-in models' names only through `models.find_model`; it never builds one and never
+imports torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 import shlex
 import sys
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 from memorymark import gpus, limits, models
 
-OPTIMIZERS = ("adamw", "adamw-fused", "adamw-forloop", "sgd", "sgd-forloop", "adafactor", "none")
+Optimizer = Literal[
+    "adamw", "adamw-fused", "adamw-forloop", "sgd", "sgd-forloop", "adafactor", "none"
+]
+Mode = Literal["train", "eval"]
+Loss = Literal["task", "logits-mean"]
+Precision = Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
+Attention = Literal["sdpa", "eager"]
+Backend = Literal["auto", "cuda", "mps", "sim", "cpu"]
+Strategy = Literal["fast", "linear"]
+Protocol = Literal["full", "inference-style"]
+
+OPTIMIZERS: tuple[str, ...] = typing.get_args(Optimizer)
+MODES: tuple[str, ...] = typing.get_args(Mode)
+LOSSES: tuple[str, ...] = typing.get_args(Loss)
+PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
+ATTENTIONS: tuple[str, ...] = typing.get_args(Attention)
+BACKENDS: tuple[str, ...] = typing.get_args(Backend)
+STRATEGIES: tuple[str, ...] = typing.get_args(Strategy)
+PROTOCOLS: tuple[str, ...] = typing.get_args(Protocol)
+
 # Hugging Face Trainer's `optim` values (transformers' OptimizerNames) for the same optimizers:
 # accepted as input. The for-loop variants have no Trainer name, and Trainer's "sgd" has no
 # momentum, so the HF snippet hands Trainer those three built (see snippets.py).
@@ -29,32 +55,26 @@ HF_OPTIM_NAMES = {
     "adafactor": "adafactor",
 }
 _OPTIMIZER_ALIASES = {hf: ours for ours, hf in HF_OPTIM_NAMES.items()}
-MODES = ("train", "eval")
-LOSSES = ("task", "logits-mean")
-BACKENDS = ("auto", "cuda", "mps", "sim", "cpu")
-STRATEGIES = ("fast", "linear")
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
-ATTENTIONS = ("sdpa", "eager")
-PROTOCOLS = ("full", "inference-style")
 
 # The largest batch any sweep tries: past it a "fits" answer is capped, and says so.
 DEFAULT_MAX_BATCH = 4096
 
-
 # Text fields longer than this are refused: no path, module list or margin needs more.
 MAX_TEXT_CHARS = 4096
-# (field, low, high, why high): every number a Settings holds, checked the same way.
-_RANGES = (
-    ("seq_len", 1, limits.MAX_SEQ_LEN, "8x the longest context in the catalog"),
-    ("image_size", 8, limits.MAX_IMAGE_SIZE, "36x ImageNet's 224 pixels"),
-    ("step", 1, limits.MAX_BATCH, "256x the default largest batch"),
-    ("current_batch", 1, limits.MAX_BATCH, "256x the default largest batch"),
-    ("max_batch", 1, limits.MAX_BATCH, "256x the default largest batch"),
-    ("target_batch", 1, limits.MAX_BATCH, "256x the default largest batch"),
-    ("lora_rank", 0, limits.MAX_LORA_RANK, "4x the widest open model's hidden size"),
-    ("grad_accum", 1, limits.MAX_GRAD_ACCUM, "past 2 micro-batches the peak no longer grows"),
-    ("gpu_memory_gib", 1, gpus.MAX_CUSTOM_GIB, "the largest custom GPU"),
-)
+
+# (field, low, high, why high): every bounded number, checked the same way in each section.
+_BATCH_WHY = "256x the default largest batch"
+_RANGES = {
+    "seq_len": (1, limits.MAX_SEQ_LEN, "8x the longest context in the catalog"),
+    "image_size": (8, limits.MAX_IMAGE_SIZE, "36x ImageNet's 224 pixels"),
+    "lora_rank": (0, limits.MAX_LORA_RANK, "4x the widest open model's hidden size"),
+    "grad_accum": (1, limits.MAX_GRAD_ACCUM, "past 2 micro-batches the peak no longer grows"),
+    "gpu_memory_gib": (1, gpus.MAX_CUSTOM_GIB, "the largest custom GPU"),
+    "step": (1, limits.MAX_BATCH, _BATCH_WHY),
+    "current_batch": (1, limits.MAX_BATCH, _BATCH_WHY),
+    "max_batch": (1, limits.MAX_BATCH, _BATCH_WHY),
+    "target_batch": (1, limits.MAX_BATCH, _BATCH_WHY),
+}
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -62,20 +82,22 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {', '.join(allowed)} (got {limits.shown(value)})")
 
 
-def _at_least(
-    name: str, value: float, low: float, high: float | None = None, why: str = ""
-) -> None:
-    limits.check_range(name, value, low, high, why)
-
-
-def _check_types(obj: Any) -> None:
-    """Refuse a field of the wrong type in one line (a JSON dict can hold anything)."""
+def _validate(obj: Any) -> None:
+    """Check every field's type, choice and range in one line each (a JSON dict or a URL can
+    hold anything): the shared part of each section's `__post_init__`."""
+    hints = _FIELD_TYPES[type(obj)]
     for f in fields(obj):
-        value, kind = getattr(obj, f.name), _FIELD_TYPES[type(obj)][f.name]
+        value, kind = getattr(obj, f.name), hints[f.name]
+        if typing.get_origin(kind) is Literal:
+            _choice(f.name, value, typing.get_args(kind))  # a non-str is never a member
+            continue
         args = typing.get_args(kind)
         if value is None and type(None) in args:
             continue
         base = next((a for a in args if a is not type(None)), kind)
+        if typing.get_origin(base) is Literal:
+            _choice(f.name, value, typing.get_args(base))  # a non-str is never a member
+            continue
         ok = isinstance(value, base) and not (base is not bool and isinstance(value, bool))
         if base is float:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -83,11 +105,14 @@ def _check_types(obj: Any) -> None:
             raise ValueError(f"{f.name} must be a {base.__name__} (got {limits.shown(value)})")
         if base is str and len(value) > MAX_TEXT_CHARS:
             raise ValueError(f"{f.name} must be at most {MAX_TEXT_CHARS} characters")
+        if f.name in _RANGES:
+            low, high, why = _RANGES[f.name]
+            limits.check_range(f.name, value, low, high, why)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Settings:
-    """One analysis: the training step to measure, where, and how to search batch sizes."""
+class Workload:
+    """What is trained: the model, its inputs, precision, optimizer, adapters and the loop."""
 
     model: str = "bert"
     """A key of the built-in model catalog (`memorymark models`)."""
@@ -97,19 +122,19 @@ class Settings:
     """Tokens per sample, for text models."""
     image_size: int = 224
     """Height and width in pixels, for image models."""
-    optimizer: str = "adamw"
+    optimizer: Optimizer = "adamw"
     """adamw or sgd (momentum 0.9) as PyTorch runs them on CUDA by default (foreach kernels),
     adamw-fused (the fused kernel), adamw-forloop / sgd-forloop (foreach=False), adafactor, or
     none (no state, no step). Hugging Face Trainer's `optim` names (adamw_torch,
     adamw_torch_fused) are accepted and stored as ours."""
-    mode: str = "train"
+    mode: Mode = "train"
     """train (dropout on, batch-norm statistics updated) or eval."""
-    loss: str = "task"
+    loss: Loss = "task"
     """task (the model's own loss from labels) or logits-mean (what inference-style tools use)."""
-    precision: str = "32-true"
+    precision: Precision = "32-true"
     """Lightning's names: 32-true, bf16-mixed / 16-mixed (autocast; fp16 adds a GradScaler),
     bf16-true (weights and optimizer state in bf16)."""
-    attention: str = "sdpa"
+    attention: Attention = "sdpa"
     """sdpa (torch's scaled_dot_product_attention, as CUDA dispatches it) or eager (matmuls)."""
     grad_checkpointing: bool = False
     """Recompute activations in backward instead of keeping them (the model's own switch)."""
@@ -125,13 +150,47 @@ class Settings:
     (its default is 1.0); None: no clipping."""
     forward_only: bool = False
     """Run the forward pass under no_grad and nothing else (used by the backward-pass proof)."""
+
+    def __post_init__(self) -> None:
+        if self.optimizer in _OPTIMIZER_ALIASES:
+            object.__setattr__(self, "optimizer", _OPTIMIZER_ALIASES[self.optimizer])
+        _validate(self)
+        entry = models.find_model(self.model)
+        if self.task is not None and self.task not in entry.tasks:
+            raise ValueError(
+                f"model {limits.shown(self.model)} supports tasks {', '.join(entry.tasks)} "
+                f"(got {limits.shown(self.task)})"
+            )
+        if entry.max_positions is not None and self.seq_len > entry.max_positions:
+            raise ValueError(
+                f"seq_len {self.seq_len} exceeds {self.model}'s {entry.max_positions} positions"
+            )
+        norm = self.max_grad_norm
+        # Compared without float(): a huge int would overflow it.
+        if norm is not None and not (0 < norm <= sys.float_info.max):  # False for nan
+            raise ValueError(f"max_grad_norm must be a positive number (got {limits.shown(norm)})")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hardware:
+    """Where it trains: the GPU kind, and the backend that measures or simulates it."""
+
     gpu: str | None = None
     """A catalog GPU name or alias; None means the GPU in this machine, else an A10."""
     gpu_memory_gib: float | None = None
     """Total memory of a GPU that is not in the catalog, in GiB as PyTorch reports it."""
-    backend: str = "auto"
+    backend: Backend = "auto"
     """auto (cuda, else mps, else sim), cuda, mps, sim (fake tensors) or cpu (real, tracked)."""
-    strategy: str = "fast"
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Search:
+    """How batch sizes are searched, and the batches the answer is compared with."""
+
+    strategy: Strategy = "fast"
     """fast (trace, predict, verify, bisect) or linear (step, 2*step, ... until the first OOM)."""
     step: int = 8
     """Batch-size granularity of the search."""
@@ -146,48 +205,68 @@ class Settings:
     because an under-prediction means a crash at step one."""
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        for name, low, high, why in _RANGES:
-            if getattr(self, name) is not None:
-                _at_least(name, getattr(self, name), low, high, why)
-        entry = models.find_model(self.model)
-        if self.task is not None and self.task not in entry.tasks:
-            raise ValueError(
-                f"model {limits.shown(self.model)} supports tasks {', '.join(entry.tasks)} "
-                f"(got {limits.shown(self.task)})"
-            )
-        if entry.max_positions is not None and self.seq_len > entry.max_positions:
-            raise ValueError(
-                f"seq_len {self.seq_len} exceeds {self.model}'s {entry.max_positions} positions"
-            )
-        if self.optimizer in _OPTIMIZER_ALIASES:
-            object.__setattr__(self, "optimizer", _OPTIMIZER_ALIASES[self.optimizer])
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
-        _choice("mode", self.mode, MODES)
-        _choice("loss", self.loss, LOSSES)
-        _choice("backend", self.backend, BACKENDS)
-        _choice("precision", self.precision, PRECISIONS)
-        _choice("attention", self.attention, ATTENTIONS)
+        _validate(self)
         parse_margin(self.margin, 1)
-        _choice("strategy", self.strategy, STRATEGIES)
-        norm = self.max_grad_norm
-        # Compared without float(): a huge int would overflow it.
-        if norm is not None and not (0 < norm <= sys.float_info.max):  # False for nan
-            raise ValueError(f"max_grad_norm must be a positive number (got {limits.shown(norm)})")
+
+
+SECTIONS: dict[str, type] = {"workload": Workload, "hardware": Hardware, "search": Search}
+# Each flat name and the section that holds it, in the order the sections list them.
+_SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}
+FIELD_NAMES: tuple[str, ...] = tuple(_SECTION_OF)
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Settings:
+    """One analysis: the training step to measure, where, and how to search batch sizes.
+
+    Build it from flat names, sections, or both (flat names override the sections given):
+
+    >>> s = Settings(model="gpt2", gpu="a10", precision="bf16-mixed")
+    >>> s.workload.precision, s.precision, s.hardware.gpu
+    ('bf16-mixed', 'bf16-mixed', 'a10')
+    """
+
+    workload: Workload
+    hardware: Hardware
+    search: Search
+
+    def __init__(
+        self,
+        *,
+        workload: Workload | None = None,
+        hardware: Hardware | None = None,
+        search: Search | None = None,
+        **flat: Any,
+    ) -> None:
+        unknown = sorted(set(flat) - set(_SECTION_OF))
+        if unknown:
+            raise TypeError(f"Settings() got an unexpected keyword argument {unknown[0]!r}")
+        given = {"workload": workload, "hardware": hardware, "search": search}
+        for name, cls in SECTIONS.items():
+            mine = {k: v for k, v in flat.items() if _SECTION_OF[k] == name}
+            section = given[name]
+            if section is None:
+                section = cls(**mine)
+            elif not isinstance(section, cls):
+                raise ValueError(f"{name} must be a {cls.__name__} (got {limits.shown(section)})")
+            elif mine:
+                section = replace(section, **mine)
+            object.__setattr__(self, name, section)
 
     def margin_bytes(self, usable_bytes: int) -> int:
         """The margin in bytes for a GPU with `usable_bytes` of usable memory."""
-        return parse_margin(self.margin, usable_bytes)
+        return parse_margin(self.search.margin, usable_bytes)
 
     @property
     def resolved_task(self) -> str:
         """The task this run trains: the chosen one or the model's default."""
-        return self.task or models.find_model(self.model).default_task
+        return self.workload.task or models.find_model(self.workload.model).default_task
 
     @property
     def protocol(self) -> str:
         """inference-style when the step is what forward-only tools measure, else full."""
-        inference = (self.mode, self.loss, self.optimizer) == ("eval", "logits-mean", "none")
+        w = self.workload
+        inference = (w.mode, w.loss, w.optimizer) == ("eval", "logits-mean", "none")
         return "inference-style" if inference else "full"
 
     def with_protocol(self, protocol: str) -> Settings:
@@ -198,26 +277,26 @@ class Settings:
         return replace(self, mode="train", loss="task", optimizer="adamw")
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict of every field (the inverse of `from_dict`)."""
-        return dataclasses.asdict(self)
+        """A JSON-able dict of every field by its flat name (the inverse of `from_dict`)."""
+        return {name: getattr(getattr(self, s), name) for name, s in _SECTION_OF.items()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Settings:
         """Build from a dict such as `to_dict` writes; unknown keys are an error."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - set(_SECTION_OF))
         if unknown:
-            raise ValueError(f"unknown setting {unknown[0]!r}; known: {', '.join(sorted(known))}")
+            known = ", ".join(sorted(_SECTION_OF))
+            raise ValueError(f"unknown setting {limits.shown(unknown[0])}; known: {known}")
         return cls(**dict(data))
 
     def to_query(self) -> dict[str, str]:
         """URL query parameters for the fields that differ from the defaults."""
-        return _to_query(self, Settings())
+        return _to_query(self.to_dict(), Settings().to_dict())
 
     def to_command_line(self) -> str:
         """The `memorymark analyze` command that runs these settings: every field that differs
         from the defaults, as the flags the CLI reads back into the same Settings."""
-        words = ["memorymark", "analyze", shlex.quote(self.model)]
+        words = ["memorymark", "analyze", shlex.quote(self.workload.model)]
         for name, value in self.to_query().items():
             if name == "model":
                 continue
@@ -231,7 +310,18 @@ class Settings:
     @classmethod
     def from_query(cls, params: Mapping[str, str]) -> Settings:
         """Parse URL query parameters (strings); unknown keys are ignored, bad values raise."""
-        return cls(**_parse_query(cls, params))
+        return cls(**_parse_query(_FLAT_TYPES, params))
+
+    # Read-only flat views of the sections' fields (`settings.optimizer`), added below.
+    if typing.TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> Any: ...
+
+
+# One flat name per setting, read from its section: the names the CLI, URL and JSON use, so
+# code that only reads a setting need not know which section holds it.
+for _name, _section in _SECTION_OF.items():
+    setattr(Settings, _name, property(operator.attrgetter(f"{_section}.{_name}")))
 
 
 _UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
@@ -275,13 +365,14 @@ class Costs:
     """Training runs per year."""
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        _validate(self)
         if self.usd_per_hour is not None:
-            _at_least("usd_per_hour", self.usd_per_hour, 0, limits.MAX_USD_PER_HOUR, "over 100x "
-                      "the dearest catalog GPU")  # fmt: skip
-        _at_least("hours_per_run", self.hours_per_run, 0, limits.MAX_HOURS_PER_RUN, "a leap year")
-        _at_least("runs_per_year", self.runs_per_year, 0, limits.MAX_RUNS_PER_YEAR,
-                  "one every five minutes")  # fmt: skip
+            limits.check_range("usd_per_hour", self.usd_per_hour, 0, limits.MAX_USD_PER_HOUR,
+                               "over 100x the dearest catalog GPU")  # fmt: skip
+        limits.check_range("hours_per_run", self.hours_per_run, 0, limits.MAX_HOURS_PER_RUN,
+                           "a leap year")  # fmt: skip
+        limits.check_range("runs_per_year", self.runs_per_year, 0, limits.MAX_RUNS_PER_YEAR,
+                           "one every five minutes")  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of every field."""
@@ -289,39 +380,38 @@ class Costs:
 
     def to_query(self) -> dict[str, str]:
         """URL query parameters for the fields that differ from the defaults."""
-        return _to_query(self, Costs())
+        return _to_query(self.to_dict(), Costs().to_dict())
 
     @classmethod
     def from_query(cls, params: Mapping[str, str]) -> Costs:
         """Parse URL query parameters (strings); unknown keys are ignored, bad values raise."""
-        return cls(**_parse_query(cls, params))
+        return cls(**_parse_query(_FIELD_TYPES[Costs], params))
 
+
+COST_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Costs))
 
 # Fields whose CLI flag is not the field's name with dashes (memorymark/cli.py).
 _FLAG_NAMES = {"gpu_memory_gib": "--gpu-memory"}
 
 
-def _to_query(obj: Any, default: Any) -> dict[str, str]:
+def _to_query(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, str]:
     out = {}
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        if value != getattr(default, f.name):
-            out[f.name] = str(value).lower() if isinstance(value, bool) else str(value)
+    for name, value in values.items():
+        if value != defaults[name]:
+            out[name] = str(value).lower() if isinstance(value, bool) else str(value)
     return out
 
 
-def _parse_query(cls: type, params: Mapping[str, str]) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
+def _parse_query(types: Mapping[str, Any], params: Mapping[str, str]) -> dict[str, Any]:
     parsed: dict[str, Any] = {}
-    for f in fields(cls):
-        if f.name not in params:
+    for name, kind in types.items():
+        if name not in params:
             continue
-        raw = str(params[f.name])
-        kind = hints[f.name]
+        raw = str(params[name])
         try:
-            parsed[f.name] = _parse_value(raw, kind)
+            parsed[name] = _parse_value(raw, kind)
         except ValueError:
-            raise ValueError(f"bad value for {f.name}: {limits.shown(raw)}") from None
+            raise ValueError(f"bad value for {name}: {limits.shown(raw)}") from None
     return parsed
 
 
@@ -339,7 +429,8 @@ def _parse_value(raw: str, kind: Any) -> Any:
         return int(raw)
     if kind is float:
         return float(raw)
-    return raw
+    return raw  # str, and a Literal's choices (validated by the section)
 
 
-_FIELD_TYPES = {cls: typing.get_type_hints(cls) for cls in (Settings, Costs)}
+_FIELD_TYPES = {cls: typing.get_type_hints(cls) for cls in (*SECTIONS.values(), Costs)}
+_FLAT_TYPES = {name: _FIELD_TYPES[SECTIONS[s]][name] for name, s in _SECTION_OF.items()}

@@ -7,7 +7,6 @@ import contextlib
 import io
 import json
 import math
-from dataclasses import fields
 
 import pytest
 from config_samples import TINY_BERT
@@ -16,7 +15,7 @@ from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
 from memorymark import cli, commands, model_sources
-from memorymark.settings import Costs, Settings
+from memorymark.settings import COST_NAMES, FIELD_NAMES, Costs, Settings
 from memorymark.ui.user_text import plain
 
 # Modest example counts: the whole file runs in seconds on 2 cores.
@@ -59,7 +58,7 @@ def one_line_refusal(exc: ValueError) -> None:
 
 
 def query(cls: type) -> st.SearchStrategy[dict[str, str]]:
-    names = [f.name for f in fields(cls)] + ["unknown"]
+    names = [*(FIELD_NAMES if cls is Settings else COST_NAMES), "unknown"]
     return st.dictionaries(st.sampled_from(names), ANY_TEXT, max_size=6)
 
 

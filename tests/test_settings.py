@@ -1,8 +1,10 @@
 """Settings validate once, and round-trip through dicts and URL query parameters."""
 
+from dataclasses import replace
+
 import pytest
 
-from memorymark.settings import Costs, Settings
+from memorymark.settings import FIELD_NAMES, Costs, Hardware, Search, Settings, Workload
 
 
 def test_defaults_are_the_issue_defaults():
@@ -65,3 +67,72 @@ def test_bad_query_values_name_the_field():
     with pytest.raises(ValueError, match="bad value for seq_len: 'many'"):
         Settings.from_query({"seq_len": "many"})
     assert Settings.from_query({"forward_only": "true", "ignored": "x"}).forward_only
+
+
+# A non-default value for every setting, valid together. A new field must be added here, so
+# its CLI flag and URL parameter are proven to round-trip.
+EVERY_FIELD_CHANGED = {
+    "model": "gpt2",
+    "task": "sequence-classification",
+    "seq_len": 512,
+    "image_size": 160,
+    "optimizer": "adamw-fused",
+    "mode": "eval",
+    "loss": "logits-mean",
+    "precision": "bf16-mixed",
+    "attention": "eager",
+    "grad_checkpointing": True,
+    "lora_rank": 8,
+    "lora_targets": "c_attn",
+    "grad_accum": 4,
+    "max_grad_norm": 0.5,
+    "forward_only": True,
+    "gpu": "h100",
+    "gpu_memory_gib": 12.5,
+    "backend": "sim",
+    "strategy": "linear",
+    "step": 4,
+    "current_batch": 32,
+    "max_batch": 512,
+    "target_batch": 1024,
+    "margin": "1GiB",
+}
+
+
+def test_every_field_round_trips_through_the_url_and_the_command_line():
+    import shlex
+
+    from memorymark import cli
+
+    assert set(EVERY_FIELD_CHANGED) == set(FIELD_NAMES)
+    s = Settings(**EVERY_FIELD_CHANGED)
+    assert s.to_query().keys() == EVERY_FIELD_CHANGED.keys()
+    assert Settings.from_query(s.to_query()) == s
+    argv = shlex.split(s.to_command_line())[1:]
+    assert cli.settings_from_args(cli.build_parser().parse_args(argv)) == s
+
+
+def test_settings_are_sections_that_validate_themselves():
+    s = Settings(model="gpt2", gpu="a10", step=4)
+    assert s.workload == Workload(model="gpt2")
+    assert (s.hardware, s.search) == (Hardware(gpu="a10"), Search(step=4))
+    assert Settings(workload=Workload(model="gpt2"), hardware=Hardware(gpu="a10"), step=4) == s
+    # Flat names override the sections they belong to, and read back from them.
+    assert Settings(search=Search(step=4), step=2).search.step == 2 == Settings(step=2).step
+    assert replace(s, precision="bf16-true").workload.precision == "bf16-true"
+    with pytest.raises(ValueError, match="step must be at least 1"):
+        Search(step=0)
+    with pytest.raises(ValueError, match="backend must be one of auto, cuda"):
+        Hardware(backend="tpu")
+    with pytest.raises(ValueError, match="hardware must be a Hardware"):
+        Settings(hardware=Search())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
+        Settings(colour="red")
+
+
+def test_settings_survive_pickling_for_worker_processes():
+    import pickle
+
+    s = Settings(model="gpt2", gpu="a10", margin="1GiB")
+    assert pickle.loads(pickle.dumps(s)) == s
+    assert hash(pickle.loads(pickle.dumps(s))) == hash(s)

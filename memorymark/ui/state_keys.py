@@ -7,12 +7,10 @@ the values mean.
 
 from __future__ import annotations
 
-from dataclasses import fields
+from memorymark.settings import COST_NAMES, FIELD_NAMES
 
-from memorymark.settings import Costs, Settings
-
-SETTING_FIELDS = tuple(f.name for f in fields(Settings))
-COST_FIELDS = tuple(f.name for f in fields(Costs))
+SETTING_FIELDS = FIELD_NAMES
+COST_FIELDS = COST_NAMES
 STATE_KEYS = (*SETTING_FIELDS, *COST_FIELDS, "gpu_choice", "price_for", "model_spec", "task_for")
 """The values kept alive across pages (not the upload widget: Streamlit cannot set one)."""
 
