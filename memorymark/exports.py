@@ -89,7 +89,8 @@ def export_text(report: Report, fmt: str) -> str:
 
 def slug(text: str) -> str:
     """`text` as a file-name part: letters, digits and dots; anything else one dash."""
-    part = re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-.")
+    part = re.sub(r"[^A-Za-z0-9.]+", "-", text)
+    part = re.sub(r"[-.]*\.[-.]*", ".", part).strip("-.")  # never "..", never "-."
     return part[:_PART_CHARS].strip("-.") or "x"
 
 
