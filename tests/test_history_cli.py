@@ -165,3 +165,17 @@ def test_history_list_loads_no_torch_and_a_damaged_file_warns_once(history_db: P
     assert proc.stdout.split()[-2:] == ["False", "0"]
     assert proc.stderr.count("memorymark: warning: history database") == 1
     assert "moved it to history.sqlite3.corrupt-" in proc.stderr
+
+
+def test_a_history_that_cannot_be_written_warns_and_keeps_the_answer(
+    capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("MEMORYMARK_DB", str(blocker / "history.sqlite3"))
+    status, out, err = run_cli(capsys, "analyze", *TINY, "--json")
+    assert status == 0 and json.loads(out)["optimal_batch_size"] == 64
+    assert err.startswith("memorymark: warning: this run was not saved to the history: cannot")
+    assert len(err.strip().splitlines()) == 1
+    status, _, err = run_cli(capsys, "history", "list")
+    assert status == 2 and err.startswith("memorymark: error: cannot create the folder")
