@@ -63,7 +63,10 @@ with history_views.open_history() as db:
 for error in errors:
     st.warning(f"Cannot reopen {plain(error)}")
 if len(reports) >= 2:
-    overlay = [(f"#{run_id}", report) for run_id, report in reports.items()]
+    overlay = [
+        (f"#{run_id} {report.settings.model} on {report.gpu.name}", report)
+        for run_id, report in reports.items()
+    ]
     fig = history_charts.overlay_figure(overlay)
     st.plotly_chart(fig, key="history_overlay", width="stretch")
 if reports:

@@ -73,10 +73,14 @@ def test_two_runs_overlay_their_memory_curves() -> None:
     assert not at.exception
     spec = chart(at, "history_overlay")
     curves = [t for t in spec["data"] if t["mode"] == "lines+markers"]
-    assert [t["name"] for t in curves] == ["#1 (simulated)", "#3 (simulated)"]
+    assert [t["name"] for t in curves] == [
+        "#1 tiny-bert on A10 (simulated)", "#3 tiny-bert on T4 (simulated)"]  # fmt: skip
     assert curves[0]["x"] == [8, 16, 192]
     usable = [t["name"] for t in spec["data"] if "usable" in t["name"]]
-    assert usable[0].startswith("#1: usable on A10") and usable[1].startswith("#3: usable on T4")
+    assert usable == [
+        "#1 tiny-bert on A10: usable (21.68 GiB)",
+        "#3 tiny-bert on T4: usable (14.45 GiB)",
+    ]
     ooms = [t for t in spec["data"] if t["name"].endswith("out of memory")]
     assert [t["x"] for t in ooms] == [[200], [200]]
 

@@ -46,7 +46,7 @@ def overlay_figure(runs: Sequence[tuple[str, Report]]) -> go.Figure:
         usable = report.gpu.usable_bytes / GIB
         fig.add_trace(go.Scatter(
             x=[0, widest * 1.05], y=[usable, usable], mode="lines",
-            name=f"{label}: usable on {report.gpu.name} ({usable:.2f} GiB)", legendgroup=name,
+            name=f"{label}: usable ({usable:.2f} GiB)", legendgroup=name,
             line=dict(color=colour, dash="dash", width=1), hoverinfo="name",
         ))  # fmt: skip
     fig.update_layout(
