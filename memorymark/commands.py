@@ -81,6 +81,7 @@ def _analyze(args: argparse.Namespace, settings: Settings) -> int:
         print_json(report.to_dict())
     elif fmt == "text":
         _print_report(report)
+        print(f"  {environment_line(report)}")
         if saved is not None:
             print(f"  saved as run {saved} (memorymark history show {saved})")
     elif fmt == "markdown":
@@ -91,6 +92,16 @@ def _analyze(args: argparse.Namespace, settings: Settings) -> int:
             raise ValueError(f"there are no {fmt} settings to print: {reason}")
         print(snippet(fmt, settings, report.plan), end="")
     return 0
+
+
+def environment_line(report: Report) -> str:
+    """The environment stamp in one line: versions, where it ran, and when it finished."""
+    env = exports.environment(report)
+    return (
+        f"MemoryMark {env['memorymark_version']}, torch {env['torch_version']}, transformers "
+        f"{env['transformers_version']}, Python {env['python_version']}; finished "
+        f"{env['finished_utc']}"
+    )
 
 
 def _save(report: Report) -> int | None:

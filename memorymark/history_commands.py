@@ -108,12 +108,7 @@ def _show(history: History, args: argparse.Namespace) -> int:
     report = run.report()
     from memorymark import commands  # the analyze printers (they load the engine)
 
-    env = run.environment
-    print(
-        f"run {run.id}, finished {run.summary.created_utc} ({run.summary.source}; MemoryMark "
-        f"{env.get('memorymark_version')}, torch {env.get('torch_version')}, transformers "
-        f"{env.get('transformers_version')})"
-    )
+    print(f"run {run.id}, saved by {run.summary.source}: {commands.environment_line(report)}")
     print(f"$ {run.summary.command_line}")
     print(
         f"{report.settings.model} on {report.gpu.name} ({report.backend}, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,8 @@ def test_analyze_saves_the_finished_run_and_no_save_does_not(capsys) -> None:
     status, out, err = run_cli(capsys, "analyze", *TINY)
     assert status == 0, err
     assert "saved as run 1 (memorymark history show 1)" in out
+    assert re.search(r"^  MemoryMark [\d.]+, torch 2\.\S+, transformers \S+, Python 3\.\S+; "
+                     r"finished 20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ$", out, re.M)  # fmt: skip
     status, out, _ = run_cli(capsys, "analyze", *TINY, "--no-save", "--json")
     assert status == 0
     analyzed = json.loads(out)
@@ -60,6 +63,7 @@ def test_analyze_saves_the_finished_run_and_no_save_does_not(capsys) -> None:
     assert status == 0
     assert "optimal batch size   64" in out
     assert "$ memorymark analyze tiny-bert --seq-len 32 --gpu a10 --backend sim" in out
+    assert out.startswith("run 1, saved by cli: MemoryMark ")
 
 
 def test_analyze_prints_a_markdown_report(capsys) -> None:
