@@ -15,6 +15,6 @@ from memorymark.engine import Session
 from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.settings import Costs, Settings
-from memorymark.version import __version__
 
-__all__ = ["Costs", "Measurement", "Report", "Session", "Settings", "__version__"]
+__all__ = ["Costs", "Measurement", "Report", "Session", "Settings"]
+__version__ = "0.1.0"

@@ -16,10 +16,9 @@ from __future__ import annotations
 import datetime as dt
 import importlib.metadata
 import platform
+import sys
 from dataclasses import asdict, dataclass, fields
 from typing import Any
-
-from memorymark.version import __version__
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 """ISO 8601 in UTC with a Z: sorts as text, and reads the same on every machine."""
@@ -80,7 +79,7 @@ def stamp(
     `torch_version` is the imported torch's own `__version__` when the caller has it (it keeps
     a local build's suffix, "2.13.0+cu128"); else the installed distribution's."""
     return Stamp(
-        memorymark_version=package_version("memorymark") or __version__,
+        memorymark_version=package_version("memorymark") or _source_version(),
         torch_version=torch_version or package_version("torch"),
         transformers_version=package_version("transformers"),
         python_version=platform.python_version(),
@@ -90,6 +89,13 @@ def stamp(
         memory_source=memory_source,
         finished_utc=finished_utc or utc_now(),
     )
+
+
+def _source_version() -> str:
+    """`memorymark.__version__` of a checkout that was never installed. Read from the loaded
+    package (always loaded before any of its modules) rather than imported: the package's
+    `__init__` imports the engine, which imports this module."""
+    return str(getattr(sys.modules.get("memorymark"), "__version__", ""))
 
 
 def parse_time(text: str) -> dt.datetime | None:

@@ -132,7 +132,7 @@ def test_the_main_page_saves_each_finished_analysis_once(fake) -> None:
 @pytest.mark.usefixtures("fresh_caches")
 def test_unticking_save_keeps_the_analysis_out_of_the_history(fake) -> None:
     at = app(model="tiny-bert")
-    at.checkbox(key="mm_save_history").uncheck().run()
+    at.checkbox(key="mm_save_history_box").uncheck().run()
     at.button(key="analyze").click().run()
     assert not at.exception and metrics(at)["Optimal batch size"] == "192"
     assert History().count() == 0

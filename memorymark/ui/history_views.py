@@ -17,13 +17,15 @@ from memorymark import history
 from memorymark.history import History, HistoryError, RunSummary
 from memorymark.report import Report
 from memorymark.settings import Costs
-from memorymark.ui.state_keys import key
 from memorymark.ui.sweep_runner import SweepJob
 from memorymark.ui.user_text import plain
 from memorymark.units import gib
 
-SAVE_KEY = key("save_history")
-"""The main page's "Save to history" checkbox (kept across pages with the sidebar's values)."""
+SAVE_KEY = "mm_save_history"
+"""Whether this session saves its analyses: not a widget's key, so it survives a visit to a
+page without the checkbox (Streamlit forgets a widget's state on a page that does not draw it)."""
+SAVE_BOX_KEY = "mm_save_history_box"
+"""The main page's "Save to history" checkbox."""
 SAVED_KEY = "mm_saved_job"
 """The last job this session saved: each finished sweep is saved once, not on every rerun."""
 
@@ -37,10 +39,15 @@ def save_toggle(container: Any) -> None:
     """The checkbox that lets a user keep this session's analyses out of the history."""
     if enabled():
         container.checkbox(
-            "Save to history", value=True, key=SAVE_KEY,
+            "Save to history", value=st.session_state.get(SAVE_KEY, True), key=SAVE_BOX_KEY,
+            on_change=_remember_choice,
             help="Save each finished analysis (settings, costs, probes, report, versions) to "
             "the History page and `memorymark history`.",
         )  # fmt: skip
+
+
+def _remember_choice() -> None:
+    st.session_state[SAVE_KEY] = st.session_state[SAVE_BOX_KEY]
 
 
 def save_finished(job: SweepJob | None, costs: Costs) -> int | None:

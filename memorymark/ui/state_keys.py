@@ -13,10 +13,7 @@ from memorymark.settings import Costs, Settings
 
 SETTING_FIELDS = tuple(f.name for f in fields(Settings))
 COST_FIELDS = tuple(f.name for f in fields(Costs))
-STATE_KEYS = (
-    *SETTING_FIELDS, *COST_FIELDS, "gpu_choice", "price_for", "model_spec", "task_for",
-    "save_history",
-)  # fmt: skip
+STATE_KEYS = (*SETTING_FIELDS, *COST_FIELDS, "gpu_choice", "price_for", "model_spec", "task_for")
 """The values kept alive across pages (not the upload widget: Streamlit cannot set one)."""
 
 
