@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -197,34 +198,7 @@ class History:
 
     def save(self, report: Report, *, source: str = "api") -> int:
         """Save a finished analysis with every probe, in one transaction; returns its id."""
-        s = report.settings
-        env = report.stamp or make_stamp(
-            backend=report.backend, device=report.gpu.name, memory_source=report.memory_source
-        )
-        optimal, maximum = report.optimal, report.max_fit
-        row = {
-            "created_utc": env.finished_utc,
-            "source": source,
-            "model": s.model,
-            "gpu": report.gpu.name,
-            "backend": report.backend,
-            "memory_source": report.memory_source,
-            "precision": s.precision,
-            "seq_len": s.seq_len,
-            "image_size": s.image_size,
-            "current_batch": s.current_batch,
-            "optimal_batch": optimal.batch_size if optimal else None,
-            "max_batch": maximum.batch_size if maximum else None,
-            "optimal_peak_bytes": optimal.peak_bytes if optimal else None,
-            "probes": len(report.measurements),
-            "elapsed_seconds": report.elapsed_seconds,
-            "command_line": s.to_command_line(),
-            "settings_json": json.dumps(s.to_dict()),
-            "costs_json": json.dumps(report.costs.to_dict()),
-            "environment_json": json.dumps(env.to_dict()),
-            "report_json": json.dumps(report.to_dict()),
-            "record_json": json.dumps(report_to_record(report)),
-        }
+        row = _run_row(report, source)
         probes = [(m, 0) for m in report.measurements] + [(m, 1) for m in report.plan_probes]
         conn = self.conn
         try:
@@ -323,6 +297,40 @@ class History:
             return self.conn.execute(sql, args).fetchall()
         except sqlite3.Error as exc:
             raise HistoryError(f"could not read {self.path}: {exc}") from None
+
+
+def _run_row(report: Report, source: str) -> dict[str, Any]:
+    """The `runs` row of a report: the columns lists and filters read, then the JSON saved."""
+    if report.stamp is None:  # built by hand, not by a Session: stamped as saved
+        made = make_stamp(
+            backend=report.backend, device=report.gpu.name, memory_source=report.memory_source
+        )
+        report = dataclasses.replace(report, stamp=made)
+    s, env = report.settings, report.stamp
+    optimal, maximum = report.optimal, report.max_fit
+    return {
+        "created_utc": env.finished_utc,
+        "source": source,
+        "model": s.model,
+        "gpu": report.gpu.name,
+        "backend": report.backend,
+        "memory_source": report.memory_source,
+        "precision": s.precision,
+        "seq_len": s.seq_len,
+        "image_size": s.image_size,
+        "current_batch": s.current_batch,
+        "optimal_batch": optimal.batch_size if optimal else None,
+        "max_batch": maximum.batch_size if maximum else None,
+        "optimal_peak_bytes": optimal.peak_bytes if optimal else None,
+        "probes": len(report.measurements),
+        "elapsed_seconds": report.elapsed_seconds,
+        "command_line": s.to_command_line(),
+        "settings_json": json.dumps(s.to_dict()),
+        "costs_json": json.dumps(report.costs.to_dict()),
+        "environment_json": json.dumps(env.to_dict()),
+        "report_json": json.dumps(report.to_dict()),
+        "record_json": json.dumps(report_to_record(report)),
+    }
 
 
 def save(

@@ -275,3 +275,11 @@ def test_three_app_sessions_and_three_cli_processes_lose_nothing(history_db: Pat
 def test_a_stamp_reads_back_what_a_later_version_wrote() -> None:
     s = Stamp.from_dict({"torch_version": "9.9", "gpu_clock": "fast"})
     assert s.torch_version == "9.9" and s.memorymark_version == ""
+
+
+def test_a_report_without_a_stamp_is_stamped_as_it_is_saved() -> None:
+    with History() as h:
+        saved = h.get(h.save(sample_report()))
+    assert saved.report_json["environment"] == saved.environment
+    assert saved.report().stamp == Stamp.from_dict(saved.environment)
+    assert saved.environment["finished_utc"] == saved.summary.created_utc
