@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from memorymark.ui import results, sidebar, sweep_runner, views
+from memorymark.ui import history_views, results, sidebar, sweep_runner, views
 
 
 def analyze_page() -> None:
@@ -26,7 +26,8 @@ def analyze_page() -> None:
         return
     job = sweep_runner.current_job()
     running = job is not None and job.running
-    analyze_col, cancel_col, _ = st.columns([1, 1, 6])
+    analyze_col, cancel_col, save_col, _ = st.columns([1, 1, 2, 4], vertical_alignment="center")
+    history_views.save_toggle(save_col)
     clicked = analyze_col.button("Analyze", type="primary", disabled=running, key="analyze")
     if (clicked or requested) and not running:
         sweep_runner.start_sweep(settings)
@@ -35,6 +36,8 @@ def analyze_page() -> None:
         job.cancel()
 
     report = sweep_runner.cached_report(settings)
+    if not running:
+        history_views.save_finished(job, costs)  # once per finished sweep
     if running:
         if job.settings != settings:
             job.changed_while_running = True
@@ -68,6 +71,7 @@ PAGES = [
     st.Page("pages/1_Compare_GPUs.py", title="Compare GPUs", icon=":material/compare:"),
     st.Page("pages/2_Backward_pass_proof.py", title="Backward-pass proof",
             icon=":material/functions:"),
+    st.Page("pages/3_History.py", title="History", icon=":material/history:"),
 ]  # fmt: skip
 # Our own links, drawn by the first run: the built-in menu would first list pages/ by file name
 # and, clicked in that first second, switch the session to that stale menu for good.

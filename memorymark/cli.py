@@ -13,8 +13,9 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from memorymark import limits, models
+from memorymark import history_commands, limits, models
 from memorymark import settings as settings_mod
+from memorymark.history_file import HistoryError
 from memorymark.settings import Costs, Settings
 
 EXIT_BAD_INPUT = 2
@@ -168,8 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument(
         "--format",
-        choices=("json", "text", "hf", "lightning", "torch"),
-        help="hf, lightning or torch print ready-to-paste training settings for the result",
+        choices=("json", "text", "markdown", "hf", "lightning", "torch"),
+        help="markdown prints a one-page report to paste into an issue; hf, lightning or torch "
+        "print ready-to-paste training settings for the result",
+    )
+    analyze.add_argument(
+        "--no-save",
+        action="store_true",
+        help="do not save this run to the history (MEMORYMARK_DB, see `memorymark history`)",
     )
     analyze.add_argument(
         "--price",
@@ -246,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument("--json", action="store_true", help="print the rows as JSON")
 
+    history_commands.add_parser(sub, _positive_int)
+
     for name, what in (("models", "the built-in models"), ("gpus", "the GPU catalog")):
         listing = sub.add_parser(name, help=f"list {what}", epilog=f"example: memorymark {name}")
         listing.add_argument("--json", action="store_true", help="print JSON")
@@ -303,9 +312,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # transformers logs advice meant for model authors (unset loss_type, ...) on stderr; on a
     # command line it reads like an error. Users can still raise it with TRANSFORMERS_VERBOSITY.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    args = build_parser().parse_args(argv)
+    if args.command == "history":  # reads the database: no engine, no torch (but for show)
+        try:
+            return history_commands.run(args)
+        except (ValueError, HistoryError) as exc:
+            return _fail(str(exc), EXIT_BAD_INPUT)
     from memorymark import commands  # the engine (and torch) load only for a real command
 
-    args = build_parser().parse_args(argv)
     try:
         # Catalog and calibration commands take no model; every other one trains one.
         takes_settings = args.command not in ("models", "gpus", "calibrate")

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from memorymark import calibrate as calibration
-from memorymark import calibration_record, gpus, models
+from memorymark import calibration_record, exports, gpus, history, models
 from memorymark.calibrate import NoGpuError
 from memorymark.engine import Session
 from memorymark.measurement import Measurement
@@ -75,16 +76,46 @@ def _analyze(args: argparse.Namespace, settings: Settings) -> int:
         if talk:
             _print_probe(m, session.gpu.usable_bytes)
     report = session.report(costs)
+    saved = None if args.no_save else _save(report)
     if fmt == "json":
         print_json(report.to_dict())
     elif fmt == "text":
         _print_report(report)
+        print(f"  {environment_line(report)}")
+        if saved is not None:
+            print(f"  saved as run {saved} (memorymark history show {saved})")
+    elif fmt == "markdown":
+        print(exports.markdown(report), end="")
     else:
         if report.plan is None:
             reason = report.plan_note or report.verdict()
             raise ValueError(f"there are no {fmt} settings to print: {reason}")
         print(snippet(fmt, settings, report.plan), end="")
     return 0
+
+
+def environment_line(report: Report) -> str:
+    """The environment stamp in one line: versions, where it ran, and when it finished."""
+    env = exports.environment(report)
+    return (
+        f"MemoryMark {env['memorymark_version']}, torch {env['torch_version']}, transformers "
+        f"{env['transformers_version']}, Python {env['python_version']}; finished "
+        f"{env['finished_utc']}"
+    )
+
+
+def _save(report: Report) -> int | None:
+    """Save a finished run to the history (closed again before `main` returns: `__main__`
+    leaves with `os._exit`); a failure to save warns and leaves the answer alone."""
+    try:
+        return history.save(report, source="cli", warn=_warn)
+    except history.HistoryError as exc:
+        _warn(f"this run was not saved to the history: {exc}")
+        return None
+
+
+def _warn(message: str) -> None:
+    print(f"memorymark: warning: {message}", file=sys.stderr)
 
 
 def _print_probe(m: Measurement, usable_bytes: int) -> None:
@@ -167,6 +198,10 @@ def _print_report(r: Report) -> None:
     )
     print(f"  {d['probes']} probes in {d['elapsed_seconds']:.1f} s")
     _print_plan_and_fixes(r)
+
+
+print_report = _print_report
+"""The text report `analyze` prints (`history show` prints a saved one with it)."""
 
 
 def _print_plan_and_fixes(r: Report) -> None:

@@ -33,6 +33,7 @@ from memorymark.measurement import Measurement
 from memorymark.plan import TrainingPlan, plan_for_target
 from memorymark.report import Report
 from memorymark.settings import Costs, Settings
+from memorymark.stamp import stamp
 from memorymark.units import memory_source
 
 if TYPE_CHECKING:
@@ -134,6 +135,12 @@ class Session:
             elapsed_seconds=self.elapsed_seconds,
             torch_version=versions.installed_version(),
             unverified_rules=versions.unverified_rules(),
+            stamp=stamp(
+                backend=self.backend_name,
+                device=self.gpu.name,
+                memory_source=self.memory_source,
+                torch_version=versions.installed_version(),
+            ),
         )
         if plan and report.optimal is not None:
             planned, probes = self._plan(report.optimal.batch_size, report.global_batch)

@@ -24,6 +24,7 @@ from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
 from memorymark.plan import TrainingPlan
 from memorymark.settings import Costs, Settings
+from memorymark.stamp import Stamp
 from memorymark.sweep import best_fit
 from memorymark.units import gib, memory_source
 
@@ -60,6 +61,8 @@ class Report:
     """The PyTorch that ran the steps."""
     unverified_rules: tuple[str, ...] = ()
     """Simulation rules whose verified torch releases do not include `torch_version`."""
+    stamp: Stamp | None = None
+    """Versions, backend, device and the time the analysis ended (memorymark/stamp.py)."""
 
     @property
     def rules_note(self) -> str | None:

@@ -74,6 +74,7 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "rules_note": r.rules_note,
         "settings": r.settings.to_dict(),
         "costs": r.costs.to_dict(),
+        "environment": r.stamp.to_dict() if r.stamp else None,
     }
 
 

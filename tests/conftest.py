@@ -5,11 +5,21 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from memorymark.measurement import Measurement
 from memorymark.settings import Settings
+
+
+@pytest.fixture(autouse=True)
+def history_db(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test saves its analyses to a database of its own, never the user's history."""
+    path = tmp_path_factory.mktemp("history") / "history.sqlite3"
+    monkeypatch.setenv("MEMORYMARK_DB", str(path))
+    monkeypatch.delenv("MEMORYMARK_HISTORY", raising=False)
+    return path
 
 
 @pytest.fixture

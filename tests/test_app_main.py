@@ -48,7 +48,7 @@ def test_analyze_shows_metrics_chart_verdict_and_downloads(fake) -> None:
     assert trace(spec, "OOM")["x"] == [200]
     assert "simulated" in spec["layout"]["title"]["text"]
     assert [b.label for b in at.get("download_button")] == [
-        "Download JSON report", "Download probes CSV"]  # fmt: skip
+        "Download JSON report", "Download probes CSV", "Download Markdown report"]  # fmt: skip
     # Past the edge, the live log says what the step would need.
     assert f"batch  200 OOM, needs 21.1 GiB of {A10.usable_gib:.1f}" in at.code[0].value
     assert at.query_params["model"] == "tiny-bert"

@@ -149,16 +149,17 @@ def _charts(report: Report) -> None:
 
 
 def _downloads(report: Report) -> None:
-    stem = downloads.file_stem(report)
-    left, right, _ = st.columns([1, 1, 3])
-    left.download_button(
-        "Download JSON report", downloads.report_json(report), file_name=f"{stem}.json",
-        mime="application/json", on_click="ignore", key="download_json",
-    )  # fmt: skip
-    right.download_button(
-        "Download probes CSV", downloads.probes_csv(report), file_name=f"{stem}.csv",
-        mime="text/csv", on_click="ignore", key="download_csv",
-    )  # fmt: skip
+    """JSON, CSV and Markdown, each stamped with versions and time, named for the run."""
+    buttons = (
+        ("Download JSON report", downloads.report_json, "json", "application/json"),
+        ("Download probes CSV", downloads.probes_csv, "csv", "text/csv"),
+        ("Download Markdown report", downloads.markdown, "markdown", "text/markdown"),
+    )
+    for column, (label, text, fmt, mime) in zip(st.columns([1, 1, 1, 2]), buttons, strict=False):
+        column.download_button(
+            label, text(report), file_name=downloads.file_name(report, fmt), mime=mime,
+            on_click="ignore", key=f"download_{fmt}",
+        )  # fmt: skip
 
 
 def results(report: Report) -> None:

@@ -103,6 +103,11 @@ def _keep_alive() -> None:
             st.session_state[key(name)] = st.session_state[key(name)]
 
 
+def keep_settings() -> None:
+    """On a page without the settings sidebar: keep the user's choices for the pages with it."""
+    _keep_alive()
+
+
 def _gpu_label(choice: str) -> str:
     local = detected_gpu()
     if choice == LOCAL and local is not None:

@@ -132,16 +132,18 @@ def live_sweep(job: SweepJob) -> None:
     _panel()
 
 
-def finished_sweep(report: Report, job: SweepJob | None) -> None:
+def finished_sweep(report: Report, job: SweepJob | None, *, saved_utc: str | None = None) -> None:
     """The final charts and log of a finished report (timings too when this session ran it; a
-    result from the cache says so, and that its time is the first run's)."""
+    result from the cache, or one reopened from the history saved at `saved_utc`, says so, and
+    that its time is the first run's)."""
     ran_here = job is not None and job.report is report
     secs = job.probe_seconds if ran_here else None
     n, took = len(report.measurements), report.elapsed_seconds
     best = f"optimal batch {report.optimal.batch_size}" if report.optimal else "no batch fits"
     footer = f"done: {best} ({n} probes, {took:.1f} s)"
     if not ran_here:
-        footer = f"cached: {best} ({n} probes, {took:.1f} s when first run; not run again)"
+        where = "cached" if saved_utc is None else f"saved {saved_utc}"
+        footer = f"{where}: {best} ({n} probes, {took:.1f} s when first run; not run again)"
     log = probe_log.log_text(
         header(report.settings, report.gpu, report.backend),
         report.measurements,

@@ -1,0 +1,163 @@
+"""A one-page Markdown report to paste into an issue or a pull request.
+
+Owns the page's layout and wording: the answer first (optimal and max batch, memory, each figure
+saying measured, simulated or estimated), the settings, every probe as a table row, the
+environment stamp, and the command line that reproduces it. Text a user typed (a model spec)
+is escaped so it shows as written and never becomes a link or breaks a table. Numbers come from
+the `analyze --json` object, so the page and the JSON never disagree. No torch, no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from memorymark.report import Report
+
+# Characters that make Markdown (GitHub's included) do something inside a line: links (a link
+# needs its `[`), emphasis, strikethrough, code, table cells, HTML. User text is never put at
+# the start of a line, where `#`, `-` or `1.` would matter.
+_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
+
+
+def escape(text: object) -> str:
+    """`text` as Markdown that shows it literally, on one line."""
+    return _SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
+
+
+def _fence(text: str) -> str:
+    """A fenced code block that no run of backticks inside `text` can close."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    ticks = "`" * max(3, longest + 1)
+    return f"{ticks}sh\n{text}\n{ticks}"
+
+
+def _gib(value: float | None, source: str) -> str:
+    return "n/a" if value is None else f"{value:.3f} GiB ({source})"
+
+
+def _answer(d: dict[str, Any], r: Report) -> list[str]:
+    src = r.memory_source
+    margin = f"{r.settings.margin} margin kept free"
+    rows = [
+        ("Optimal batch size", f"{d['optimal_batch_size'] or 'none'} ({margin})"),
+        ("Max batch size", f"{d['max_batch_size'] or 'none'} (runs with no headroom)"),
+        (
+            f"Memory at the optimal batch ({src})",
+            _gib(d["optimal_memory_gb"], "peak allocated")
+            + (
+                ""
+                if d["optimal_reserved_gb"] is None
+                else f", {d['optimal_reserved_gb']} GiB reserved"
+            ),
+        ),  # fmt: skip
+        (
+            f"Memory at the current batch {d['current_batch_size']} ({src})",
+            "out of memory" if not r.current_fits else _gib(d["current_memory_gb"], "peak"),
+        ),
+        ("Usable memory", f"{d['usable_gb']} GiB of {d['gpu_total_gb']} GiB total"),
+        (
+            "Waste at the current batch",
+            "n/a" if d["waste_gb"] is None else f"{d['waste_gb']} GiB ({d['waste_percent']}%)",
+        ),
+    ]
+    if d["speedup"] is not None:
+        how = d["throughput_source"] or "batch ratio"
+        rows.append(("Speedup", f"{d['speedup']}x ({how})"))
+    if d["cost_savings_annual"] is not None:
+        rows.append(("Annual savings (estimated)", f"${d['cost_savings_annual']:,.0f}"))
+    plan = d["plan"]
+    if plan and plan["target_batch"] is not None:
+        rows.append(
+            (
+                f"Plan for a global batch of {plan['target_batch']}",
+                f"micro-batch {plan['micro_batch']} x {plan['accumulation_steps']} "
+                "accumulation steps",
+            )
+        )
+    return ["| Answer | |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
+
+
+def _settings(r: Report) -> list[str]:
+    s = r.settings
+    text_model = s.resolved_task != "image-classification"
+    size = f"seq len {s.seq_len}" if text_model else f"image {s.image_size} px"
+    rows = [
+        ("Model", f"{escape(s.model)} ({escape(s.resolved_task)}, {size})"),
+        ("GPU", f"{escape(r.gpu.name)} ({r.backend}: memory {r.memory_source})"),
+        ("Precision", s.precision),
+        ("Optimizer", s.optimizer + (f", clip {s.max_grad_norm}" if s.max_grad_norm else "")),
+        ("Gradient accumulation", str(s.grad_accum)),
+        ("Gradient checkpointing", "on" if s.grad_checkpointing else "off"),
+        ("LoRA rank", str(s.lora_rank) if s.lora_rank else "off (every weight trains)"),
+        ("Mode, loss", f"{s.mode}, {s.loss} ({s.protocol} protocol)"),
+        ("Search", f"{s.strategy}, step {s.step}, up to batch {s.max_batch}"),
+    ]
+    return ["| Setting | Value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
+
+
+def _probes(d: dict[str, Any]) -> list[str]:
+    lines = [
+        "| Batch | Verdict | Peak GiB | Reserved GiB | Samples/s | Note |",
+        "|---:|---|---:|---:|---:|---|",
+    ]
+    for row in d["results"]:
+        verdict = "fits" if row["success"] else ("runs" if row["runs"] else "OOM")
+        reserved = "" if row["reserved_gb"] is None else f"{row['reserved_gb']:.3f}"
+        rate = "" if row["samples_per_second"] is None else f"{row['samples_per_second']:,.1f}"
+        note = escape(row["error"]) if row["error"] else ""
+        lines.append(
+            f"| {row['batch_size']} | {verdict} | {row['memory_gb']:.3f} | {reserved} | "
+            f"{rate} | {note} |"
+        )
+    return lines
+
+
+def _environment(d: dict[str, Any]) -> str:
+    env = d.get("environment")
+    if not env:
+        return "Environment not recorded."
+    return (
+        f"MemoryMark {env['memorymark_version']}, torch {env['torch_version']}, transformers "
+        f"{env['transformers_version']}, Python {env['python_version']}, "
+        f"{escape(env['platform'])}; {env['backend']} on {escape(env['device'])}; finished "
+        f"{env['finished_utc']}."
+    )
+
+
+def report_markdown(r: Report) -> str:
+    """The whole page, ending in a newline."""
+    d = r.to_dict()
+    rate = d["throughput_source"]
+    how = "timed on the GPU" if rate == "measured" else "from FLOPs and bytes"
+    rate_note = f" Throughput is {rate} ({how})." if rate else ""
+    parts = [
+        f"## MemoryMark: {escape(r.settings.model)} on {escape(r.gpu.name)} ({r.memory_source})",
+        "",
+        f"**{escape(r.verdict())}**",
+        "",
+        *_answer(d, r),
+        "",
+        f"Memory is {r.memory_source}"
+        + (" on the GPU." if r.measured else " on fake tensors (no GPU needed).")
+        + rate_note
+        + f" {d['probes']} probes in {d['elapsed_seconds']:.1f} s. GiB = 2^30 bytes.",
+        "",
+        "### Settings",
+        "",
+        *_settings(r),
+        "",
+        "### Probes",
+        "",
+        *_probes(d),
+        "",
+        "### Environment",
+        "",
+        _environment(d),
+        "",
+        "### Reproduce",
+        "",
+        _fence(r.settings.to_command_line()),
+        "",
+    ]
+    return "\n".join(parts)
