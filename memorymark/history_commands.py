@@ -105,7 +105,11 @@ def _show(history: History, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(run.to_dict())
         return 0
-    report = run.report()
+    try:
+        report = run.report()
+    except ValueError as exc:
+        raise ValueError(f"run {run.id}: {exc} (`history show {run.id} --json` prints what was "
+                         "saved)") from None  # fmt: skip
     from memorymark import commands  # the analyze printers (they load the engine)
 
     print(f"run {run.id}, saved by {run.summary.source}: {commands.environment_line(report)}")

@@ -122,5 +122,8 @@ def record_to_report(data: dict[str, Any]) -> Report:
             unverified_rules=tuple(data.get("unverified_rules") or ()),
             stamp=Stamp.from_dict(stamp) if stamp else None,
         )
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError) as exc:  # not a record this version wrote
         raise ValueError(f"the saved analysis cannot be read back: {exc!r}") from None
+    except ValueError as exc:  # its settings no longer resolve (a file: model since deleted)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"the saved analysis cannot be read back: {first}") from None

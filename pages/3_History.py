@@ -54,10 +54,12 @@ with history_views.open_history() as db:
     if not picked:
         st.info("Pick a run to reopen it with its charts, or several to overlay their memory.")
         st.stop()
-    if st.button(f"Delete {len(picked)} selected run{'s' if len(picked) > 1 else ''}"):
-        db.delete(picked)
-        st.session_state.pop(PICK_KEY, None)
-        st.rerun()
+    with st.popover(f"Delete {len(picked)} selected run{'s' if len(picked) > 1 else ''}"):
+        st.caption("Deleted runs and their probes cannot be brought back.")
+        if st.button("Delete for good", type="primary", key="mm_history_delete"):
+            db.delete(picked)
+            st.session_state.pop(PICK_KEY, None)
+            st.rerun()
     reports, errors = history_views.reopen(db, picked)
 
 for error in errors:

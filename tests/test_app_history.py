@@ -89,7 +89,8 @@ def test_delete_removes_the_selected_runs() -> None:
     seed()
     at = page()
     at.multiselect(key="mm_history_pick").set_value([2, 3]).run()
-    next(b for b in at.button if b.label == "Delete 2 selected runs").click().run()
+    assert at.get("popover")[0].proto.popover.label == "Delete 2 selected runs"  # asks first
+    at.button(key="mm_history_delete").click().run()
     assert not at.exception
     assert [r.id for r in History().runs()] == [1]
     assert list(at.dataframe[0].value["ID"]) == [1]

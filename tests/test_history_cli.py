@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from app_samples import sample_report
 
-from memorymark import gpus, history
+from memorymark import gpus, history, model_sources
 from memorymark.cli import main
 from memorymark.history import History
 from memorymark.settings import Settings
@@ -183,3 +183,20 @@ def test_a_history_that_cannot_be_written_warns_and_keeps_the_answer(
     assert len(err.strip().splitlines()) == 1
     status, _, err = run_cli(capsys, "history", "list")
     assert status == 2 and err.startswith("memorymark: error: cannot create the folder")
+
+
+@pytest.mark.usefixtures("any_config_path")
+def test_a_run_whose_config_file_is_gone_still_shows_as_json(capsys, tmp_path: Path) -> None:
+    from config_samples import TINY_BERT
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_BERT))
+    report = dataclasses.replace(sample_report(), settings=Settings(model=f"file:{config}"))
+    run_id = history.save(report)
+    config.unlink()
+    model_sources.from_config_file.cache_clear()  # as a new process would find it: gone
+    status, _, err = run_cli(capsys, "history", "show", str(run_id))
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert "cannot be read back" in err and f"history show {run_id} --json" in err
+    status, out, _ = run_cli(capsys, "history", "show", str(run_id), "--json")
+    assert status == 0 and json.loads(out)["report"]["optimal_batch_size"] == 192
