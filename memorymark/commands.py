@@ -132,6 +132,8 @@ def _print_report(r: Report) -> None:
     d = r.to_dict()
     print()
     print(r.verdict())
+    if r.partial_note:
+        print(f"  {r.partial_note}")
     if r.rules_note:
         print(f"  note: {r.rules_note}")
     if r.optimal is None:

@@ -54,6 +54,8 @@ _RANGES = (
     ("lora_rank", 0, limits.MAX_LORA_RANK, "4x the widest open model's hidden size"),
     ("grad_accum", 1, limits.MAX_GRAD_ACCUM, "past 2 micro-batches the peak no longer grows"),
     ("gpu_memory_gib", 1, gpus.MAX_CUSTOM_GIB, "the largest custom GPU"),
+    ("time_limit_seconds", 1, limits.MAX_TIME_LIMIT_SECONDS, "a day"),
+    ("max_probes", 1, limits.MAX_PROBES, "far past any useful search"),
 )
 
 
@@ -144,6 +146,12 @@ class Settings:
     margin: str = "2%"
     """Headroom kept free below usable memory: a percentage ("2%") or bytes ("512MiB", "1GiB"),
     because an under-prediction means a crash at step one."""
+    # -- how to search: limits every sweep stops at, with a partial answer --
+    time_limit_seconds: float | None = None
+    """Wall time the sweep may take; it stops before a probe that would pass it. None: no limit.
+    A model whose estimated sweep cannot fit in it is refused before the first probe."""
+    max_probes: int | None = None
+    """Training steps the sweep may measure; None: as many as the strategy needs."""
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -298,7 +306,7 @@ class Costs:
 
 
 # Fields whose CLI flag is not the field's name with dashes (memorymark/cli.py).
-_FLAG_NAMES = {"gpu_memory_gib": "--gpu-memory"}
+_FLAG_NAMES = {"gpu_memory_gib": "--gpu-memory", "time_limit_seconds": "--time-limit"}
 
 
 def _to_query(obj: Any, default: Any) -> dict[str, str]:
