@@ -108,7 +108,7 @@ def test_a_second_click_while_a_sweep_runs_starts_nothing(fake) -> None:
     at = AppTest.from_function(_double_click, default_timeout=TIMEOUT).run()
     fake.gate.set()
     assert at.markdown[0].value == "same job: True, running: True"
-    at.session_state[sweep_runner.JOB_KEY].thread.join(10)
+    at.session_state[sweep_runner.JOB_KEY].future.result(10)
     assert len(fake.created) == 1
 
 

@@ -29,14 +29,10 @@ def cached_result(key: Hashable) -> object | None:
 
 @contextlib.contextmanager
 def _device_turn(settings: Settings) -> Iterator[None]:
-    """Hold the process-wide device lock when `settings` run on real hardware."""
-    if not sweep_runner.needs_device(settings):
-        yield
-        return
-    lock = sweep_runner.device_lock()
-    if lock.locked():
-        st.info("Waiting for the GPU: another session is measuring on it.")
-    with sweep_runner.device_turn(lock):
+    """Refuse what the server does not allow (the cpu backend), and hold the real device's lock
+    (the one the workers' sweeps take) when `settings` run on real hardware."""
+    sweep_runner.within_server_limits(settings)
+    with sweep_runner.device_turn(settings):
         yield
 
 
