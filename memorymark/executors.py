@@ -64,7 +64,10 @@ class SweepService:
 
     def shutdown(self) -> None:
         """Cancel every job and let the executor go."""
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        try:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+        except TypeError:  # Dask's ClientExecutor takes only `wait`
+            self.executor.shutdown(wait=False)
         if self._close is not None:
             self._close()
 

@@ -3,9 +3,8 @@ known function of batch size, for testing search strategies exactly."""
 
 from __future__ import annotations
 
-import threading
-from pathlib import Path
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -89,7 +88,7 @@ class DeviceLock:
     def acquire(self) -> None:
         import fcntl
 
-        self._file = open(self.path, "a+b")  # noqa: SIM115 - held until release()
+        self._file = open(self.path, "a+b")
         fcntl.flock(self._file, fcntl.LOCK_EX)
 
     def release(self) -> None:
