@@ -16,6 +16,7 @@ from memorymark.ui.user_text import plain
 
 def analyze_page() -> None:
     """Settings in the sidebar, Analyze / Cancel, the live sweep, then the results."""
+    sweep_runner.start_workers()  # warm while the user picks settings
     settings, costs = sidebar.settings_sidebar()
     requested = sidebar.analysis_requested()  # a fix applied with one click
     st.title("MemoryMark")

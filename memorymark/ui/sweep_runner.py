@@ -92,6 +92,15 @@ def sweep_service() -> SweepService:
     return service_for(server_config())
 
 
+def start_workers() -> None:
+    """Start the worker pool (and its forkserver's warm-up) as a page opens, not at the first
+    Analyze; only in a served app (AppTest and bare scripts have no runtime)."""
+    from streamlit.runtime import Runtime
+
+    if Runtime.exists():
+        sweep_service()
+
+
 def within_server_limits(settings: Settings) -> tuple[Settings, list[str]]:
     """`settings` under the server's ceilings (what a link asked above them is brought down),
     with a sentence per change; ValueError for a backend the server does not allow."""
