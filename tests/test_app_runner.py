@@ -185,3 +185,42 @@ def test_progress_grows_as_the_bracket_narrows() -> None:
 def test_one_line_keeps_the_first_line_of_a_message() -> None:
     assert sweep_runner.one_line(ValueError("bad\nmore")) == "bad"
     assert sweep_runner.one_line(KeyError()) == "KeyError"
+
+
+def test_a_job_whose_session_ended_is_cancelled_and_a_finished_one_cached(
+    fake, monkeypatch
+) -> None:
+    cache = ResultCache()
+    monkeypatch.setattr(sweep_runner, "result_cache", lambda: cache)
+    monkeypatch.setattr(sweep_runner, "SESSION_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr(sweep_runner, "_session_alive", lambda session_id: session_id != "gone")
+    gate = threading.Event()
+    fake.before_probe = staticmethod(lambda batch: gate.wait(5) if batch == 16 else None)
+    poller = sweep_runner.Poller()
+    orphan, kept = run(inline=False), run(inline=False)
+    poller.add(orphan, "gone")  # its tab was closed
+    poller.add(kept, "open")
+    wait_for(orphan, lambda: orphan.state == "cancelled")
+    assert kept.running
+    gate.set()
+    wait_for(kept, lambda: kept.state == "done")
+    deadline = time.monotonic() + 5
+    while cache.get(SIM) is None and time.monotonic() < deadline:  # the poller files it
+        time.sleep(0.05)
+    assert cache.get(SIM) is kept.report
+    assert cache.get(("sweep", sweep_runner.sweep_key(SIM))) is kept.report
+
+
+def test_a_probe_that_outruns_the_time_limit_ends_the_job_with_what_it_measured(
+    fake, monkeypatch
+) -> None:
+    monkeypatch.setattr(jobs, "TIME_LIMIT_GRACE_SECONDS", 0.0)
+    gate = threading.Event()
+    fake.before_probe = staticmethod(lambda batch: gate.wait(10) if batch == 64 else None)
+    settings = Settings(model="tiny-bert", gpu="A10", backend="sim", time_limit_seconds=1)
+    j = run(settings, inline=False)
+    wait_for(j, lambda: not j.running)
+    gate.set()
+    assert j.state == "done" and [x.batch_size for x in j.measurements] == [8, 16]
+    assert j.report.stopped_by == "the time limit (1 s), in the middle of a probe"
+    assert "batch 16 fits" in j.report.partial_note
