@@ -1,10 +1,10 @@
 """Prints what several users cost the app, each figure measured in this one run.
 
-1. Three users at once: three browser sessions (headless Chromium through Playwright, one
-   browser, three pages, one per session) open `streamlit run app.py`, click Analyze within a
-   second of each other and wait for the answer ("Optimal batch size"); against the same three
-   analyses as three `python -m memorymark analyze ... --json` processes started together. Printed:
-   each wall time (first click or start to last answer) and app / CLI.
+1. Three users at once: three browser sessions (headless Chromium through Playwright: one
+   browser, three pages, each its own Streamlit session) open `streamlit run app.py`, click
+   Analyze within a second of each other and wait for the answer ("Optimal batch size"); against
+   the same three analyses as three `python -m memorymark analyze ... --json` processes started
+   together. Printed: each wall time (first click or start to the last answer) and app / CLI.
 2. Server memory: one session runs `--sweeps` analyses one after another (a different current
    batch each, so none is served from the cache); the streamlit process's RSS (its own, not the
    workers') after each. Printed: RSS before, after the first and after the last, and last / first.
@@ -22,7 +22,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -79,41 +78,26 @@ def analyze_in_page(page, url: str, query: str) -> float:
 
 
 def three_users(url: str, queries: list[str]) -> float:
-    """Three sessions click Analyze together; wall seconds from the first click to the last
-    answer. Each session's page is driven from its own thread, in its own Playwright."""
-    from playwright.sync_api import sync_playwright
+    """Three sessions (three pages of one browser) click Analyze within a second; wall seconds
+    from the first click to the last answer seen."""
+    from playwright.sync_api import expect, sync_playwright
 
-    ready, done, errors = threading.Barrier(len(queries)), [], []
-    clicks: list[float] = []
-
-    def user(query: str) -> None:
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            pages = [browser.new_page(viewport={"width": 1400, "height": 1000}) for _ in queries]
+            for page, query in zip(pages, queries, strict=True):
                 page.goto(f"{url}/?{query}", timeout=120_000)
                 page.get_by_role("button", name="Analyze").wait_for(timeout=120_000)
-                ready.wait()
-                clicks.append(time.perf_counter())
+            began = time.perf_counter()
+            for page in pages:
                 page.get_by_role("button", name="Analyze").click()
-                from playwright.sync_api import expect
-
-                expect(page.get_by_text("Optimal batch size")).to_be_visible(
-                    timeout=ANSWER_TIMEOUT_MS
-                )
-                done.append(time.perf_counter())
-                browser.close()
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
-
-    threads = [threading.Thread(target=user, args=(q,)) for q in queries]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise SystemExit(f"a browser session failed: {errors[0]}")
-    return max(done) - min(clicks)
+            for page in pages:  # the last one seen is the wall time's end, whichever it is
+                answer = page.get_by_text("Optimal batch size")
+                expect(answer).to_be_visible(timeout=ANSWER_TIMEOUT_MS)
+            return time.perf_counter() - began
+        finally:
+            browser.close()
 
 
 def three_clis(model: str, gpu: str, batches: list[int]) -> float:

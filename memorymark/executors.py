@@ -21,9 +21,11 @@ from memorymark.jobs import (
     SweepJob,
     SweepRequest,
     ThreadChannel,
+    run_items,
     run_sweep,
 )
 from memorymark.server_config import ServerConfig
+from memorymark.settings import Settings
 from memorymark.worker_pool import WorkerPool
 
 # Imported once by the forkserver so each worker starts with torch, transformers and the engine
@@ -61,6 +63,18 @@ class SweepService:
         )
         job.poll()
         return job
+
+    def submit_items(
+        self, call: Callable[..., Any], settings: Settings, args: tuple[Any, ...]
+    ) -> tuple[cf.Future, Any]:
+        """Queue a page's engine call (`jobs.run_items`); returns its future and the channel
+        its items arrive on."""
+        channel = self._new_channel()
+        return self.executor.submit(run_items, call, settings, args, channel), channel
+
+    def position(self, future: cf.Future) -> int | None:
+        """The job's place in the queue (0: running), where the executor can tell."""
+        return self._position(future)
 
     def shutdown(self) -> None:
         """Cancel every job and let the executor go."""

@@ -19,7 +19,7 @@ import pickle
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -115,6 +115,35 @@ def _run(request: SweepRequest, channel: Channel) -> SweepOutcome:
         if session.stopped_by is None and not any(m.fits for m in session.measurements):
             channel.put(("state", "fixing"))  # the report simulates each way out
         return SweepOutcome(report=slim_report(session.report()))
+
+
+def run_items(
+    call: Callable[..., Iterable[Any]], settings: Settings, args: tuple[Any, ...], channel: Channel
+) -> list[Any]:
+    """A page's engine call in a worker: `call(Session(settings), *args)` yields items, each
+    sent back as ("item", it) the moment it exists; all of them are the result. Real devices
+    take their lock, as sweeps do."""
+    session = Session(settings)
+    items: list[Any] = []
+    with device_turn(session.backend_name if session.measured else None, channel) as ours:
+        if not ours:
+            return items
+        for item in call(session, *args):
+            channel.put(("item", item))
+            items.append(item)
+            if channel.stop_requested():
+                break
+    return items
+
+
+def compare_gpus(session: Session, costs: Costs) -> Iterator[Any]:
+    """Every catalog GPU's answer (one item: the comparison and its measurements)."""
+    yield session.compare(costs)
+
+
+def backward_proof(session: Session, batch_size: int) -> Iterator[Any]:
+    """The four protocols at `batch_size`, each with its own max batch, as each lands."""
+    yield from session.proof(batch_size, sweeps=True)
 
 
 def lock_path(backend_name: str) -> Path:

@@ -92,12 +92,16 @@ def sweep_service() -> SweepService:
     return service_for(server_config())
 
 
+def page_service() -> SweepService:
+    """Where the pages' engine calls run: the server's workers; inline where there is no server
+    (AppTest and bare scripts, with nothing to keep responsive)."""
+    return sweep_service() if _served() else thread_service(inline=True)
+
+
 def start_workers() -> None:
     """Start the worker pool (and its forkserver's warm-up) as a page opens, not at the first
     Analyze; only in a served app (AppTest and bare scripts have no runtime)."""
-    from streamlit.runtime import Runtime
-
-    if Runtime.exists():
+    if _served():
         sweep_service()
 
 
@@ -175,11 +179,19 @@ class Poller:
                 self._gone_since.pop(job, None)
 
 
+def _served() -> bool:
+    """True in a running Streamlit server; False in AppTest (whose Runtime is a mock) and in
+    bare scripts (no Runtime)."""
+    from streamlit.runtime import Runtime
+
+    return Runtime.exists() and type(Runtime.instance()) is Runtime
+
+
 def _session_alive(session_id: str | None) -> bool:
     from streamlit.runtime import Runtime
 
-    if session_id is None or not Runtime.exists():
-        return True  # AppTest and bare scripts have no runtime to ask
+    if session_id is None or not _served():
+        return True  # AppTest and bare scripts have no sessions to ask about
     return Runtime.instance().is_active_session(session_id)
 
 
