@@ -42,6 +42,17 @@ NEXT_STEPS = (  # (any of these words, and any of these too, or none needed) -> 
     (("not usable here",), (), "install that library next to torch, or pick a catalog model."),
     (("margin",), (), 'write the margin as "2%" or "512MiB" (Advanced).'),
     (("step", "max_batch"), (), "under Advanced, make the largest batch at least the step."),
+    (
+        ("time limit",),
+        (),
+        "raise the time limit under Advanced (up to this server's ceiling), "
+        "or pick a smaller model.",
+    ),  # fmt: skip
+    (
+        ("memory its worker",),
+        (),
+        "pick a smaller model or sequence length: this server caps each sweep's memory.",
+    ),  # fmt: skip
 )
 
 
