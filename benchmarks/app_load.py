@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--model", default="bert-large")
     parser.add_argument("--gpu", default="A10")
     parser.add_argument("--workers", type=int, help="MEMORYMARK_WORKERS (default: cores - 1)")
-    parser.add_argument("--sweeps", type=int, default=20, help="sequential sweeps for RSS")
+    parser.add_argument("--sweeps", type=int, default=20, help="RSS sweeps (0: none)")
     parser.add_argument("--rss-model", default="tiny-bert", help="model of the RSS sweeps")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
@@ -159,6 +159,8 @@ def main() -> None:
         cli_s = three_clis(args.model, args.gpu, batches)
         print(f"three users at once, {args.model} on {args.gpu}: app {app_s:.1f} s, "
               f"three CLI processes {cli_s:.1f} s, app / CLI = {app_s / cli_s:.2f}")  # fmt: skip
+        if args.sweeps < 1:
+            return
         before = rss_mib(server.pid)
         rss = []
         with sync_playwright() as p:
