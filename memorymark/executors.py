@@ -15,15 +15,8 @@ import concurrent.futures as cf
 from collections.abc import Callable
 from typing import Any
 
-from memorymark.jobs import (
-    DaskChannel,
-    PipeChannel,
-    SweepJob,
-    SweepRequest,
-    ThreadChannel,
-    run_items,
-    run_sweep,
-)
+from memorymark.channels import DaskChannel, PipeChannel, ThreadChannel
+from memorymark.jobs import SweepJob, SweepRequest, run_items, run_sweep
 from memorymark.server_config import ServerConfig
 from memorymark.settings import Settings
 from memorymark.worker_pool import WorkerPool

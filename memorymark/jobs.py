@@ -1,8 +1,8 @@
 """Sweeps as jobs on an executor: what runs in a worker, what comes back, the submitter's view.
 
 Owns `run_sweep` (the function a worker process runs: one engine `Session`, every measurement
-sent back the moment it exists, the report at the end, failures as one line), the channels that
-carry those messages (a pipe to a local worker process; a Dask queue to a cluster worker), the
+sent back the moment it exists, the report at the end, failures as one line) and the pages'
+engine calls (`run_items`), sent back through a channel (memorymark/channels.py); the
 per-device lock real-GPU sweeps take (a file lock, so CLI runs and every server process take
 turns too), and `SweepJob`: the submitter's side of one job (its state, measurements, queue
 place, cancel). Everything crossing a process is a plain picklable value (Settings, Measurement,
@@ -14,16 +14,15 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import dataclasses
-import multiprocessing
-import pickle
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from memorymark.channels import Channel
 from memorymark.engine import Session
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
@@ -56,15 +55,6 @@ class SweepOutcome:
     report: Report | None = None
     error: str | None = None
     cancelled: bool = False
-
-
-class Channel(Protocol):
-    """The worker's way back to the submitter (messages in order) and the submitter's way to ask
-    a worker that cannot be killed (a Dask thread) to stop between probes."""
-
-    def put(self, message: tuple[str, Any]) -> None: ...
-
-    def stop_requested(self) -> bool: ...
 
 
 def one_line(exc: BaseException) -> str:
@@ -180,99 +170,6 @@ def device_turn(backend_name: str | None, channel: Channel) -> Iterator[bool]:
             yield True
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-# -- channels -----------------------------------------------------------------------------------
-class PipeChannel:
-    """To a local worker process: one pipe, written by the worker, read by the submitter."""
-
-    def __init__(self) -> None:
-        self.reader, self.writer = multiprocessing.Pipe(duplex=False)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"writer": self.writer}  # the worker gets the end it writes to
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.reader, self.writer = None, state["writer"]
-
-    def put(self, message: tuple[str, Any]) -> None:
-        self.writer.send(message)
-
-    def stop_requested(self) -> bool:
-        return False  # a local worker is killed instead
-
-    def request_stop(self) -> None:
-        """Nothing to do: the pool kills the process."""
-
-    def drain(self) -> list[tuple[str, Any]]:
-        out = []
-        try:
-            while self.reader.poll():
-                out.append(self.reader.recv())
-        except (EOFError, OSError, pickle.UnpicklingError):  # a killed worker, mid-message
-            pass
-        return out
-
-    def close(self) -> None:
-        self.reader.close()
-        self.writer.close()
-
-
-class ThreadChannel:
-    """To a sweep on a thread of this process (tests, and `inline_service`): a queue, and an
-    event the sweep checks between probes."""
-
-    def __init__(self) -> None:
-        import queue
-        import threading
-
-        self.queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self.stop = threading.Event()
-
-    def put(self, message: tuple[str, Any]) -> None:
-        self.queue.put(message)
-
-    def stop_requested(self) -> bool:
-        return self.stop.is_set()
-
-    def request_stop(self) -> None:
-        self.stop.set()
-
-    def drain(self) -> list[tuple[str, Any]]:
-        out = []
-        while not self.queue.empty():
-            out.append(self.queue.get())
-        return out
-
-    def close(self) -> None:
-        """Nothing to free."""
-
-
-class DaskChannel:
-    """To a Dask worker: a distributed Queue of pickled messages (it carries msgpack bytes) and a
-    distributed Event the worker checks between probes (a Dask task cannot be killed)."""
-
-    def __init__(self, client: Any) -> None:
-        import distributed
-
-        self.queue = distributed.Queue(client=client)
-        self.stop = distributed.Event(client=client)
-
-    def put(self, message: tuple[str, Any]) -> None:
-        self.queue.put(pickle.dumps(message))
-
-    def stop_requested(self) -> bool:
-        return bool(self.stop.is_set())
-
-    def request_stop(self) -> None:
-        self.stop.set()
-
-    def drain(self) -> list[tuple[str, Any]]:
-        return [pickle.loads(item) for item in self.queue.get(batch=True)]
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.queue.close()
 
 
 # -- the submitter's side -----------------------------------------------------------------------

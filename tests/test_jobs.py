@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from memorymark import jobs
+from memorymark.channels import ThreadChannel
 from memorymark.executors import dask_service, local_service
 from memorymark.jobs import SweepJob, SweepRequest
 from memorymark.settings import Settings
@@ -120,7 +121,7 @@ def test_a_memory_error_in_the_sweep_becomes_one_line(monkeypatch) -> None:
             raise MemoryError
 
     monkeypatch.setattr(jobs, "Session", Hungry)
-    outcome = jobs.run_sweep(SweepRequest(TINY, memory_note=" (1 GiB)"), jobs.ThreadChannel())
+    outcome = jobs.run_sweep(SweepRequest(TINY, memory_note=" (1 GiB)"), ThreadChannel())
     assert outcome.error == "the sweep ran out of the memory its worker may use (1 GiB)"
 
 

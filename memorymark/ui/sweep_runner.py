@@ -23,6 +23,7 @@ from typing import Any
 import streamlit as st
 
 from memorymark import jobs
+from memorymark.channels import ThreadChannel
 from memorymark.engine import Session
 from memorymark.executors import SweepService, service_for, thread_service
 from memorymark.jobs import RUNNING_STATES, SweepJob, SweepRequest
@@ -122,7 +123,7 @@ def device_turn(settings: Settings) -> Iterator[bool]:
     none. For the pages that measure in the script thread."""
     session = Session(settings)
     backend = session.backend_name if session.measured else None
-    with jobs.device_turn(backend, jobs.ThreadChannel()) as ours:
+    with jobs.device_turn(backend, ThreadChannel()) as ours:
         yield ours
 
 
