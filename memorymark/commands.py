@@ -64,6 +64,7 @@ def _analyze(args: argparse.Namespace, settings: Settings) -> int:
         usd_per_hour=args.price, hours_per_run=args.hours_per_run, runs_per_year=args.runs_per_year
     )
     session = Session(settings)
+    session.check_time_limit()  # before the header: a refusal is the only line printed
     talk = fmt == "text"
     if talk:
         print(

@@ -106,11 +106,9 @@ class Session:
         (ValueError) before the first probe."""
         from memorymark.strategies import STRATEGIES
         from memorymark.sweep import SweepLimits, sweep
-        from memorymark.sweep_estimate import check_time_limit
 
         s = self.settings
-        if self.backend_name == "sim":
-            check_time_limit(s)
+        self.check_time_limit()
         strategy = STRATEGIES[s.strategy](
             step=s.step,
             max_batch=s.max_batch,
@@ -126,6 +124,14 @@ class Session:
                 self.elapsed_seconds = time.perf_counter() - start
                 yield measurement
         self.stopped_by = limits.stopped_by
+
+    def check_time_limit(self) -> None:
+        """Refuse (ValueError, one line) a simulated model whose shortest sweep is estimated to
+        outlast the settings' time limit (memorymark/sweep_estimate.py)."""
+        from memorymark.sweep_estimate import check_time_limit
+
+        if self.backend_name == "sim":
+            check_time_limit(self.settings)
 
     def resume(self, measurements: tuple[Measurement, ...], elapsed_seconds: float) -> None:
         """Take a finished sweep's measurements as this session's own, so `report` answers from

@@ -145,3 +145,10 @@ def test_the_app_refuses_the_cpu_backend_unless_the_server_allows_it(fresh_cache
     at = app(model="tiny-bert", backend="cpu")
     assert "cpu backend" in at.error[0].value and not at.exception
     assert not [b for b in at.button if b.key == "analyze"]
+
+
+def test_the_cli_refuses_a_config_too_slow_for_its_time_limit_in_one_line(capsys) -> None:
+    assert main(["analyze", "llama-3.1-70b", "--gpu", "a10", "--time-limit", "5"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert "would take about" in err and "more than the time limit of 5 s" in err
