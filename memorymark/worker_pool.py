@@ -44,7 +44,10 @@ def limit_memory(limit_bytes: int | None) -> None:
     they never touch, so an address-space cap would either be meaningless or fail at once."""
     if limit_bytes is None:
         return
-    import resource
+    try:
+        import resource
+    except ImportError:  # Windows: no rlimits; the job runs without a ceiling
+        return
 
     held = _data_bytes()
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
