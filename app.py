@@ -1,8 +1,9 @@
 """MemoryMark's main page: pick a model and a GPU, watch the sweep live, see waste and savings.
 
-`streamlit run app.py` starts here. A thin page: sidebar widgets -> Settings/Costs -> a sweep on
-a worker thread -> views; it also names the pages in the navigation. Everything it draws comes
-from `memorymark.ui`; it never touches tensors or torch.cuda.
+`streamlit run app.py` starts here. A thin page: sidebar widgets -> Settings/Costs (under the
+server's ceilings) -> a sweep on the server's worker processes -> views; it also names the pages
+in the navigation. Everything it draws comes from `memorymark.ui`; it never touches tensors or
+torch.cuda.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from __future__ import annotations
 import streamlit as st
 
 from memorymark.ui import history_views, results, sidebar, sweep_runner, views
+from memorymark.ui.user_text import plain
 
 
 def analyze_page() -> None:
     """Settings in the sidebar, Analyze / Cancel, the live sweep, then the results."""
+    sweep_runner.start_workers()  # warm while the user picks settings
     settings, costs = sidebar.settings_sidebar()
     requested = sidebar.analysis_requested()  # a fix applied with one click
     st.title("MemoryMark")
@@ -24,18 +27,32 @@ def analyze_page() -> None:
     )
     if settings is None:
         return
+    try:
+        settings, lowered = sweep_runner.within_server_limits(settings)
+    except ValueError as exc:
+        views.show_error(str(exc))
+        return
+    for note in lowered:
+        st.caption(f"{plain(note)}: this server's ceiling is used.")
     job = sweep_runner.current_job()
     running = job is not None and job.running
     analyze_col, cancel_col, save_col, _ = st.columns([1, 1, 2, 4], vertical_alignment="center")
     history_views.save_toggle(save_col)
     clicked = analyze_col.button("Analyze", type="primary", disabled=running, key="analyze")
-    if (clicked or requested) and not running:
+    mine = job is not None and job.settings == settings
+    # A new global batch for settings already swept re-plans from those measurements by itself.
+    replan = not running and not mine and sweep_runner.can_replan(settings)
+    replan = replan and sweep_runner.cached_report(settings) is None
+    if (clicked or requested or replan) and not running:
         sweep_runner.start_sweep(settings)
         st.rerun()
     if cancel_col.button("Cancel", disabled=not running, key="cancel") and job is not None:
-        job.cancel()
+        job.cancel()  # the worker is killed now; the page shows it at once
+        st.rerun()
 
     report = sweep_runner.cached_report(settings)
+    if report is None and mine and job.state == "done":
+        report = job.report  # a partial answer (a limit stopped it) is not cached
     if not running:
         history_views.save_finished(job, costs)  # once per finished sweep
     if running:
@@ -44,6 +61,8 @@ def analyze_page() -> None:
             st.caption("Showing the sweep in progress: it runs the settings before your change.")
         views.live_sweep(job)
     elif report is not None:
+        if report.partial_note:
+            st.warning(report.partial_note)
         views.finished_sweep(report, job)
         results.results(report.with_costs(costs))
     elif job is not None and job.changed_while_running and job.report is not None:
@@ -54,8 +73,12 @@ def analyze_page() -> None:
         )
         views.finished_sweep(job.report, job)
         results.results(job.report.with_costs(costs))
-    elif job is not None and job.settings == settings and job.state in ("failed", "cancelled"):
-        views.live_sweep(job)
+    elif (
+        job is not None
+        and job.state in ("failed", "cancelled")
+        and (mine or job.changed_while_running)
+    ):
+        views.live_sweep(job)  # the log of what was measured stays
         if job.state == "failed":
             views.show_error(job.error or "unknown error")
         else:

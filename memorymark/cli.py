@@ -158,6 +158,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-batch", type=_positive_int, default=d.max_batch, help="never try a larger batch"
     )
     analyze.add_argument(
+        "--time-limit",
+        type=_float,
+        metavar="SECONDS",
+        help="stop the sweep before a probe that would pass this wall time (a partial answer)",
+    )
+    analyze.add_argument(
+        "--max-probes",
+        type=_positive_int,
+        metavar="N",
+        help="stop the sweep after this many probes (a partial answer)",
+    )
+    analyze.add_argument(
         "--margin",
         default=d.margin,
         help='headroom kept free below usable memory: "2%%" or "512MiB"',
@@ -300,9 +312,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "margin",
         "target_batch",
         "forward_only",
+        "max_probes",
     ):
         if hasattr(args, name):
             fields[name] = getattr(args, name)
+    if hasattr(args, "time_limit"):
+        fields["time_limit_seconds"] = args.time_limit
     settings = Settings(**fields)
     return settings.with_protocol(args.protocol) if args.protocol else settings
 

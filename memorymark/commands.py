@@ -65,6 +65,7 @@ def _analyze(args: argparse.Namespace, settings: Settings) -> int:
         usd_per_hour=args.price, hours_per_run=args.hours_per_run, runs_per_year=args.runs_per_year
     )
     session = Session(settings)
+    session.check_time_limit()  # before the header: a refusal is the only line printed
     talk = fmt == "text"
     if talk:
         print(
@@ -163,6 +164,8 @@ def _print_report(r: Report) -> None:
     d = r.to_dict()
     print()
     print(r.verdict())
+    if r.partial_note:
+        print(f"  {r.partial_note}")
     if r.rules_note:
         print(f"  note: {r.rules_note}")
     if r.optimal is None:

@@ -129,6 +129,12 @@ def check_config(data: dict[str, Any], name: str) -> None:
             )
 
 
+def all_objects(data: Any) -> list[dict[str, Any]]:
+    """Every object in a checked config (the config itself and sub-configs such as
+    text_config)."""
+    return _dicts(data, "config")
+
+
 def _dicts(data: Any, name: str) -> list[dict[str, Any]]:
     """Every object in `data` (sub-configs such as text_config), refusing deep nesting."""
     found, stack = [], [(data, 0)]

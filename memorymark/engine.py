@@ -66,6 +66,8 @@ class Session:
         """Capacity and margin: what every verdict of this session is judged against."""
         self.measurements: list[Measurement] = []
         self.elapsed_seconds = 0.0
+        self.stopped_by: str | None = None
+        """Which limit ended the sweep early ("the time limit (60 s)"); None when it finished."""
         self._fixes: FitAnswer | None = None
         self._plans: dict[int, tuple[TrainingPlan | None, tuple[Measurement, ...]]] = {}
 
@@ -98,24 +100,47 @@ class Session:
 
     def stream(self) -> Iterator[Measurement]:
         """Yield each measurement of the sweep the moment it exists; the backend is released at
-        the end, however the consumer stops (use `contextlib.closing` to stop early)."""
+        the end, however the consumer stops (use `contextlib.closing` to stop early).
+
+        The settings' time and probe limits end it early (`stopped_by` says which); a simulated
+        model whose shortest sweep is estimated to outlast the time limit is refused
+        (ValueError) before the first probe."""
         from memorymark.strategies import STRATEGIES
-        from memorymark.sweep import sweep
+        from memorymark.sweep import SweepLimits, sweep
 
         s = self.settings
+        self.check_time_limit()
         strategy = STRATEGIES[s.strategy](
             step=s.step,
             max_batch=s.max_batch,
             capacity_bytes=self.policy.limit_bytes,
             run_capacity_bytes=self.policy.capacity_bytes,
         )
+        limits = SweepLimits(time_limit_seconds=s.time_limit_seconds, max_probes=s.max_probes)
         start = time.perf_counter()
-        probes = sweep(self.open_backend(), strategy, also=(s.current_batch,))
+        probes = sweep(self.open_backend(), strategy, also=(s.current_batch,), limits=limits)
         with contextlib.closing(probes):
             for measurement in probes:
                 self.measurements.append(measurement)
                 self.elapsed_seconds = time.perf_counter() - start
                 yield measurement
+        self.stopped_by = limits.stopped_by
+
+    def check_time_limit(self) -> None:
+        """Refuse (ValueError, one line) a simulated model whose shortest sweep is estimated to
+        outlast the settings' time limit (memorymark/sweep_estimate.py)."""
+        from memorymark.sweep_estimate import check_time_limit
+
+        if self.backend_name == "sim":
+            check_time_limit(self.settings)
+
+    def resume(self, measurements: tuple[Measurement, ...], elapsed_seconds: float) -> None:
+        """Take a finished sweep's measurements as this session's own, so `report` answers from
+        them without measuring again (a new target batch, new prices): only its plan's steps
+        with accumulation, if any, are measured. The sweep must be of these settings but for
+        `target_batch`."""
+        self.measurements = list(measurements)
+        self.elapsed_seconds = elapsed_seconds
 
     def report(
         self, costs: Costs | None = None, *, fixes: bool = True, plan: bool = True
@@ -133,6 +158,7 @@ class Session:
             backend=self.backend_name,
             measurements=tuple(self.measurements),
             elapsed_seconds=self.elapsed_seconds,
+            stopped_by=self.stopped_by,
             torch_version=versions.installed_version(),
             unverified_rules=versions.unverified_rules(),
             stamp=stamp(
@@ -142,6 +168,8 @@ class Session:
                 torch_version=versions.installed_version(),
             ),
         )
+        # A sweep a limit stopped measures nothing more: its partial answer is what is known.
+        plan, fixes = plan and self.stopped_by is None, fixes and self.stopped_by is None
         if plan and report.optimal is not None:
             planned, probes = self._plan(report.optimal.batch_size, report.global_batch)
             report = replace(report, plan=planned, plan_probes=probes)

@@ -19,6 +19,11 @@ MAX_IMAGE_SIZE = 8192
 """Pixels a side: 36x ImageNet training's 224, 16x the largest catalog resolution (ViT's 224)."""
 MAX_BATCH = 2**20
 """Samples (step, current, largest, target batch): 256x the default largest batch, 4096."""
+MAX_TIME_LIMIT_SECONDS = 86_400.0
+"""A sweep's wall time: a day (a 70B model's simulated sweep takes minutes; a real GPU's hours)."""
+MAX_PROBES = 100_000
+"""Probes of one sweep: a linear sweep to MAX_BATCH in steps of 8 takes 131,072; this much is
+already past any useful search (the fast strategy takes about 10)."""
 MAX_GRAD_ACCUM = 64
 """Micro-batches per optimizer step: each one is stepped in turn (256 took 20 s on a two-layer
 BERT, minutes on a 7B model), and from the second on the peak no longer grows (every gradient

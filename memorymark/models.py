@@ -225,6 +225,13 @@ def _config_dict(config_file: str) -> dict[str, Any]:
     return {k: v for k, v in data.items() if not k.startswith("_")}
 
 
+def config_of(entry: ModelEntry) -> dict[str, Any] | None:
+    """The config.json a catalog or file entry is built from; None for timm and torchvision."""
+    if entry.source in ("timm", "torchvision"):
+        return None
+    return _config_dict(entry.config_file)
+
+
 def build_model(
     entry: ModelEntry,
     task: str,

@@ -57,6 +57,9 @@ class Report:
     the optimal batch with the settings' own accumulation."""
     plan_probes: tuple[Measurement, ...] = ()
     """The steps with accumulation the plan was checked with."""
+    stopped_by: str | None = None
+    """The limit that ended the sweep early ("the time limit (60 s)"): the answer is partial,
+    the best known within what was measured. None when the search finished."""
     torch_version: str | None = None
     """The PyTorch that ran the steps."""
     unverified_rules: tuple[str, ...] = ()
@@ -302,6 +305,26 @@ class Report:
 
     def _first_failure(self) -> int | None:
         return min((m.batch_size for m in self.searched if not m.fits), default=None)
+
+    @property
+    def partial_note(self) -> str | None:
+        """When a limit ended the sweep: which one, and what the probes so far establish."""
+        if self.stopped_by is None:
+            return None
+        fits = max((m.batch_size for m in self.searched if m.fits), default=None)
+        fails = self._first_failure()
+        known = (f"batch {fits} fits" if fits is not None else "no batch measured so far fits") + (
+            f" and batch {fails} does not, so the largest lies between them"
+            if fails is not None and fits is not None
+            else f"; batch {fails} does not"
+            if fails is not None
+            else "; no larger batch was measured, so a larger one may fit too"
+        )
+        n = len(self.measurements)
+        return (
+            f"Partial answer: the sweep stopped at {self.stopped_by} after {n} "
+            f"probe{'s' if n != 1 else ''}; {known}."
+        )
 
     @property
     def plan_note(self) -> str | None:

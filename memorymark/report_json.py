@@ -58,6 +58,8 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "verdict": r.verdict(),
         "breakdown": breakdown.to_dict() if breakdown else None,
         "probes": len(r.measurements),
+        "stopped_by": r.stopped_by,
+        "partial_note": r.partial_note,
         "elapsed_seconds": round(r.elapsed_seconds, 3),
         "usd_per_hour": r.usd_per_hour,
         "annual_cost_usd": round(r.annual_cost_usd, 2),

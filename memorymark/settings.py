@@ -74,6 +74,8 @@ _RANGES = {
     "current_batch": (1, limits.MAX_BATCH, _BATCH_WHY),
     "max_batch": (1, limits.MAX_BATCH, _BATCH_WHY),
     "target_batch": (1, limits.MAX_BATCH, _BATCH_WHY),
+    "time_limit_seconds": (1, limits.MAX_TIME_LIMIT_SECONDS, "a day"),
+    "max_probes": (1, limits.MAX_PROBES, "far past any useful search"),
 }
 
 
@@ -203,6 +205,11 @@ class Search:
     margin: str = "2%"
     """Headroom kept free below usable memory: a percentage ("2%") or bytes ("512MiB", "1GiB"),
     because an under-prediction means a crash at step one."""
+    time_limit_seconds: float | None = None
+    """Wall time the sweep may take; it stops before a probe that would pass it. None: no limit.
+    A model whose estimated sweep cannot fit in it is refused before the first probe."""
+    max_probes: int | None = None
+    """Training steps the sweep may measure; None: as many as the strategy needs."""
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -391,7 +398,7 @@ class Costs:
 COST_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Costs))
 
 # Fields whose CLI flag is not the field's name with dashes (memorymark/cli.py).
-_FLAG_NAMES = {"gpu_memory_gib": "--gpu-memory"}
+_FLAG_NAMES = {"gpu_memory_gib": "--gpu-memory", "time_limit_seconds": "--time-limit"}
 
 
 def _to_query(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """Compare GPUs: one model and its settings across the whole GPU catalog, without a sweep per GPU.
 
-A thin page: sidebar -> Settings -> `Session.compare` (cached) -> table and chart (memorymark.ui).
+A thin page: sidebar -> Settings -> `Session.compare` in a worker (cached) -> table and chart
+(memorymark.ui).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import replace
 import streamlit as st
 
 from memorymark.compare import without_precision
-from memorymark.engine import Session
+from memorymark.jobs import compare_gpus
 from memorymark.settings import Costs
 from memorymark.ui import page_charts, page_runs, sidebar, tables, views
 
@@ -32,7 +33,8 @@ if page_runs.cached_result(key) is None and not st.button("Compare every GPU", t
     st.stop()
 found, error = page_runs.run_cached(
     key,
-    lambda: Session(settings).compare(Costs(hours_per_run=1.0)),
+    compare_gpus,
+    (Costs(hours_per_run=1.0),),
     settings=settings,
     spinner="Simulating every GPU from shared traces...",
 )

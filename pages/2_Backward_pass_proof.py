@@ -1,14 +1,14 @@
 """Backward-pass proof: why inference-style numbers crash real training, on one batch size.
 
-A thin page: sidebar -> Settings -> `Session.proof` (streamed, cached) -> chart and table from
-memorymark.ui.
+A thin page: sidebar -> Settings -> `Session.proof` in a worker (streamed, cached) -> chart and
+table from memorymark.ui.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from memorymark.engine import Session
+from memorymark.jobs import backward_proof
 from memorymark.proof import PROTOCOLS, BackwardProof
 from memorymark.ui import charts, page_charts, page_runs, sidebar, tables, views
 
@@ -35,7 +35,8 @@ if page_runs.cached_result(key) is None and not button.button("Run the proof", t
 button.empty()
 proof, error = page_runs.run_streamed(
     key,
-    lambda: Session(settings).proof(batch, sweeps=True),
+    backward_proof,
+    (batch,),
     settings=settings,
     steps=[label for _, label, _ in PROTOCOLS],
     describe=lambda r: tables.protocol_line(r, batch),

@@ -54,6 +54,8 @@ class FakeSession:
     rate: Callable[[int], float] = staticmethod(rate)
     fixes: Callable[[Settings], tuple[Fix, ...]] = staticmethod(lambda settings: ())
 
+    stopped_by: str | None = None
+
     def __init__(self, settings: Settings) -> None:
         if type(self).error is not None:
             raise type(self).error
@@ -84,6 +86,9 @@ class FakeSession:
                 type(self).gate.wait(10)
             self.measurements.append(self._probe(batch))
             yield self.measurements[-1]
+
+    def resume(self, measurements: tuple[Measurement, ...], elapsed_seconds: float) -> None:
+        self.measurements = list(measurements)
 
     def report(self, costs: Costs | None = None) -> Report:
         report = Report(settings=self.settings, costs=costs or Costs(), gpu=A10, backend="sim",

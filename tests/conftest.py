@@ -3,7 +3,6 @@ known function of batch size, for testing search strategies exactly."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -89,26 +88,57 @@ def any_config_path() -> Iterator[None]:
 
 
 # The app tests' fixtures: imported lazily so engine-only test runs never load Streamlit.
+class DeviceLock:
+    """The workers' per-device file lock, held by the test as if another session measured."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self._file = path, None
+
+    def acquire(self) -> None:
+        import fcntl
+
+        self._file = open(self.path, "a+b")
+        fcntl.flock(self._file, fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        assert self._file is not None
+        self._file.close()  # closing drops the lock
+        self._file = None
+
+
 @pytest.fixture
-def fresh_caches(monkeypatch: pytest.MonkeyPatch) -> threading.Lock:
-    """An app test's own result cache and device lock (process-wide in the app)."""
+def fresh_caches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> DeviceLock:
+    """An app test's own result cache, device lock file and server (process-wide in the app):
+    the server allows the cpu backend, and sweeps run on threads of the test process."""
+    from memorymark import jobs
+    from memorymark.executors import thread_service
+    from memorymark.server_config import ServerConfig
     from memorymark.ui import sweep_runner
 
-    cache, lock = sweep_runner.ResultCache(), threading.Lock()
+    cache, service = sweep_runner.ResultCache(), thread_service()
     monkeypatch.setattr(sweep_runner, "result_cache", lambda: cache)
-    monkeypatch.setattr(sweep_runner, "device_lock", lambda: lock)
-    return lock
+    monkeypatch.setattr(sweep_runner, "sweep_service", lambda: service)
+    server = ServerConfig(allow_cpu_backend=True)
+    monkeypatch.setattr(sweep_runner, "server_config", lambda: server)
+    monkeypatch.setattr(jobs, "lock_path", lambda backend: tmp_path / f"{backend}.lock")
+    return DeviceLock(tmp_path / "cpu.lock")
 
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> type:
-    """Make the main page's sweeps run a fresh FakeSession subclass (class state per test)."""
+    """Make the main page's sweeps run a fresh FakeSession subclass (class state per test), on
+    threads of the test process (a worker process would not see the patch)."""
     from app_helpers import FakeSession
 
+    from memorymark import jobs
+    from memorymark.executors import thread_service
     from memorymark.ui import sweep_runner
 
     class Fake(FakeSession):
         created: list[Settings] = []
 
+    monkeypatch.setattr(jobs, "Session", Fake)
     monkeypatch.setattr(sweep_runner, "Session", Fake)
+    service = thread_service()
+    monkeypatch.setattr(sweep_runner, "sweep_service", lambda: service)
     return Fake

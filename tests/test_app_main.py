@@ -108,7 +108,7 @@ def test_a_second_click_while_a_sweep_runs_starts_nothing(fake) -> None:
     at = AppTest.from_function(_double_click, default_timeout=TIMEOUT).run()
     fake.gate.set()
     assert at.markdown[0].value == "same job: True, running: True"
-    at.session_state[sweep_runner.JOB_KEY].thread.join(10)
+    at.session_state[sweep_runner.JOB_KEY].future.result(10)
     assert len(fake.created) == 1
 
 
@@ -251,3 +251,30 @@ def test_a_result_is_shown_when_the_settings_changed_during_its_sweep(fake) -> N
     run_until(at, lambda at: bool(at.metric))
     assert metrics(at)["Optimal batch size"] == "192"
     assert any("settings before your change" in i.value for i in at.info)
+
+
+def test_cancel_shows_at_once_and_keeps_the_log(fake) -> None:
+    fake.gate = threading.Event()  # the probe in flight never ends by itself
+    at = app(sync=False, model="tiny-bert")
+    at.button(key="analyze").click().run()
+    run_until(at, lambda at: "1 probes" in at.get("progress")[0].proto.text)
+    at.button(key="cancel").click().run()
+    # Same run: no waiting for the probe in flight (a worker process is killed).
+    assert "Sweep cancelled" in at.warning[0].value
+    assert "batch    8 fits" in at.code[0].value  # the log of what was measured stays
+    assert not at.button(key="analyze").disabled
+    fake.gate.set()
+
+
+def test_a_new_target_batch_replans_from_the_cached_sweep(fake) -> None:
+    at = app(model="tiny-bert")
+    at.button(key="analyze").click().run()
+    assert metrics(at)["Optimal batch size"] == "192" and len(fake.created) == 1
+    at.number_input(key="mm_target_batch").set_value(512).run()
+    assert not at.exception
+    assert len(fake.created) == 1  # no second sweep: only the plan for 512
+    assert "re-planned from the cached sweep" in at.code[0].value
+    job = at.session_state[sweep_runner.JOB_KEY]
+    assert job.report.plan.target_batch == 512
+    assert [m.batch_size for m in job.report.measurements] == [8, 16, 192, 200]  # the cached
+    assert metrics(at)["Optimal batch size"] == "192"

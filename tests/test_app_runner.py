@@ -1,19 +1,26 @@
-"""The sweep runner: a worker thread per sweep, cancel, the real-device lock, the result cache."""
+"""The sweep jobs the app runs: probes streamed back, cancel, the device lock, the result cache.
+
+These run each job on a thread of the test process (`thread_service`) with a fake engine
+Session, so every step is deterministic; tests/test_jobs.py runs real worker processes.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
-from memorymark import gpus
+from memorymark import gpus, jobs
+from memorymark.executors import thread_service
+from memorymark.jobs import SweepJob, SweepRequest
 from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.settings import Costs, Settings
 from memorymark.ui import sweep_runner
-from memorymark.ui.sweep_runner import ResultCache, SweepJob, sweep_progress
+from memorymark.ui.sweep_runner import ResultCache, sweep_progress
 
 A10 = gpus.find_gpu("A10")
 SIM = Settings(model="tiny-bert", gpu="A10", backend="sim")
@@ -32,6 +39,7 @@ class FakeSession:
     on_report: Callable[[], None] = staticmethod(lambda: None)
     batches = (8, 16, 64, 72)
     fits_below = 72
+    stopped_by = None
 
     def __init__(self, settings: Settings) -> None:
         self.settings, self.gpu, self.measurements = settings, A10, []
@@ -51,45 +59,51 @@ class FakeSession:
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> type[FakeSession]:
+def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> type[FakeSession]:
     class Fake(FakeSession):
         pass
 
-    monkeypatch.setattr(sweep_runner, "Session", Fake)
+    monkeypatch.setattr(jobs, "Session", Fake)
+    monkeypatch.setattr(jobs, "lock_path", lambda backend: tmp_path / f"{backend}.lock")
     return Fake
 
 
-def job(settings: Settings = SIM, lock: threading.Lock | None = None) -> SweepJob:
-    return SweepJob(settings=settings, cache=ResultCache(), lock=lock or threading.Lock())
+def run(settings: Settings = SIM, *, inline: bool = True) -> SweepJob:
+    job = thread_service(inline=inline).submit(SweepRequest(settings))
+    if inline:
+        job.poll()
+    return job
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+def wait_for(job: SweepJob, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+        job.poll()
 
 
-def test_a_job_records_every_probe_caches_the_report_and_ends_done(fake) -> None:
-    j = job()
-    j.run()
+def test_a_job_records_every_probe_and_ends_done_with_a_slim_report(fake) -> None:
+    j = run()
     assert j.state == "done" and not j.running
     assert [x.batch_size for x in j.measurements] == [8, 16, 64, 72]
     assert len(j.probe_seconds) == 4
     assert j.report.optimal.batch_size == 64
-    assert j.cache.get(SIM) is j.report
     assert all(x.timeline == () for x in j.report.measurements)  # the cache keeps no timelines
+    assert all(x.timeline == () for x in j.measurements)  # nor does what crosses processes
 
 
-def test_when_nothing_fits_the_job_says_it_is_looking_for_fixes(fake) -> None:
-    j = job()
-    seen = []
-    fake.batches = (8, 4, 2, 1)
-    fake.fits_below = 0
-    fake.on_report = staticmethod(lambda: seen.append(j.state))
-    j.run()
+def test_the_worker_says_fixing_before_the_report_simulates_the_ways_out(fake) -> None:
+    fake.batches, fake.fits_below = (8, 4, 2, 1), 0
+    seen: list[str] = []
+    gate = threading.Event()
+    fake.on_report = staticmethod(lambda: gate.wait(5))
+    j = run(inline=False)
+    wait_for(j, lambda: j.state == "fixing")
+    seen.append(j.state)
+    gate.set()
+    wait_for(j, lambda: not j.running)
     assert seen == ["fixing"] and j.state == "done"
-    assert j.report.optimal is None
 
 
 def test_a_failure_becomes_one_line_and_the_state_failed(fake) -> None:
@@ -97,55 +111,58 @@ def test_a_failure_becomes_one_line_and_the_state_failed(fake) -> None:
         raise RuntimeError("could not build the model\nTraceback (most recent call last): ...")
 
     fake.before_probe = staticmethod(boom)
-    j = job()
-    j.run()
+    j = run()
     assert (j.state, j.error) == ("failed", "could not build the model")
-    assert j.cache.get(SIM) is None
+    assert j.report is None
 
 
-def test_cancel_stops_after_the_probe_in_flight_and_caches_nothing(fake) -> None:
-    j = job()
-    fake.before_probe = staticmethod(lambda batch: j.cancel() if batch == 16 else None)
-    j.run()
-    assert j.state == "cancelled"
-    assert [x.batch_size for x in j.measurements] == [8, 16]
-    assert j.cache.get(SIM) is None
-
-
-def test_real_device_sweeps_take_turns_on_the_process_wide_lock(fake) -> None:
-    lock = threading.Lock()
-    lock.acquire()  # another session is measuring
-    j = job(REAL, lock)
-    j.start()
-    wait_for(lambda: j.state == "waiting")
-    time.sleep(0.3)
-    assert j.measurements == []
-    lock.release()
-    wait_for(lambda: j.state == "done")
-    assert not lock.locked()
-
-
-def test_cancel_while_waiting_for_the_device_gives_up_the_turn(fake) -> None:
-    lock = threading.Lock()
-    lock.acquire()
-    j = job(REAL, lock)
-    j.start()
-    wait_for(lambda: j.state == "waiting")
+def test_cancel_shows_at_once_and_keeps_what_was_measured(fake) -> None:
+    gate = threading.Event()
+    fake.before_probe = staticmethod(lambda batch: gate.wait(5) if batch == 64 else None)
+    j = run(inline=False)
+    wait_for(j, lambda: len(j.measurements) == 2)
     j.cancel()
-    wait_for(lambda: not j.running)
+    assert j.state == "cancelled" and not j.running  # no wait for the probe in flight
+    assert [x.batch_size for x in j.measurements] == [8, 16]
+    gate.set()
+    j.future.result(5)  # the thread stops at its next probe
+    j.poll()
+    assert j.state == "cancelled" and j.report is None
+
+
+def test_real_device_sweeps_wait_for_the_device_lock(fake, tmp_path: Path) -> None:
+    import fcntl
+
+    with open(tmp_path / "cpu.lock", "a+b") as held:  # another job measures on the device
+        fcntl.flock(held, fcntl.LOCK_EX)
+        j = run(REAL, inline=False)
+        wait_for(j, lambda: j.state == "waiting")
+        time.sleep(0.3)
+        j.poll()
+        assert j.measurements == [] and j.state == "waiting"
+    wait_for(j, lambda: j.state == "done")
+
+
+def test_cancel_while_waiting_for_the_device_gives_up_the_turn(fake, tmp_path: Path) -> None:
+    import fcntl
+
+    with open(tmp_path / "cpu.lock", "a+b") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        j = run(REAL, inline=False)
+        wait_for(j, lambda: j.state == "waiting")
+        j.cancel()
+        assert j.future.result(5).cancelled  # the worker left the queue for the lock
     assert j.state == "cancelled" and j.measurements == []
-    lock.release()
 
 
 def test_simulated_sweeps_run_side_by_side(fake) -> None:
     both = threading.Barrier(2, timeout=5)  # passes only if two sweeps are mid-probe at once
     fake.before_probe = staticmethod(lambda batch: both.wait() if batch == 8 else None)
-    lock = threading.Lock()
-    jobs = [job(SIM, lock), job(SIM, lock)]
-    for j in jobs:
-        j.start()
-    wait_for(lambda: not any(j.running for j in jobs))
-    assert [j.state for j in jobs] == ["done", "done"]
+    service = thread_service()
+    pair = [service.submit(SweepRequest(SIM)) for _ in range(2)]
+    for j in pair:
+        wait_for(j, lambda j=j: not j.running)
+    assert [j.state for j in pair] == ["done", "done"]
 
 
 def test_result_cache_keeps_the_most_recently_used() -> None:
@@ -168,3 +185,42 @@ def test_progress_grows_as_the_bracket_narrows() -> None:
 def test_one_line_keeps_the_first_line_of_a_message() -> None:
     assert sweep_runner.one_line(ValueError("bad\nmore")) == "bad"
     assert sweep_runner.one_line(KeyError()) == "KeyError"
+
+
+def test_a_job_whose_session_ended_is_cancelled_and_a_finished_one_cached(
+    fake, monkeypatch
+) -> None:
+    cache = ResultCache()
+    monkeypatch.setattr(sweep_runner, "result_cache", lambda: cache)
+    monkeypatch.setattr(sweep_runner, "SESSION_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr(sweep_runner, "_session_alive", lambda session_id: session_id != "gone")
+    gate = threading.Event()
+    fake.before_probe = staticmethod(lambda batch: gate.wait(5) if batch == 16 else None)
+    poller = sweep_runner.Poller()
+    orphan, kept = run(inline=False), run(inline=False)
+    poller.add(orphan, "gone")  # its tab was closed
+    poller.add(kept, "open")
+    wait_for(orphan, lambda: orphan.state == "cancelled")
+    assert kept.running
+    gate.set()
+    wait_for(kept, lambda: kept.state == "done")
+    deadline = time.monotonic() + 5
+    while cache.get(SIM) is None and time.monotonic() < deadline:  # the poller files it
+        time.sleep(0.05)
+    assert cache.get(SIM) is kept.report
+    assert cache.get(("sweep", sweep_runner.sweep_key(SIM))) is kept.report
+
+
+def test_a_probe_that_outruns_the_time_limit_ends_the_job_with_what_it_measured(
+    fake, monkeypatch
+) -> None:
+    monkeypatch.setattr(jobs, "TIME_LIMIT_GRACE_SECONDS", 0.0)
+    gate = threading.Event()
+    fake.before_probe = staticmethod(lambda batch: gate.wait(10) if batch == 64 else None)
+    settings = Settings(model="tiny-bert", gpu="A10", backend="sim", time_limit_seconds=1)
+    j = run(settings, inline=False)
+    wait_for(j, lambda: not j.running)
+    gate.set()
+    assert j.state == "done" and [x.batch_size for x in j.measurements] == [8, 16]
+    assert j.report.stopped_by == "the time limit (1 s), in the middle of a probe"
+    assert "batch 16 fits" in j.report.partial_note

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -19,10 +18,10 @@ TIMEOUT = 60
 
 @pytest.fixture(autouse=True)
 def fresh_caches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test gets its own result cache and device lock (they are process-wide in the app)."""
-    cache, lock = sweep_runner.ResultCache(), threading.Lock()
+    """Each test gets its own result cache (process-wide in the app); with no server runtime
+    the pages' engine calls run inline, in the test process."""
+    cache = sweep_runner.ResultCache()
     monkeypatch.setattr(sweep_runner, "result_cache", lambda: cache)
-    monkeypatch.setattr(sweep_runner, "device_lock", lambda: lock)
 
 
 def page(path: str, **query: str) -> AppTest:

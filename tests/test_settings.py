@@ -96,6 +96,8 @@ EVERY_FIELD_CHANGED = {
     "max_batch": 512,
     "target_batch": 1024,
     "margin": "1GiB",
+    "time_limit_seconds": 600.0,
+    "max_probes": 12,
 }
 
 

@@ -1,15 +1,16 @@
-"""The pages' engine calls (GPU comparison, backward-pass proof), run in the script thread.
+"""The pages' engine calls (GPU comparison, backward-pass proof), run on the server's workers.
 
-Owns caching those results across sessions, taking turns on real hardware with the main page's
-sweeps (the same process-wide lock), showing a streamed run's progress as each item lands, and
-turning failures into one line. Must not know what the results mean or how they are drawn.
+Owns caching those results across sessions, running each call as a job on the worker pool (never
+in the server process; the worker takes the real device's lock as sweeps do), showing a streamed
+run's progress as each item lands, and turning failures into one line. Must not know what the
+results mean or how they are drawn.
 """
 
 from __future__ import annotations
 
-import contextlib
+import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import streamlit as st
 
@@ -20,6 +21,7 @@ from memorymark.ui import sweep_runner
 
 T = TypeVar("T")
 R = TypeVar("R")
+WAIT_SECONDS = 0.1
 
 
 def cached_result(key: Hashable) -> object | None:
@@ -27,29 +29,50 @@ def cached_result(key: Hashable) -> object | None:
     return sweep_runner.result_cache().get(key)
 
 
-@contextlib.contextmanager
-def _device_turn(settings: Settings) -> Iterator[None]:
-    """Hold the process-wide device lock when `settings` run on real hardware."""
-    if not sweep_runner.needs_device(settings):
-        yield
-        return
-    lock = sweep_runner.device_lock()
-    if lock.locked():
-        st.info("Waiting for the GPU: another session is measuring on it.")
-    with sweep_runner.device_turn(lock):
-        yield
+def _items(
+    call: Callable[..., Iterator[Any]], settings: Settings, args: tuple[Any, ...]
+) -> Iterator[Any]:
+    """Each item of `call(Session(settings), *args)` as a worker sends it (refused first if the
+    server does not allow the backend); the worker's error is raised here."""
+    sweep_runner.within_server_limits(settings)
+    future, channel = sweep_runner.page_service().submit_items(call, settings, args)
+    try:
+        told = False
+        while True:
+            finished = future.done()  # read before draining: nothing sent is then missed
+            for kind, payload in channel.drain():
+                if kind == "item":
+                    yield payload
+                elif (kind, payload) == ("state", "waiting") and not told:
+                    st.info("Waiting for the GPU: another session is measuring on it.")
+                    told = True
+            if finished:
+                future.result()  # a failure in the worker raises here
+                return
+            time.sleep(WAIT_SECONDS)
+    finally:
+        if not future.done():  # the page stopped (a rerun): the worker is not needed any more
+            channel.request_stop()
+            future.cancel()
+        channel.close()
 
 
 def run_cached(
-    key: Hashable, compute: Callable[[], T], *, settings: Settings, spinner: str
+    key: Hashable,
+    call: Callable[..., Iterator[T]],
+    args: tuple[Any, ...],
+    *,
+    settings: Settings,
+    spinner: str,
 ) -> tuple[T | None, str | None]:
-    """`compute()` once per key: (result, None), or (None, a one-line error)."""
+    """The one item of `call(Session(settings), *args)`, once per key, computed in a worker:
+    (result, None), or (None, a one-line error)."""
     hit = sweep_runner.result_cache().get(key)
     if hit is not None:
         return hit, None
     try:
-        with _device_turn(settings), st.spinner(spinner):
-            value = compute()
+        with st.spinner(spinner):
+            (value,) = list(_items(call, settings, args))
     except Exception as exc:  # noqa: BLE001 - shown as st.error with a next step
         return None, sweep_runner.one_line(exc)
     sweep_runner.result_cache().put(key, value)
@@ -58,7 +81,8 @@ def run_cached(
 
 def run_streamed(
     key: Hashable,
-    items: Callable[[], Iterator[T]],
+    call: Callable[..., Iterator[T]],
+    args: tuple[Any, ...],
     *,
     settings: Settings,
     steps: Sequence[str],
@@ -73,12 +97,11 @@ def run_streamed(
     done: list[T] = []
     with st.status(f"Measuring: {steps[0]}...", expanded=True) as status:
         try:
-            with _device_turn(settings), contextlib.closing(items()) as stream:
-                for item in stream:
-                    done.append(item)
-                    st.write(describe(item))
-                    if len(done) < len(steps):
-                        status.update(label=f"Measuring: {steps[len(done)]}...", expanded=True)
+            for item in _items(call, settings, args):
+                done.append(item)
+                st.write(describe(item))
+                if len(done) < len(steps):
+                    status.update(label=f"Measuring: {steps[len(done)]}...", expanded=True)
         except Exception as exc:  # noqa: BLE001 - shown as st.error with a next step
             status.update(label="Failed", state="error")
             return None, sweep_runner.one_line(exc)

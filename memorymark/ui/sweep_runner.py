@@ -1,35 +1,46 @@
-"""Runs a sweep on a worker thread and keeps what the page draws from it.
+"""Starts this session's sweeps on the server's worker processes and keeps what the page draws.
 
-Owns `SweepJob` (one engine `Session` on one thread, cancellable through a `threading.Event`), the
-process-wide lock that lets one real-device sweep run at a time across every browser session,
-and the process-wide cache of finished reports. The worker thread never calls Streamlit: it
-appends measurements and sets its state, and a fragment on the page reads them. Must not know
-how anything is drawn.
+Owns the process-wide pieces every browser session shares (Streamlit resources): the server's
+configuration (environment or .streamlit/secrets.toml) and the ceilings it puts on every sweep,
+the `SweepService` sweeps run on (a local pool of worker processes, or a Dask cluster), the
+poller thread that takes in what each worker sends, cancels the job of a session that ended, and
+files finished reports in the process-wide result cache. Sweeps never run in the server process.
+Must not know how anything is drawn.
+
+A finished analysis lands in `_finished`: the one place to save it (history) as well.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Any
 
 import streamlit as st
 
+from memorymark import jobs
+from memorymark.channels import ThreadChannel
 from memorymark.engine import Session
-from memorymark.gpus import GPU
+from memorymark.executors import SweepService, service_for, thread_service
+from memorymark.jobs import RUNNING_STATES, SweepJob, SweepRequest
 from memorymark.measurement import Measurement
 from memorymark.report import Report
+from memorymark.server_config import ServerConfig
 from memorymark.settings import Settings
 
+__all__ = ["RUNNING_STATES", "SweepJob"]
 JOB_KEY = "mm_job"
 SYNC_KEY = "mm_sync_sweeps"
-"""Session flag: run sweeps in the script thread (AppTest has no browser to poll a fragment)."""
-RUNNING_STATES = ("starting", "waiting", "running", "fixing")
+"""Session flag: run sweeps inline in the script thread (AppTest has no browser to poll)."""
+POLL_SECONDS = 0.25
+SESSION_GRACE_SECONDS = 10.0
+"""A session gone this long (tab closed; a reconnect within it keeps the sweep) loses its job."""
+one_line = jobs.one_line
+slim = jobs.slim_report
 
 
 class ResultCache:
@@ -58,15 +69,47 @@ class ResultCache:
 
 
 @st.cache_resource(show_spinner=False)
-def device_lock() -> threading.Lock:
-    """The one lock every session shares: held while a sweep runs on real hardware."""
-    return threading.Lock()
-
-
-@st.cache_resource(show_spinner=False)
 def result_cache() -> ResultCache:
     """Finished reports (and page results) of every session, by configuration."""
     return ResultCache()
+
+
+def _secrets() -> dict[str, Any]:
+    try:
+        return dict(st.secrets)
+    except Exception:  # noqa: BLE001 - no secrets.toml (or an unreadable one): environment only
+        return {}
+
+
+@st.cache_resource(show_spinner=False)
+def server_config() -> ServerConfig:
+    """The server's ceilings and executor, read once from the environment and secrets."""
+    return ServerConfig.from_sources(secrets=_secrets())
+
+
+@st.cache_resource(show_spinner=False)
+def sweep_service() -> SweepService:
+    """The executor every session's sweeps run on (worker processes, or a Dask cluster)."""
+    return service_for(server_config())
+
+
+def page_service() -> SweepService:
+    """Where the pages' engine calls run: the server's workers; inline where there is no server
+    (AppTest and bare scripts, with nothing to keep responsive)."""
+    return sweep_service() if _served() else thread_service(inline=True)
+
+
+def start_workers() -> None:
+    """Start the worker pool (and its forkserver's warm-up) as a page opens, not at the first
+    Analyze; only in a served app (AppTest and bare scripts have no runtime)."""
+    if _served():
+        sweep_service()
+
+
+def within_server_limits(settings: Settings) -> tuple[Settings, list[str]]:
+    """`settings` under the server's ceilings (what a link asked above them is brought down),
+    with a sentence per change; ValueError for a backend the server does not allow."""
+    return server_config().apply(settings)
 
 
 def needs_device(settings: Settings) -> bool:
@@ -74,116 +117,97 @@ def needs_device(settings: Settings) -> bool:
     return Session(settings).measured
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception as one line a person can read (its type only when the message is empty)."""
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
-def slim(report: Report) -> Report:
-    """The report without each probe's per-operator timeline (kB each; nothing here draws it)."""
-    return dataclasses.replace(
-        report, measurements=tuple(dataclasses.replace(m, timeline=()) for m in report.measurements)
-    )
-
-
 @contextlib.contextmanager
-def device_turn(lock: threading.Lock, cancel: threading.Event | None = None) -> Iterator[bool]:
-    """Hold `lock` for the block; yields False (without it) if `cancel` is set while waiting."""
-    while not lock.acquire(timeout=0.2):
-        if cancel is not None and cancel.is_set():
-            yield False
-            return
-    try:
-        yield True
-    finally:
-        lock.release()
+def device_turn(settings: Settings) -> Iterator[bool]:
+    """Hold the real device's lock (the workers' file lock) for the block; a simulation takes
+    none. For the pages that measure in the script thread."""
+    session = Session(settings)
+    backend = session.backend_name if session.measured else None
+    with jobs.device_turn(backend, ThreadChannel()) as ours:
+        yield ours
 
 
-@dataclass(eq=False)
-class SweepJob:
-    """One sweep for one `Settings`, run by `run()` on a thread (or inline in tests)."""
+def sweep_key(settings: Settings) -> Settings:
+    """What decides a sweep's measurements: every setting but the global batch to plan for."""
+    return replace(settings, target_batch=None)
 
-    settings: Settings
-    cache: ResultCache
-    lock: threading.Lock
-    measurements: list[Measurement] = field(default_factory=list)
-    probe_seconds: list[float] = field(default_factory=list)
-    state: str = "starting"
-    """starting, waiting (for the device lock), running, fixing (nothing fit: simulating what
-    would), done, cancelled or failed."""
-    error: str | None = None
-    gpu: GPU | None = None
-    backend_name: str | None = None
-    report: Report | None = None
-    cancel_event: threading.Event = field(default_factory=threading.Event)
-    changed_while_running: bool = False
-    """Set by the page when the sidebar changed during the sweep: its result is then shown
-    for the settings before the change, not dropped."""
-    started: float = field(default_factory=time.perf_counter)
-    finished: float | None = None
-    thread: threading.Thread | None = None
 
-    @property
-    def running(self) -> bool:
-        """True until the sweep is done, cancelled or failed."""
-        return self.state in RUNNING_STATES
+def _finished(job: SweepJob) -> None:
+    """A sweep that ended with a full report: cache it for every session (a partial one, which
+    a limit stopped, is not kept: the next click measures again)."""
+    report = job.report
+    if job.state != "done" or report is None or report.stopped_by is not None:
+        return
+    result_cache().put(job.settings, report)
+    result_cache().put(("sweep", sweep_key(job.settings)), report)
 
-    @property
-    def elapsed_seconds(self) -> float:
-        """Seconds since the job started (frozen once it ends)."""
-        return (self.finished or time.perf_counter()) - self.started
 
-    def start(self) -> None:
-        """Run the sweep on a daemon thread."""
-        self.thread = threading.Thread(target=self.run, name="memorymark-sweep", daemon=True)
-        self.thread.start()
+class Poller:
+    """One thread for the whole server: polls every job, cancels those of ended sessions."""
 
-    def cancel(self) -> None:
-        """Ask the sweep to stop after the probe in flight."""
-        self.cancel_event.set()
+    def __init__(self) -> None:
+        self._jobs: dict[SweepJob, str | None] = {}
+        self._gone_since: dict[SweepJob, float] = {}
+        self._lock = threading.Lock()
+        threading.Thread(target=self._loop, name="memorymark-poller", daemon=True).start()
 
-    def run(self) -> None:
-        """The whole sweep; every failure becomes `error`, never an exception."""
-        try:
-            self._run()
-        except Exception as exc:  # noqa: BLE001 - shown as st.error with a next step
-            self.error = one_line(exc)
-            self.state = "failed"
-        finally:
-            self.finished = time.perf_counter()
+    def add(self, job: SweepJob, session_id: str | None) -> None:
+        """Watch `job`, which belongs to the browser session `session_id`."""
+        with self._lock:
+            self._jobs[job] = session_id
 
-    def _run(self) -> None:
-        session = Session(self.settings)  # the GPU and backend, resolved once
-        self.backend_name, self.gpu = session.backend_name, session.gpu
-        real = session.measured
-        if real and self.lock.locked():
-            self.state = "waiting"
-        turn = device_turn(self.lock, self.cancel_event) if real else contextlib.nullcontext(True)
-        with turn as ours:
-            if not ours:
-                self.state = "cancelled"
-                return
-            self.state = "running"
-            with contextlib.closing(session.stream()) as probes:
-                for m in probes:
-                    self.probe_seconds.append(time.perf_counter() - self.started)
-                    self.measurements.append(m)
-                    if self.cancel_event.is_set():
-                        break
-        if self.cancel_event.is_set():
-            self.state = "cancelled"
-            return
-        if not any(m.fits for m in self.measurements):
-            self.state = "fixing"  # the report simulates each way out: a few more steps
-        self.report = slim(session.report())
-        self.cache.put(self.settings, self.report)
-        self.state = "done"
+    def _loop(self) -> None:
+        while True:
+            time.sleep(POLL_SECONDS)
+            with self._lock:
+                watched = list(self._jobs.items())
+            for job, session_id in watched:
+                with contextlib.suppress(Exception):  # one bad job must not stop the others
+                    self._check(job, session_id)
+
+    def _check(self, job: SweepJob, session_id: str | None) -> None:
+        job.poll()
+        if job.running and not _session_alive(session_id):
+            gone = self._gone_since.setdefault(job, time.monotonic())
+            if time.monotonic() - gone > SESSION_GRACE_SECONDS:
+                job.cancel()
+        else:
+            self._gone_since.pop(job, None)
+        if not job.running:
+            _finished(job)
+            with self._lock:
+                self._jobs.pop(job, None)
+                self._gone_since.pop(job, None)
+
+
+def _served() -> bool:
+    """True in a running Streamlit server; False in AppTest (whose Runtime is a mock) and in
+    bare scripts (no Runtime)."""
+    from streamlit.runtime import Runtime
+
+    return Runtime.exists() and type(Runtime.instance()) is Runtime
+
+
+def _session_alive(session_id: str | None) -> bool:
+    from streamlit.runtime import Runtime
+
+    if session_id is None or not _served():
+        return True  # AppTest and bare scripts have no sessions to ask about
+    return Runtime.instance().is_active_session(session_id)
+
+
+@st.cache_resource(show_spinner=False)
+def poller() -> Poller:
+    """The server's one poller thread."""
+    return Poller()
 
 
 def current_job() -> SweepJob | None:
-    """This session's latest sweep, running or not."""
-    return st.session_state.get(JOB_KEY)
+    """This session's latest sweep, running or not, with what its worker sent so far."""
+    job: SweepJob | None = st.session_state.get(JOB_KEY)
+    if job is not None:
+        job.poll()
+    return job
 
 
 def cached_report(settings: Settings) -> Report | None:
@@ -191,10 +215,17 @@ def cached_report(settings: Settings) -> Report | None:
     return result_cache().get(settings)
 
 
+def can_replan(settings: Settings) -> bool:
+    """True when a sweep of these settings (but another global batch) is cached: its report
+    for this one needs at most the plan's few steps, not a sweep."""
+    return result_cache().get(("sweep", sweep_key(settings))) is not None
+
+
 def start_sweep(settings: Settings) -> SweepJob | None:
     """Start a sweep for `settings` unless one is running here (a second click starts nothing).
 
-    A configuration already analysed returns at once from the cache (None: nothing to run).
+    A configuration already analysed returns at once from the cache (None: nothing to run);
+    one analysed for another global batch only re-plans from those measurements.
     """
     job = current_job()
     if job is not None and job.running:
@@ -202,12 +233,24 @@ def start_sweep(settings: Settings) -> SweepJob | None:
     if cached_report(settings) is not None:
         st.session_state.pop(JOB_KEY, None)
         return None
-    job = SweepJob(settings=settings, cache=result_cache(), lock=device_lock())
+    swept: Report | None = result_cache().get(("sweep", sweep_key(settings)))
+    request = SweepRequest(settings)
+    if swept is not None:
+        request = SweepRequest(settings, swept.measurements, swept.elapsed_seconds)
+    sync = bool(st.session_state.get(SYNC_KEY))
+    service = thread_service(inline=True) if sync else sweep_service()
+    job = service.submit(request)
+    if swept is not None:
+        job.measurements = list(swept.measurements)  # drawn while the plan is checked
     st.session_state[JOB_KEY] = job
-    if st.session_state.get(SYNC_KEY):
-        job.run()
+    if sync:
+        job.poll()
+        _finished(job)
     else:
-        job.start()
+        from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+        ctx = get_script_run_ctx()
+        poller().add(job, ctx.session_id if ctx is not None else None)
     return job
 
 

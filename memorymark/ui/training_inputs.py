@@ -153,9 +153,27 @@ def _advanced_inputs(use: dict[str, bool]) -> None:
     )  # fmt: skip
     st.number_input("Batch step", min_value=1, key=key("step"))
     st.number_input("Largest batch to try", min_value=1, key=key("max_batch"))
+    _limit_inputs()
     st.text_input(
         "Safety margin below usable memory",
         key=key("margin"),
         help='A percentage ("2%") or a size ("512MiB"): headroom the answer keeps',
     )
     st.checkbox("Forward pass only (no_grad)", key=key("forward_only"))
+
+
+def _limit_inputs() -> None:
+    """How long and how many probes a sweep may take (empty: the server's ceiling)."""
+    from memorymark.ui.sweep_runner import server_config  # the ceilings, for the help text
+
+    server = server_config()
+    st.number_input(
+        "Time limit (s)", min_value=1.0, key=key("time_limit_seconds"), placeholder="no limit",
+        help="The sweep stops before a probe that would pass it and shows what it found so far "
+        f"(CLI --time-limit). This server allows at most {server.max_time_limit:g} s.",
+    )  # fmt: skip
+    st.number_input(
+        "Most probes", min_value=1, step=1, key=key("max_probes"), placeholder="no limit",
+        help="The sweep stops after this many training steps and shows what it found so far "
+        f"(CLI --max-probes). This server allows at most {server.max_probes}.",
+    )  # fmt: skip

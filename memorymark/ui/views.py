@@ -25,6 +25,7 @@ POLL_SECONDS = 0.5
 LOG_HEIGHT = 220
 # What each state of a job is doing, for the progress bar.
 STATE_WORDS = {
+    "queued": "Queued",
     "starting": "Starting",
     "waiting": "Waiting",
     "running": "Sweeping",
@@ -41,6 +42,17 @@ NEXT_STEPS = (  # (any of these words, and any of these too, or none needed) -> 
     (("not usable here",), (), "install that library next to torch, or pick a catalog model."),
     (("margin",), (), 'write the margin as "2%" or "512MiB" (Advanced).'),
     (("step", "max_batch"), (), "under Advanced, make the largest batch at least the step."),
+    (
+        ("time limit",),
+        (),
+        "raise the time limit under Advanced (up to this server's ceiling), "
+        "or pick a smaller model.",
+    ),  # fmt: skip
+    (
+        ("memory its worker",),
+        (),
+        "pick a smaller model or sequence length: this server caps each sweep's memory.",
+    ),  # fmt: skip
 )
 
 
@@ -100,6 +112,14 @@ def sweep_panel(
 
 def _draw_job(job: SweepJob) -> None:
     ms, secs = list(job.measurements), list(job.probe_seconds)
+    stamps = secs if len(secs) == len(ms) else None  # a re-plan shows the cached sweep's probes
+    if job.state == "queued" and job.queue_position:
+        ahead = job.queue_position - 1
+        st.info(
+            f"Queued: number {job.queue_position} in line "
+            f"({ahead} sweep{'s' if ahead != 1 else ''} of other sessions wait ahead of yours, "
+            "besides those running). It starts as soon as a worker is free."
+        )
     if job.state == "waiting":
         st.info(
             "Waiting for the GPU: another session is measuring on it. This sweep starts "
@@ -114,7 +134,7 @@ def _draw_job(job: SweepJob) -> None:
     source = source_of(real)
     footer = {"cancelled": "cancelled.", "failed": f"failed: {job.error}"}.get(job.state)
     log = probe_log.log_text(
-        header(job.settings, job.gpu, job.backend_name), ms, job.gpu, secs, footer
+        header(job.settings, job.gpu, job.backend_name), ms, job.gpu, stamps, footer
     )
     sweep_panel(job.settings, job.gpu, ms, memory_source=source, log=log)
 
@@ -137,11 +157,14 @@ def finished_sweep(report: Report, job: SweepJob | None, *, saved_utc: str | Non
     result from the cache, or one reopened from the history saved at `saved_utc`, says so, and
     that its time is the first run's)."""
     ran_here = job is not None and job.report is report
-    secs = job.probe_seconds if ran_here else None
     n, took = len(report.measurements), report.elapsed_seconds
+    swept_here = ran_here and len(job.probe_seconds) == n
+    secs = job.probe_seconds if swept_here else None
     best = f"optimal batch {report.optimal.batch_size}" if report.optimal else "no batch fits"
     footer = f"done: {best} ({n} probes, {took:.1f} s)"
-    if not ran_here:
+    if ran_here and not swept_here:
+        footer = f"re-planned from the cached sweep: {best} ({n} probes, not run again)"
+    elif not ran_here:
         where = "cached" if saved_utc is None else f"saved {saved_utc}"
         footer = f"{where}: {best} ({n} probes, {took:.1f} s when first run; not run again)"
     log = probe_log.log_text(

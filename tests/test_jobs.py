@@ -1,0 +1,219 @@
+"""Sweeps in worker processes: the bounded pool, streaming, cancel, queue places, memory, Dask."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import pytest
+
+from memorymark import jobs
+from memorymark.channels import ThreadChannel
+from memorymark.executors import dask_service, local_service
+from memorymark.jobs import SweepJob, SweepRequest
+from memorymark.settings import Settings
+from memorymark.worker_pool import WorkerDied, WorkerPool, default_workers
+
+TINY = Settings(model="tiny-bert", seq_len=16, gpu="a10", strategy="linear", step=8, max_batch=32)
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def sleep_then(seconds: float, value: int = 0) -> int:
+    time.sleep(seconds)
+    return value
+
+
+def allocate(n_bytes: int) -> int:
+    return len(bytearray(n_bytes))
+
+
+def pool(workers: int = 1, **kwargs) -> WorkerPool:
+    # spawn: a bare interpreter per job, so these tests do not wait for a forkserver's preload.
+    return WorkerPool(workers, start_method="spawn", **kwargs)
+
+
+def until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_the_default_pool_leaves_one_core_to_the_server() -> None:
+    assert default_workers() == max(1, (os.cpu_count() or 2) - 1)
+
+
+def test_a_job_runs_in_another_process_behind_the_executor_interface() -> None:
+    p = pool()
+    try:
+        assert p.submit(square, 7).result(30) == 49
+        assert p.submit(os.getpid).result(30) != os.getpid()
+    finally:
+        p.shutdown()
+
+
+def test_queued_jobs_know_their_place_and_move_up() -> None:
+    p = pool(1)
+    try:
+        first, second, third = (p.submit(sleep_then, 30) for _ in range(3))
+        until(lambda: p.position(first) == 0)
+        assert [p.position(f) for f in (first, second, third)] == [0, 1, 2]
+        first.cancel()
+        until(lambda: p.position(second) == 0)
+        assert p.position(third) == 1 and p.position(first) is None
+        third.cancel()
+        assert p.position(third) is None  # a waiting job just leaves the queue
+    finally:
+        p.shutdown(wait=False, cancel_futures=True)
+
+
+def test_cancel_kills_the_running_worker_at_once_and_the_pool_goes_on() -> None:
+    p = pool(1)
+    try:
+        stuck = p.submit(sleep_then, 60)
+        after = p.submit(square, 3)
+        until(lambda: p.pid(stuck) is not None)
+        pid = p.pid(stuck)
+        began = time.monotonic()
+        assert stuck.cancel()
+        until(lambda: not alive(pid), timeout=3)
+        assert time.monotonic() - began < 3
+        assert after.result(30) == 9  # the freed slot runs the next job
+    finally:
+        p.shutdown()
+
+
+def test_a_worker_past_its_memory_ceiling_fails_alone() -> None:
+    p = pool(1, memory_limit_bytes=256 * 2**20)
+    try:
+        with pytest.raises(MemoryError):
+            p.submit(allocate, 2 * 2**30).result(30)
+        assert p.submit(allocate, 2**20).result(30) == 2**20  # the next job is fine
+    finally:
+        p.shutdown()
+    assert jobs._worker_error(MemoryError()) == "the job ran out of the memory its worker may use"
+
+
+def test_a_worker_that_dies_is_one_line() -> None:
+    p = pool(1)
+    try:
+        with pytest.raises(WorkerDied, match=r"ended \(exit status 3\)"):
+            p.submit(os._exit, 3).result(30)
+    finally:
+        p.shutdown()
+
+
+def test_a_memory_error_in_the_sweep_becomes_one_line(monkeypatch) -> None:
+    class Hungry:
+        def __init__(self, settings: Settings) -> None:
+            raise MemoryError
+
+    monkeypatch.setattr(jobs, "Session", Hungry)
+    outcome = jobs.run_sweep(SweepRequest(TINY, memory_note=" (1 GiB)"), ThreadChannel())
+    assert outcome.error == "the sweep ran out of the memory its worker may use (1 GiB)"
+
+
+def poll_until_done(job: SweepJob, timeout: float = 120) -> list[int]:
+    """Poll as the server's poller does; the probe counts seen while the worker still ran."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while job.running:
+        assert time.monotonic() < deadline, "the sweep did not finish"
+        job.poll()
+        if job.running and not job.future.done():
+            seen.append(len(job.measurements))
+        time.sleep(0.05)
+    return seen
+
+
+def test_a_real_sweep_streams_each_measurement_from_a_worker_process() -> None:
+    service = local_service(1, preload=False)
+    try:
+        job = service.submit(SweepRequest(TINY))
+        seen = poll_until_done(job)
+        assert job.state == "done", job.error
+        sizes = [m.batch_size for m in job.measurements]
+        assert sizes == [m.batch_size for m in job.report.measurements] == [8, 16, 24, 32]
+        assert any(0 < n < len(sizes) for n in seen)  # some arrived while the sweep went on
+        assert job.probe_seconds == sorted(job.probe_seconds)
+    finally:
+        service.shutdown()
+
+
+class SlowFake:
+    """An engine Session whose probes take `seconds` each (Dask's in-process workers see it)."""
+
+    seconds = 0.05
+    stopped_by = None
+
+    def __init__(self, settings: Settings) -> None:
+        from memorymark import gpus
+
+        self.settings, self.gpu, self.measurements = settings, gpus.find_gpu("A10"), []
+        self.backend_name, self.measured = "sim", False
+
+    def stream(self):
+        from memorymark.measurement import Measurement
+
+        for batch in (8, 16, 24, 32, 40, 48):
+            time.sleep(type(self).seconds)
+            self.measurements.append(Measurement(batch_size=batch, fits=True,
+                                                 peak_bytes=batch * 2**20, backend="sim",
+                                                 measured=False))  # fmt: skip
+            yield self.measurements[-1]
+
+    def report(self):
+        from memorymark.report import Report
+        from memorymark.settings import Costs
+
+        return Report(settings=self.settings, costs=Costs(), gpu=self.gpu, backend="sim",
+                      measurements=tuple(self.measurements), elapsed_seconds=0.1)  # fmt: skip
+
+
+@pytest.fixture
+def dask_cluster():
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+    )
+    yield cluster
+    cluster.close()
+
+
+def test_sweeps_run_on_a_dask_cluster_through_the_same_interface(dask_cluster, monkeypatch) -> None:
+    monkeypatch.setattr(jobs, "Session", SlowFake)
+    service = dask_service(dask_cluster)
+    try:
+        job = service.submit(SweepRequest(TINY))
+        poll_until_done(job, timeout=30)
+        assert job.state == "done", job.error
+        assert [m.batch_size for m in job.measurements] == [8, 16, 24, 32, 40, 48]
+        assert job.report.optimal.batch_size == TINY.max_batch  # 40 and 48 lie past it
+    finally:
+        service.shutdown()
+
+
+def test_a_dask_sweep_stops_between_probes_when_cancelled(dask_cluster, monkeypatch) -> None:
+    monkeypatch.setattr(jobs, "Session", SlowFake)
+    monkeypatch.setattr(SlowFake, "seconds", 0.3)
+    service = dask_service(dask_cluster)
+    try:
+        job = service.submit(SweepRequest(TINY))
+        until(lambda: (job.poll(), len(job.measurements) >= 1)[1])
+        job.cancel()
+        assert job.state == "cancelled"
+        assert job.channel.stop_requested()  # the worker stops after the probe in flight
+    finally:
+        service.shutdown()
