@@ -18,7 +18,21 @@ from typing import Any
 
 from memorymark import gpus, limits, models
 
-OPTIMIZERS = ("adamw", "adamw-fused", "adamw-forloop", "sgd", "sgd-forloop", "adafactor", "none")
+OPTIMIZERS = (
+    "adamw",
+    "adamw-fused",
+    "adamw-forloop",
+    "sgd",
+    "sgd-forloop",
+    "adafactor",
+    "adamw-8bit",
+    "paged-adamw-8bit",
+    "paged-adamw-32bit",
+    "lion-8bit",
+    "none",
+)
+PAGED_OPTIMIZERS = ("paged-adamw-8bit", "paged-adamw-32bit")
+"""bitsandbytes' paged optimizers: state in CUDA unified memory (memorymark/paging.py)."""
 # Hugging Face Trainer's `optim` values (transformers' OptimizerNames) for the same optimizers:
 # accepted as input. The for-loop variants have no Trainer name, and Trainer's "sgd" has no
 # momentum, so the HF snippet hands Trainer those three built (see snippets.py).
@@ -27,8 +41,14 @@ HF_OPTIM_NAMES = {
     "adamw-fused": "adamw_torch_fused",
     "sgd": "sgd",
     "adafactor": "adafactor",
+    "adamw-8bit": "adamw_bnb_8bit",
+    "paged-adamw-8bit": "paged_adamw_8bit",
+    "paged-adamw-32bit": "paged_adamw_32bit",
+    "lion-8bit": "lion_8bit",
 }
-_OPTIMIZER_ALIASES = {hf: ours for ours, hf in HF_OPTIM_NAMES.items()}
+# More Trainer names for the same bitsandbytes optimizers (transformers' OptimizerNames).
+_MORE_HF_ALIASES = {"adamw_8bit": "adamw-8bit", "adamw_torch_8bit": "adamw-8bit"}
+_OPTIMIZER_ALIASES = {hf: ours for ours, hf in HF_OPTIM_NAMES.items()} | _MORE_HF_ALIASES
 MODES = ("train", "eval")
 LOSSES = ("task", "logits-mean")
 BACKENDS = ("auto", "cuda", "mps", "sim", "cpu")
@@ -36,6 +56,8 @@ STRATEGIES = ("fast", "linear")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 ATTENTIONS = ("sdpa", "eager")
 PROTOCOLS = ("full", "inference-style")
+# memorymark/quantization.py METHODS, repeated here: settings never import bitsandbytes or torch.
+QUANTIZATIONS = ("none", "nf4", "fp4", "int8")
 
 # The largest batch any sweep tries: past it a "fits" answer is capped, and says so.
 DEFAULT_MAX_BATCH = 4096
@@ -99,9 +121,11 @@ class Settings:
     """Height and width in pixels, for image models."""
     optimizer: str = "adamw"
     """adamw or sgd (momentum 0.9) as PyTorch runs them on CUDA by default (foreach kernels),
-    adamw-fused (the fused kernel), adamw-forloop / sgd-forloop (foreach=False), adafactor, or
-    none (no state, no step). Hugging Face Trainer's `optim` names (adamw_torch,
-    adamw_torch_fused) are accepted and stored as ours."""
+    adamw-fused (the fused kernel), adamw-forloop / sgd-forloop (foreach=False), adafactor,
+    bitsandbytes' adamw-8bit, paged-adamw-8bit, paged-adamw-32bit and lion-8bit, or none (no
+    state, no step). Hugging Face Trainer's `optim` names (adamw_torch, adamw_torch_fused,
+    adamw_bnb_8bit, paged_adamw_8bit, paged_adamw_32bit, lion_8bit) are accepted and stored
+    as ours."""
     mode: str = "train"
     """train (dropout on, batch-norm statistics updated) or eval."""
     loss: str = "task"
@@ -117,6 +141,12 @@ class Settings:
     """Rank of LoRA adapters (peft); 0 trains every weight."""
     lora_targets: str = ""
     """Comma-separated module names LoRA adapts; empty takes the architecture's default."""
+    # -- what is trained: quantized base weights (QLoRA) --
+    quantization: str = "none"
+    """Base weights as bitsandbytes stores them: none, nf4 or fp4 (4-bit, QLoRA), or int8
+    (LLM.int8()). Needs LoRA to train (the quantized weights are frozen)."""
+    double_quant: bool = False
+    """4-bit only: quantize the absmax statistics too (bnb_4bit_use_double_quant)."""
     grad_accum: int = 1
     """Micro-batches whose gradients accumulate before each optimizer step (the loop measured:
     N forward/backward passes, then clipping and one optimizer step)."""
@@ -168,12 +198,18 @@ class Settings:
         _choice("backend", self.backend, BACKENDS)
         _choice("precision", self.precision, PRECISIONS)
         _choice("attention", self.attention, ATTENTIONS)
+        _check_quantization(self)
         parse_margin(self.margin, 1)
         _choice("strategy", self.strategy, STRATEGIES)
         norm = self.max_grad_norm
         # Compared without float(): a huge int would overflow it.
         if norm is not None and not (0 < norm <= sys.float_info.max):  # False for nan
             raise ValueError(f"max_grad_norm must be a positive number (got {limits.shown(norm)})")
+
+    @property
+    def paged_optimizer(self) -> bool:
+        """True when the optimizer keeps its state in CUDA unified memory (bitsandbytes' paged)."""
+        return self.optimizer in PAGED_OPTIMIZERS
 
     def margin_bytes(self, usable_bytes: int) -> int:
         """The margin in bytes for a GPU with `usable_bytes` of usable memory."""
@@ -232,6 +268,21 @@ class Settings:
     def from_query(cls, params: Mapping[str, str]) -> Settings:
         """Parse URL query parameters (strings); unknown keys are ignored, bad values raise."""
         return cls(**_parse_query(cls, params))
+
+
+def _check_quantization(s: Settings) -> None:
+    _choice("quantization", s.quantization, QUANTIZATIONS)
+    if s.double_quant and s.quantization not in ("nf4", "fp4"):
+        raise ValueError("double_quant needs 4-bit quantization (--quantization nf4 or fp4)")
+    if s.quantization == "none":
+        return
+    if models.find_model(s.model).source in ("timm", "torchvision"):
+        raise ValueError(f"quantization needs a transformers model (got {s.model})")
+    if s.lora_rank == 0 and not s.forward_only:
+        raise ValueError(
+            f"quantized weights ({s.quantization}) are frozen: training them needs LoRA "
+            "(--lora-rank 16, as QLoRA does)"
+        )
 
 
 _UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}

@@ -22,7 +22,7 @@ def test_defaults_are_the_issue_defaults():
         (
             {"optimizer": "adam"},
             "optimizer must be one of adamw, adamw-fused, adamw-forloop, sgd, sgd-forloop, "
-            "adafactor, none",
+            "adafactor, adamw-8bit, paged-adamw-8bit, paged-adamw-32bit, lion-8bit, none",
         ),
         ({"current_batch": 0}, "current_batch must be at least 1"),
         ({"strategy": "binary"}, "strategy must be one of fast, linear"),
