@@ -21,7 +21,7 @@ from collections.abc import Iterable
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from memorymark import cuda_rules
+from memorymark import cuda_rules, quantization
 from memorymark.settings import OPTIMIZERS
 from memorymark.tracker import unified_memory
 
@@ -41,10 +41,7 @@ _BNB_OPTIMIZERS = {
 
 
 def _bnb_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    try:
-        import bitsandbytes.optim as bnb_optim
-    except ImportError as exc:  # pragma: no cover - requirements.txt installs it
-        raise ValueError(f"optimizer {name} needs bitsandbytes: {exc}") from None
+    bnb_optim = quantization.bitsandbytes_module().optim
     class_name, kwargs = _BNB_OPTIMIZERS[name]
     base = getattr(bnb_optim, class_name)
 

@@ -65,13 +65,20 @@ def quantized_weight_bytes(out_features: int, in_features: int, method: str, nes
 
 
 @functools.cache
-def _bnb() -> Any:
+def bitsandbytes_module() -> Any:
+    """bitsandbytes, imported once, quietly; a clear error when it is not installed."""
+    import logging
+
+    # Messages about CPU-only inference kernels (AVX512-BF16 repacking) and the int8 kernel's
+    # fp16 cast: neither says anything about the GPU step simulated.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
     try:
         import bitsandbytes
         import bitsandbytes.functional as bnb_functional
     except ImportError as exc:  # pragma: no cover - requirements.txt installs it
         raise ValueError(
-            f"--quantization needs bitsandbytes (pip install bitsandbytes): {exc}"
+            f"quantization and 8-bit optimizers need bitsandbytes (pip install bitsandbytes): {exc}"
         ) from None
     # quantize_blockwise builds its 256-value code from real values (`.tolist()`), which the
     # meta device has none of; build it once on the CPU, as its cache `name2qmap` would.
@@ -84,7 +91,7 @@ def _bnb() -> Any:
 
 
 def _classes() -> tuple[type, type]:
-    bnb = _bnb()
+    bnb = bitsandbytes_module()
     import torch
     from torch import nn
 
@@ -228,7 +235,10 @@ def _kept_in_full_precision(model: nn.Module) -> set[str]:
         from transformers.quantizers.base import get_keys_to_not_convert
     except ImportError:  # older layout
         from transformers.integrations import get_keys_to_not_convert
-    return set(get_keys_to_not_convert(model))
+    # The quantizer also leaves the model's `_keep_in_fp32_modules` (T5's `wo`) unconverted
+    # (transformers/quantizers/base.py `get_modules_to_not_convert`).
+    kept = getattr(model, "_keep_in_fp32_modules", None) or []
+    return set(get_keys_to_not_convert(model)) | set(kept)
 
 
 def quantize(model: nn.Module, method: str, double_quant: bool, compute_dtype: Any) -> nn.Module:
@@ -252,6 +262,7 @@ def quantize(model: nn.Module, method: str, double_quant: bool, compute_dtype: A
             new = eight_bit(linear)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, new)
+    _share_nested_code(model, four_bit)
     setattr(model, "is_loaded_in_4bit" if is_4bit(method) else "is_loaded_in_8bit", True)
     from peft import prepare_model_for_kbit_training
 
@@ -259,6 +270,15 @@ def quantize(model: nn.Module, method: str, double_quant: bool, compute_dtype: A
     # (peft's own default path would also call enable_input_require_grads, which only the
     # reentrant variant needs).
     return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+
+
+def _share_nested_code(model: nn.Module, four_bit: type) -> None:
+    # On CUDA every QuantState's second-level code is the one tensor bitsandbytes caches per
+    # device (functional.py `name2qmap["dynamic"]`); copied to the meta device, each layer got
+    # its own. Share one, as the GPU would.
+    layers = [m for m in model.modules() if isinstance(m, four_bit) and m._nested]
+    for layer in layers[1:]:
+        layer.code2 = layers[0].code2
 
 
 def _matches(name: str, key: str) -> bool:
