@@ -23,11 +23,18 @@ model is quantized, so settings and snippets can name the methods without it.
 from __future__ import annotations
 
 import functools
+import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+# bitsandbytes logs, at import (which peft triggers too), that a CPU-only inference kernel is
+# missing, and for each int8 matmul that inputs are cast to fp16: neither says anything about
+# the GPU step simulated.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
 
 METHODS = ("none", "nf4", "fp4", "int8")
 """`--quantization` choices: none, bitsandbytes' 4-bit NF4 or FP4, or LLM.int8()."""
@@ -66,13 +73,7 @@ def quantized_weight_bytes(out_features: int, in_features: int, method: str, nes
 
 @functools.cache
 def bitsandbytes_module() -> Any:
-    """bitsandbytes, imported once, quietly; a clear error when it is not installed."""
-    import logging
-
-    # Messages about CPU-only inference kernels (AVX512-BF16 repacking) and the int8 kernel's
-    # fp16 cast: neither says anything about the GPU step simulated.
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
-    logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
+    """bitsandbytes, imported once; a clear error when it is not installed."""
     try:
         import bitsandbytes
         import bitsandbytes.functional as bnb_functional

@@ -162,7 +162,8 @@ def weights_and_paging_lines(m: Measurement, memory_source: str) -> list[str]:
             f"({memory_source}; packed weights and quantization state, within parameters)."
         )
     if m.paged_bytes is not None:
-        lines.append(paging.note(m.paged_bytes, bool(m.pages_to_host)).capitalize() + ".")
+        note = paging.note(m.paged_bytes, bool(m.pages_to_host))
+        lines.append(f"{note[0].upper()}{note[1:]} ({memory_source}).")
     return lines
 
 
