@@ -164,10 +164,10 @@ def _classes() -> tuple[type, type]:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             self._describe_weight()
             absmax = self.absmax if self._nested else None
-            compute = x if self.compute_dtype is None else x.to(self.compute_dtype)
-            scratch = gemm_scratch(compute, tuple(self._shape), absmax)
+            dtype = self.compute_dtype or x.dtype  # what Linear4bit.forward casts x to
+            scratch = gemm_scratch(x, dtype, tuple(self._shape), absmax)
             out = super().forward(x)
-            del scratch, compute
+            del scratch
             return out
 
     class QuantizedLinear8bitLt(bnb.nn.Linear8bitLt):
@@ -210,9 +210,12 @@ def quantized_classes() -> tuple[type, type]:
     return _classes()
 
 
-def gemm_scratch(x: torch.Tensor, weight_shape: tuple[int, int], absmax: Any) -> list[Any]:
-    """Temporaries bitsandbytes' 4-bit matmul allocates beside its output for input `x`: none
-    as its ops run here; `cuda_rules.bnb_gemm` gives CUDA's while a simulated step runs."""
+def gemm_scratch(
+    x: torch.Tensor, dtype: torch.dtype, weight_shape: tuple[int, int], absmax: Any
+) -> list[Any]:
+    """Temporaries bitsandbytes' 4-bit matmul allocates beside its output for input `x` (cast
+    to the compute `dtype`): none as its ops run here; `cuda_rules.bnb_gemm` gives CUDA's while
+    a simulated step runs."""
     return []
 
 

@@ -121,11 +121,12 @@ def test_cuda_dequantizes_the_whole_weight_past_1536_rows():
     def nothing(*args):
         return []
 
-    small = torch.empty(1, 1536, 64, dtype=torch.bfloat16, device="meta")
-    large = torch.empty(1, 1537, 64, dtype=torch.bfloat16, device="meta")
+    small = torch.empty(1, 1536, 64, dtype=torch.float32, device="meta")
+    large = torch.empty(1, 1537, 64, dtype=torch.float32, device="meta")
     absmax = torch.empty(8, dtype=torch.uint8, device="meta")
-    assert bnb_gemm.dequantized_scratch(nothing, small, (32, 64), absmax) == []
-    scratch = bnb_gemm.dequantized_scratch(nothing, large, (32, 64), absmax)
+    bf16 = torch.bfloat16
+    assert bnb_gemm.dequantized_scratch(nothing, small, bf16, (32, 64), absmax) == []
+    scratch = bnb_gemm.dequantized_scratch(nothing, large, bf16, (32, 64), absmax)
     assert [(t.shape, t.dtype) for t in scratch] == [
         (torch.Size([8]), torch.float32),
         (torch.Size([32, 64]), torch.bfloat16),

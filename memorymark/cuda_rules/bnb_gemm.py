@@ -26,17 +26,19 @@ CUSTOM_KERNEL_MAX_ROWS = 1536
 def dequantized_scratch(
     original: Callable[..., list[torch.Tensor]],
     x: torch.Tensor,
+    dtype: torch.dtype,
     weight_shape: tuple[int, int],
     absmax: torch.Tensor | None,
 ) -> list[torch.Tensor]:
-    """The temporaries CUDA's gemm_4bit holds beside its output for input `x`."""
+    """The temporaries CUDA's gemm_4bit holds beside its output for input `x` computed in
+    `dtype`: the weight dequantized to `dtype`, and a double-quant absmax in fp32."""
     rows = x.numel() // max(x.shape[-1], 1)
     if rows <= CUSTOM_KERNEL_MAX_ROWS:
-        return original(x, weight_shape, absmax)
+        return original(x, dtype, weight_shape, absmax)
     scratch = []
     if absmax is not None:  # double quant: the 8-bit absmax dequantized first
         scratch.append(torch.empty(absmax.shape, dtype=torch.float32, device=x.device))
-    scratch.append(torch.empty(weight_shape, dtype=x.dtype, device=x.device))
+    scratch.append(torch.empty(weight_shape, dtype=dtype, device=x.device))
     return scratch
 
 
