@@ -132,14 +132,14 @@ def _print_measurement(m: Measurement) -> None:
 
 def _weight_and_paging_lines(m: Measurement) -> list[str]:
     """The quantized weights' bytes and the paged optimizer state, when there are any."""
-    lines = []
+    lines, source = [], memory_source(m.measured)
     if m.quantized_weight_bytes is not None:
         lines.append(
             f"quantized weights {gib(m.quantized_weight_bytes):.3f} GiB "
-            "(within parameters: packed weights + quantization state)"
+            f"({source}; within parameters: packed weights + quantization state)"
         )
     if m.paged_bytes is not None:
-        lines.append(paging.note(m.paged_bytes, bool(m.pages_to_host)))
+        lines.append(f"{paging.note(m.paged_bytes, bool(m.pages_to_host))} ({source})")
     return lines
 
 
