@@ -107,13 +107,24 @@ def test_the_model_is_prepared_as_peft_prepares_k_bit_models(tiny_llama):
     assert not isinstance(model.get_submodule("base_model.model.lm_head"), four_bit)
 
 
-def test_quantized_weight_bytes_are_reported_and_smaller_than_bf16(tiny_llama):
+def test_quantized_weight_bytes_are_what_bitsandbytes_stores(tiny_llama):
     m = Session(qlora(tiny_llama, double_quant=True)).measure(1)
-    expected_packed = LAYERS * sum(o * i for o, i in LINEAR_SHAPES) // 2
+    per_layer = sum(
+        quantization.quantized_weight_bytes(o, i, "nf4", nested=True) for o, i in LINEAR_SHAPES
+    )
+    shared_code = 256 * 4  # the double-quant code, one tensor for every layer
     assert m.fits and not m.measured
-    assert expected_packed < m.quantized_weight_bytes < expected_packed * 1.1
+    assert m.quantized_weight_bytes == LAYERS * per_layer + shared_code
     assert m.quantized_weight_bytes <= m.breakdown.parameters
     assert m.to_dict()["quantized_weight_bytes"] == m.quantized_weight_bytes
+
+
+def test_int8_weight_bytes_are_a_byte_per_weight_and_a_scale_per_row(tiny_llama):
+    m = Session(qlora(tiny_llama, quantization="int8")).measure(1)
+    per_layer = sum(
+        quantization.quantized_weight_bytes(o, i, "int8", False) for o, i in LINEAR_SHAPES
+    )
+    assert m.quantized_weight_bytes == LAYERS * per_layer
 
 
 # -- kernels' temporaries ---------------------------------------------------------------------
