@@ -88,7 +88,27 @@ def bitsandbytes_module() -> Any:
 
         with torch.device("cpu"):  # the caller may build on meta
             bnb_functional.name2qmap["dynamic"] = bnb_functional.create_dynamic_map()
+    _register_flop_formulas()
     return bitsandbytes
+
+
+def _register_flop_formulas() -> None:
+    """FLOPs of bitsandbytes' fused matmuls for torch's flop counter (and so the throughput
+    estimate), which knows only aten's: 2*M*N*K, as its formula for `mm`."""
+    import torch
+    from torch.utils.flop_counter import register_flop_formula
+
+    def matmul_flops(
+        a_shape: Any, b_shape: Any, *args: Any, out_shape: Any = None, **_: Any
+    ) -> int:
+        rows = 1
+        for size in a_shape[:-1]:
+            rows *= size
+        return 2 * rows * a_shape[-1] * out_shape[-1]
+
+    ops = torch.ops.bitsandbytes
+    for op in (ops.gemm_4bit, ops.int8_scaled_mm, ops.int8_linear_matmul):
+        register_flop_formula(op)(matmul_flops)
 
 
 def _classes() -> tuple[type, type]:

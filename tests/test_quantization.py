@@ -170,6 +170,26 @@ def test_a_long_input_holds_the_dequantized_weight_beside_the_output(nested):
     assert one_layer_peak(2048, nested) == 2048 * output + 256 * 128 * 2 + absmax
 
 
+def test_the_fused_4bit_and_int8_matmuls_count_their_flops():
+    from memorymark.gpus import find_gpu
+    from memorymark.throughput import Roofline, WorkCounter
+
+    four_bit, eight_bit = quantization.quantized_classes()
+    for make, dtype in ((lambda lin: four_bit(lin, "nf4", True, torch.bfloat16), torch.bfloat16),
+                        (eight_bit, torch.float16)):  # fmt: skip
+        with torch.device("meta"):
+            layer = make(torch.nn.Linear(128, 256, bias=False, dtype=dtype))
+        mode = FakeTensorMode()
+        to_fake(layer, mode)
+        with mode:
+            x = torch.empty(1, 100, 128, dtype=dtype)
+        tracker = MemoryTracker()
+        tracker.work_counter = WorkCounter(Roofline.for_gpu(find_gpu("A10")))
+        with mode, cuda_rules.applied((8, 6)), tracker:
+            layer(x)
+        assert tracker.work_counter.flops == 2 * 100 * 128 * 256  # as a dense mm
+
+
 # -- optimizers ------------------------------------------------------------------------------
 def full_finetune(model: str, optimizer: str) -> Settings:
     return Settings(model=model, backend="sim", gpu="A10", seq_len=16, optimizer=optimizer)
