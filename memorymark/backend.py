@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-from memorymark import allocator, throughput
+from memorymark import allocator, paging, quantization, throughput
 from memorymark.fit import FitPolicy
 from memorymark.measurement import Category, Measurement
 from memorymark.oom import StepError, is_oom, one_line
@@ -76,6 +76,7 @@ class Backend:
         by `devices.open_backend`). None: no estimate."""
         self._timing = False
         self._counters_before: dict[str, int] = {}
+        self._quantized_bytes: int | None = None
 
     @property
     def capacity_bytes(self) -> int:
@@ -189,6 +190,8 @@ class Backend:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._label_gradient)
         self._model, self._optimizer, self._tracker = model, optimizer, tracker
+        if self.workload.settings.quantization != "none":
+            self._quantized_bytes = quantization.quantized_bytes(model)
         return tracker
 
     def _label_gradient(self, param: torch.Tensor) -> None:
@@ -248,7 +251,13 @@ class Backend:
         ran = verdict.runs
         samples = batch_size * self.workload.settings.grad_accum
         sps, source = self._throughput(samples, seconds, work) if ran else (None, None)
+        paged = self._paged_bytes(tracker)
         return Measurement(
+            quantized_weight_bytes=self._quantized_bytes,
+            paged_bytes=paged,
+            pages_to_host=None
+            if paged is None
+            else ran and paging.pages_to_host(required, paged, self.policy.capacity_bytes),
             batch_size=batch_size,
             fits=verdict.fits,
             runs=verdict.runs,
@@ -269,6 +278,14 @@ class Backend:
             error=error or note,
             timeline=tuple(tracker.timeline) if traced and tracker is not None else (),
         )
+
+    def _paged_bytes(self, tracker: MemoryTracker | None) -> int | None:
+        """Optimizer state in CUDA unified memory, or None when the optimizer is not paged."""
+        if not self.workload.settings.paged_optimizer:
+            return None
+        counted = tracker.unified_bytes if tracker is not None else 0
+        state = self._optimizer.state.values() if self._optimizer is not None else ()
+        return counted or paging.paged_state_bytes(state)
 
     def _counter_delta(self, stats: dict[str, int] | None, name: str) -> int | None:
         if stats is None or name not in stats:

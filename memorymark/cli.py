@@ -80,7 +80,9 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
         "--optimizer",
         default=d.optimizer,
         help="adamw (foreach, as on CUDA), adamw-fused, adamw-forloop, sgd (momentum), "
-        "sgd-forloop, adafactor or none; HF Trainer's adamw_torch / adamw_torch_fused too",
+        "sgd-forloop, adafactor, bitsandbytes' adamw-8bit, paged-adamw-8bit, "
+        "paged-adamw-32bit, lion-8bit, or none; HF Trainer's names (adamw_torch, "
+        "adamw_torch_fused, adamw_bnb_8bit, paged_adamw_8bit, paged_adamw_32bit, lion_8bit) too",
     )
     p.add_argument(
         "--grad-accum",
@@ -127,6 +129,17 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
         "--lora-targets",
         default="",
         help="comma-separated modules LoRA adapts (default: per model)",
+    )
+    p.add_argument(
+        "--quantization",
+        default=d.quantization,
+        help="base weights as bitsandbytes stores them: none, nf4 or fp4 (4-bit, QLoRA; "
+        "needs --lora-rank) or int8 (LLM.int8())",
+    )
+    p.add_argument(
+        "--double-quant",
+        action="store_true",
+        help="4-bit only: quantize the quantization statistics too (bnb_4bit_use_double_quant)",
     )
     p.add_argument(
         "--forward-only", action="store_true", help="only the forward pass, under no_grad"
@@ -301,6 +314,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "grad_checkpointing": args.grad_checkpointing,
         "lora_rank": args.lora_rank,
         "lora_targets": args.lora_targets,
+        "quantization": args.quantization,
+        "double_quant": args.double_quant,
         "grad_accum": args.grad_accum,
         "max_grad_norm": args.max_grad_norm,
     }

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from memorymark import calibrate as calibration
-from memorymark import calibration_record, exports, gpus, history, models
+from memorymark import calibration_record, exports, gpus, history, models, paging
 from memorymark.calibrate import NoGpuError
 from memorymark.engine import Session
 from memorymark.measurement import Measurement
@@ -156,8 +156,23 @@ def _print_measurement(m: Measurement) -> None:
     if m.breakdown:
         for name, n_bytes in m.breakdown.to_dict().items():
             print(f"  {name:<16} {gib(n_bytes):8.3f} GiB")
+    for line in _weight_and_paging_lines(m):
+        print(f"  {line}")
     if m.error:
         print(f"  {m.error}")
+
+
+def _weight_and_paging_lines(m: Measurement) -> list[str]:
+    """The quantized weights' bytes and the paged optimizer state, when there are any."""
+    lines, source = [], memory_source(m.measured)
+    if m.quantized_weight_bytes is not None:
+        lines.append(
+            f"quantized weights {gib(m.quantized_weight_bytes):.3f} GiB "
+            f"({source}; within parameters: packed weights + quantization state)"
+        )
+    if m.paged_bytes is not None:
+        lines.append(f"{paging.note(m.paged_bytes, bool(m.pages_to_host))} ({source})")
+    return lines
 
 
 def _print_report(r: Report) -> None:
@@ -172,6 +187,8 @@ def _print_report(r: Report) -> None:
         print(f"  usable memory        {d['usable_gb']} GiB, less a {d['margin_gb']} GiB margin")
         _print_plan_and_fixes(r)
         return
+    for line in _weight_and_paging_lines(r.optimal):
+        print(f"  {line}")
     reserved = d["optimal_reserved_gb"]
     held = "" if reserved is None else f", {reserved} GiB reserved"
     print(

@@ -1,7 +1,8 @@
 """When nothing fits: which settings, or which GPU, would make the model train.
 
 For a model that runs out of memory even at batch 1, each candidate change (gradient
-checkpointing, bf16 weights, LoRA, their combination, a bigger catalog GPU) is simulated at
+checkpointing, bf16 weights, LoRA, 8-bit AdamW, their combination, QLoRA, a bigger catalog GPU) is
+simulated at
 batch 1; a simulated step traces to its end even past the GPU's capacity, so the answer says how
 far off each one is, not only whether it fits. What the states alone decide is not stepped: the
 weights, gradients and optimizer state all live at the optimizer step, so when their bytes
@@ -88,12 +89,37 @@ def _variants(s: Settings, gpu: gpus.GPU) -> list[tuple[str, Settings]]:
         out.append(("bf16-true weights and optimizer", replace(s, precision=precision)))
     if not s.lora_rank and s.optimizer != "none":
         out.append((f"LoRA rank {LORA_RANK}", replace(s, lora_rank=LORA_RANK)))
+    if s.optimizer in ("adamw", "adamw-fused", "adamw-forloop"):
+        out.append(("8-bit AdamW (bitsandbytes)", replace(s, optimizer="adamw-8bit")))
     combined = replace(
         s, grad_checkpointing=True, precision=precision, lora_rank=s.lora_rank or LORA_RANK
     )
     if combined != s:
         out.append(("all three together", combined))
+    qlora = _qlora(s, gpu)
+    if qlora is not None and qlora != s:
+        out.append(("QLoRA: NF4 + LoRA + checkpointing", qlora))
     return out
+
+
+def _qlora(s: Settings, gpu: gpus.GPU) -> Settings | None:
+    """The QLoRA recipe (Dettmers et al. 2023, as PEFT's docs run it) for these settings: NF4
+    base weights with double quant, bf16 compute where the GPU has it, LoRA, checkpointing.
+    None for a model bitsandbytes does not quantize here (timm, torchvision) or inference."""
+    if s.optimizer == "none" or s.forward_only:
+        return None
+    precision = "bf16-mixed" if gpu.supports_bf16 else "16-mixed"
+    try:
+        return replace(
+            s,
+            quantization="nf4",
+            double_quant=True,
+            lora_rank=s.lora_rank or LORA_RANK,
+            grad_checkpointing=True,
+            precision=precision,
+        )
+    except ValueError:
+        return None
 
 
 def state_bytes(settings: Settings) -> int:
@@ -109,15 +135,29 @@ def state_bytes(settings: Settings) -> int:
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     if settings.forward_only or settings.optimizer == "none":
         return weights
-    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    # AdamW keeps two buffers like each trained weight, SGD's momentum one; Adafactor's factored
-    # moments are small, so they count as none (a lower bound stays a lower bound).
-    buffers = (
-        2
-        if settings.optimizer.startswith("adamw")
-        else (1 if settings.optimizer.startswith("sgd") else 0)
-    )
-    return weights + trainable * (1 + buffers)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    trainable = sum(p.numel() * p.element_size() for p in trained)
+    return weights + trainable + _state_lower_bound(settings.optimizer, trained)
+
+
+def _state_lower_bound(optimizer: str, trained: list[Any]) -> int:
+    """Bytes the optimizer's state takes at least, inside the allocator."""
+    like_weights = sum(p.numel() * p.element_size() for p in trained)
+    numel = sum(p.numel() for p in trained)
+    # AdamW keeps two buffers like each trained weight, SGD's momentum one; bitsandbytes' 8-bit
+    # ones a byte per value (two for AdamW, one for Lion), more for small tensors and absmax;
+    # paged state lives outside the allocator, and Adafactor's factored moments are small: they
+    # count as none (a lower bound stays a lower bound).
+    per_optimizer = {
+        "adamw": 2 * like_weights,
+        "adamw-fused": 2 * like_weights,
+        "adamw-forloop": 2 * like_weights,
+        "sgd": like_weights,
+        "sgd-forloop": like_weights,
+        "adamw-8bit": 2 * numel,
+        "lion-8bit": numel,
+    }
+    return per_optimizer.get(optimizer, 0)
 
 
 def what_would_fit(settings: Settings, batch_1: Measurement | None = None) -> FitAnswer:

@@ -108,6 +108,15 @@ class Measurement:
     """FLOPs the step's matmuls, convolutions and attention ran (estimated throughput only)."""
     error: str | None = None
     """One line saying why the step failed, or why one that ran is not recommended."""
+    quantized_weight_bytes: int | None = None
+    """Bytes of the quantized base weights and their quantization state (within `parameters`);
+    None when the weights are not quantized."""
+    paged_bytes: int | None = None
+    """Optimizer state in CUDA unified memory (bitsandbytes' paged optimizers): outside the
+    peak, the breakdown and the fit verdict (memorymark/paging.py); None when not paged."""
+    pages_to_host: bool | None = None
+    """True when the step and the paged state do not fit the GPU together: the step runs, its
+    optimizer state paging to host memory (slower). None when not paged."""
     timeline: tuple[int, ...] = field(default=(), repr=False, compare=False)
     """Live bytes after each operator of the step: what the fast strategy extrapolates."""
 
@@ -161,6 +170,9 @@ class Measurement:
             "backend": self.backend,
             "memory_source": "measured" if self.measured else "simulated",
             "error": self.error,
+            "quantized_weight_bytes": self.quantized_weight_bytes,
+            "paged_bytes": self.paged_bytes,
+            "pages_to_host": self.pages_to_host,
         }
 
 

@@ -57,6 +57,7 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "capped_at_max_batch": r.capped,
         "verdict": r.verdict(),
         "breakdown": breakdown.to_dict() if breakdown else None,
+        **_weights_and_paging(r),
         "probes": len(r.measurements),
         "stopped_by": r.stopped_by,
         "partial_note": r.partial_note,
@@ -77,6 +78,19 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "settings": r.settings.to_dict(),
         "costs": r.costs.to_dict(),
         "environment": r.stamp.to_dict() if r.stamp else None,
+    }
+
+
+def _weights_and_paging(r: Report) -> dict[str, Any]:
+    """Quantized weights' GiB and paged optimizer state (memorymark/paging.py), from any
+    traced probe: neither depends on the batch size, except whether the state pages."""
+    first = next((m for m in r.measurements if m.paged_bytes is not None), None)
+    quantized = next((m.quantized_weight_bytes for m in r.measurements), None)
+    shown = r.optimal or first
+    return {
+        "quantized_weights_gb": None if quantized is None else gib(quantized, 4),
+        "paged_optimizer_state_gb": None if first is None else gib(first.paged_bytes or 0, 4),
+        "optimal_pages_to_host": shown.pages_to_host if shown is not None else None,
     }
 
 

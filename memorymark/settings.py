@@ -26,7 +26,17 @@ from typing import Any, Literal
 from memorymark import gpus, limits, models
 
 Optimizer = Literal[
-    "adamw", "adamw-fused", "adamw-forloop", "sgd", "sgd-forloop", "adafactor", "none"
+    "adamw",
+    "adamw-fused",
+    "adamw-forloop",
+    "sgd",
+    "sgd-forloop",
+    "adafactor",
+    "adamw-8bit",
+    "paged-adamw-8bit",
+    "paged-adamw-32bit",
+    "lion-8bit",
+    "none",
 ]
 Mode = Literal["train", "eval"]
 Loss = Literal["task", "logits-mean"]
@@ -35,6 +45,8 @@ Attention = Literal["sdpa", "eager"]
 Backend = Literal["auto", "cuda", "mps", "sim", "cpu"]
 Strategy = Literal["fast", "linear"]
 Protocol = Literal["full", "inference-style"]
+# memorymark/quantization.py METHODS, repeated here: settings never import bitsandbytes or torch.
+Quantization = Literal["none", "nf4", "fp4", "int8"]
 
 OPTIMIZERS: tuple[str, ...] = typing.get_args(Optimizer)
 MODES: tuple[str, ...] = typing.get_args(Mode)
@@ -44,6 +56,9 @@ ATTENTIONS: tuple[str, ...] = typing.get_args(Attention)
 BACKENDS: tuple[str, ...] = typing.get_args(Backend)
 STRATEGIES: tuple[str, ...] = typing.get_args(Strategy)
 PROTOCOLS: tuple[str, ...] = typing.get_args(Protocol)
+QUANTIZATIONS: tuple[str, ...] = typing.get_args(Quantization)
+PAGED_OPTIMIZERS = ("paged-adamw-8bit", "paged-adamw-32bit")
+"""bitsandbytes' paged optimizers: state in CUDA unified memory (memorymark/paging.py)."""
 
 # Hugging Face Trainer's `optim` values (transformers' OptimizerNames) for the same optimizers:
 # accepted as input. The for-loop variants have no Trainer name, and Trainer's "sgd" has no
@@ -53,8 +68,14 @@ HF_OPTIM_NAMES = {
     "adamw-fused": "adamw_torch_fused",
     "sgd": "sgd",
     "adafactor": "adafactor",
+    "adamw-8bit": "adamw_bnb_8bit",
+    "paged-adamw-8bit": "paged_adamw_8bit",
+    "paged-adamw-32bit": "paged_adamw_32bit",
+    "lion-8bit": "lion_8bit",
 }
-_OPTIMIZER_ALIASES = {hf: ours for ours, hf in HF_OPTIM_NAMES.items()}
+# More Trainer names for the same bitsandbytes optimizers (transformers' OptimizerNames).
+_MORE_HF_ALIASES = {"adamw_8bit": "adamw-8bit", "adamw_torch_8bit": "adamw-8bit"}
+_OPTIMIZER_ALIASES = {hf: ours for ours, hf in HF_OPTIM_NAMES.items()} | _MORE_HF_ALIASES
 
 # The largest batch any sweep tries: past it a "fits" answer is capped, and says so.
 DEFAULT_MAX_BATCH = 4096
@@ -126,9 +147,11 @@ class Workload:
     """Height and width in pixels, for image models."""
     optimizer: Optimizer = "adamw"
     """adamw or sgd (momentum 0.9) as PyTorch runs them on CUDA by default (foreach kernels),
-    adamw-fused (the fused kernel), adamw-forloop / sgd-forloop (foreach=False), adafactor, or
-    none (no state, no step). Hugging Face Trainer's `optim` names (adamw_torch,
-    adamw_torch_fused) are accepted and stored as ours."""
+    adamw-fused (the fused kernel), adamw-forloop / sgd-forloop (foreach=False), adafactor,
+    bitsandbytes' adamw-8bit, paged-adamw-8bit, paged-adamw-32bit and lion-8bit, or none (no
+    state, no step). Hugging Face Trainer's `optim` names (adamw_torch, adamw_torch_fused,
+    adamw_bnb_8bit, paged_adamw_8bit, paged_adamw_32bit, lion_8bit) are accepted and stored
+    as ours."""
     mode: Mode = "train"
     """train (dropout on, batch-norm statistics updated) or eval."""
     loss: Loss = "task"
@@ -144,6 +167,11 @@ class Workload:
     """Rank of LoRA adapters (peft); 0 trains every weight."""
     lora_targets: str = ""
     """Comma-separated module names LoRA adapts; empty takes the architecture's default."""
+    quantization: Quantization = "none"
+    """Base weights as bitsandbytes stores them: none, nf4 or fp4 (4-bit, QLoRA), or int8
+    (LLM.int8()). Needs LoRA to train (the quantized weights are frozen)."""
+    double_quant: bool = False
+    """4-bit only: quantize the absmax statistics too (bnb_4bit_use_double_quant)."""
     grad_accum: int = 1
     """Micro-batches whose gradients accumulate before each optimizer step (the loop measured:
     N forward/backward passes, then clipping and one optimizer step)."""
@@ -171,6 +199,7 @@ class Workload:
         # Compared without float(): a huge int would overflow it.
         if norm is not None and not (0 < norm <= sys.float_info.max):  # False for nan
             raise ValueError(f"max_grad_norm must be a positive number (got {limits.shown(norm)})")
+        _check_quantization(self, entry.source)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -260,6 +289,11 @@ class Settings:
                 section = replace(section, **mine)
             object.__setattr__(self, name, section)
 
+    @property
+    def paged_optimizer(self) -> bool:
+        """True when the optimizer keeps its state in CUDA unified memory (bitsandbytes' paged)."""
+        return self.optimizer in PAGED_OPTIMIZERS
+
     def margin_bytes(self, usable_bytes: int) -> int:
         """The margin in bytes for a GPU with `usable_bytes` of usable memory."""
         return parse_margin(self.search.margin, usable_bytes)
@@ -329,6 +363,20 @@ class Settings:
 # code that only reads a setting need not know which section holds it.
 for _name, _section in _SECTION_OF.items():
     setattr(Settings, _name, property(operator.attrgetter(f"{_section}.{_name}")))
+
+
+def _check_quantization(s: Workload, source: str) -> None:
+    if s.double_quant and s.quantization not in ("nf4", "fp4"):
+        raise ValueError("double_quant needs 4-bit quantization (--quantization nf4 or fp4)")
+    if s.quantization == "none":
+        return
+    if source in ("timm", "torchvision"):
+        raise ValueError(f"quantization needs a transformers model (got {s.model})")
+    if s.lora_rank == 0 and not s.forward_only:
+        raise ValueError(
+            f"quantized weights ({s.quantization}) are frozen: training them needs LoRA "
+            "(--lora-rank 16, as QLoRA does)"
+        )
 
 
 _UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}

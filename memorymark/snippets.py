@@ -3,7 +3,8 @@
 Three dialects: Hugging Face `Trainer`, a Lightning `Trainer`, and a plain PyTorch loop. Each is
 generated from the settings and the batch plan, never from hand-typed numbers, and carries every
 setting that moved the measured answer: micro-batch and accumulation, precision, optimizer (down
-to its foreach / fused implementation), gradient checkpointing, LoRA and gradient clipping. The
+to its foreach / fused implementation), gradient checkpointing, LoRA, quantized base weights
+(`BitsAndBytesConfig`, `prepare_model_for_kbit_training`) and gradient clipping. The
 test suite builds the Hugging Face and peft objects from the text and runs the PyTorch loop.
 
 `model` and `dataset` in the code are the user's. This module writes text: it never imports torch
@@ -35,6 +36,11 @@ _OPTIMIZER_CODE = {
     "sgd-forloop": "torch.optim.SGD(params, lr={lr}, momentum=0.9, foreach=False)",
     # Adafactor's defaults (relative_step, scale_parameter) are what MemoryMark runs.
     "adafactor": "transformers.optimization.Adafactor(params, lr=None)",
+    # bitsandbytes' own classes, as optimizers.py builds them (min_8bit_size=4096, blockwise).
+    "adamw-8bit": "bnb.optim.AdamW8bit(params, lr={lr})",
+    "paged-adamw-8bit": "bnb.optim.PagedAdamW8bit(params, lr={lr})",
+    "paged-adamw-32bit": "bnb.optim.PagedAdamW32bit(params, lr={lr})",
+    "lion-8bit": "bnb.optim.Lion8bit(params, lr={lr})",
 }
 _DEFAULT_LR = {"sgd": "1e-3", "sgd-forloop": "1e-3"}
 
@@ -149,7 +155,11 @@ def _lightning(settings: Settings, plan: TrainingPlan) -> str:
 def _torch(settings: Settings, plan: TrainingPlan) -> str:
     optimizer = settings.optimizer != "none"
     clip = optimizer and settings.max_grad_norm is not None
-    lines = _about(settings) + ['device = "cuda"', "model = model.to(device)"]
+    lines = _about(settings) + ['device = "cuda"']
+    if settings.quantization == "none":
+        lines.append("model = model.to(device)")
+    else:
+        lines.append("# from_pretrained put the quantized weights on the GPU; .to() would refuse.")
     lines += _prepare_model(settings, weights=True, checkpointing=True)
     lines += [
         "",
@@ -211,8 +221,10 @@ def _about(settings: Settings) -> list[str]:
 def _prepare_model(settings: Settings, *, weights: bool, checkpointing: bool) -> list[str]:
     """bf16 weights, LoRA, then checkpointing: the order Workload.build_model applies them in.
     `weights` / `checkpointing`: the code converts / checkpoints the model itself."""
-    lines = []
-    if weights and settings.precision == "bf16-true":
+    lines = _quantized_loading(settings)
+    if weights and settings.precision == "bf16-true" and settings.quantization != "none":
+        lines.append("# bf16-true: load with from_pretrained(..., dtype=torch.bfloat16).")
+    elif weights and settings.precision == "bf16-true":
         lines += [
             "# bf16-true: weights, gradients and optimizer state in bf16, no autocast (or load",
             "# the model with from_pretrained(..., dtype=torch.bfloat16); torch_dtype= before v5).",
@@ -231,6 +243,38 @@ def _prepare_model(settings: Settings, *, weights: bool, checkpointing: bool) ->
             f"gradient_checkpointing_kwargs={_CHECKPOINTING_KWARGS})"
         )
     return lines
+
+
+_COMPUTE_DTYPE = {"bf16-mixed": "torch.bfloat16", "bf16-true": "torch.bfloat16"}
+
+
+def _quantized_loading(settings: Settings) -> list[str]:
+    """`BitsAndBytesConfig` for from_pretrained, then peft's k-bit preparation, as
+    memorymark/quantization.py builds the measured model."""
+    method = settings.quantization
+    if method == "none":
+        return []
+    if method == "int8":
+        config = ["    load_in_8bit=True,"]
+    else:
+        dtype = _COMPUTE_DTYPE.get(settings.precision, "torch.float16")
+        if settings.precision == "32-true":
+            dtype = "torch.float32"
+        config = [
+            "    load_in_4bit=True,",
+            f'    bnb_4bit_quant_type="{method}",',
+            f"    bnb_4bit_use_double_quant={settings.double_quant},",
+            f"    bnb_4bit_compute_dtype={dtype},",
+        ]
+    return [
+        f"# Base weights measured as bitsandbytes {method}: load the model with",
+        "# from_pretrained(MODEL_ID, quantization_config=bnb_config).",
+        "bnb_config = BitsAndBytesConfig(",
+        *config,
+        ")",
+        "# Freezes the base, casts the other weights (embeddings, head, norms) to fp32.",
+        "model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)",
+    ]
 
 
 def _optimizer_code(name: str, lr: str | None = None) -> str:
@@ -264,14 +308,38 @@ def _literal(value: Any) -> str:
     return repr(value)
 
 
+def _merged_froms(imports: list[str]) -> list[str]:
+    """One `from M import ...` per module, names ordered as ruff's isort orders them (classes
+    before functions, each alphabetical)."""
+    names: dict[str, set[str]] = {}
+    for line in imports:
+        module, _, listed = line[len("from ") :].partition(" import ")
+        names.setdefault(module, set()).update(n.strip() for n in listed.split(","))
+    return [
+        f"from {module} import {', '.join(sorted(names[module], key=_isort_key))}"
+        for module in sorted(names)
+    ]
+
+
+def _isort_key(name: str) -> tuple[int, str]:
+    return (0 if name[:1].isupper() else 1, name)
+
+
 def _program(imports: list[str], body: list[str]) -> str:
     """`body` under its imports: the ones given, and those its code uses, sorted as isort does."""
     code = "\n".join(line.split("#")[0] for line in body)  # comments import nothing
     for module in ("torch", "transformers"):
         if re.search(rf"\b{module}\.", code):
             imports = [*imports, f"import {module}"]
-    if "LoraConfig(" in code:
-        imports = [*imports, "from peft import LoraConfig, get_peft_model"]
+    if re.search(r"\bbnb\.", code):
+        imports = [*imports, "import bitsandbytes as bnb"]
+    if "BitsAndBytesConfig(" in code:
+        imports = [*imports, "from transformers import BitsAndBytesConfig"]
+    peft_names = [n for n in ("LoraConfig", "get_peft_model") if f"{n}(" in code]
+    if "prepare_model_for_kbit_training(" in code:
+        peft_names.append("prepare_model_for_kbit_training")
+    if peft_names:
+        imports = [*imports, f"from peft import {', '.join(peft_names)}"]
     plain = sorted(i for i in imports if i.startswith("import "))
-    froms = sorted(i for i in imports if i.startswith("from "))
+    froms = _merged_froms([i for i in imports if i.startswith("from ")])
     return "\n".join([*plain, *froms, "", *body]) + "\n"

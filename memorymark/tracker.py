@@ -15,6 +15,10 @@ running it again: the simulation does this for the optimizer step, whose allocat
 depend on the batch size. A splice leaves the peak, its breakdown, the timeline and the event
 log exactly as running the stretch again would.
 
+Storages created inside `unified_memory()` stand for CUDA unified memory (`cudaMallocManaged`,
+bitsandbytes' paged optimizer state): outside the caching allocator, so they are never counted
+in the live bytes, the peak or the event log; their bytes add up in `unified_bytes` instead.
+
 This module knows nothing about models, optimizers or GPUs; callers label tensors and phases.
 Where MemTracker (torch.distributed._tools) walks module hooks and costs ~7-10x a raw step, this
 does one dict lookup per output.
@@ -22,7 +26,10 @@ does one dict lookup per output.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -47,6 +54,24 @@ _FREE_RAW = 4
 _RELABEL = 5
 """While recording: a storage moved to another category, which a segment cannot replay."""
 _OP_END_ITEM = (_OP_END, 0, None, 0)
+
+
+_UNIFIED = threading.local()
+
+
+@contextlib.contextmanager
+def unified_memory() -> Iterator[None]:
+    """In this thread, storages created in the block are CUDA unified memory (see module doc)."""
+    depth = getattr(_UNIFIED, "depth", 0)
+    _UNIFIED.depth = depth + 1
+    try:
+        yield
+    finally:
+        _UNIFIED.depth = depth
+
+
+def _in_unified_memory() -> bool:
+    return getattr(_UNIFIED, "depth", 0) > 0
 
 
 class _Record:
@@ -115,6 +140,9 @@ class MemoryTracker(TorchDispatchMode):
         allocates before its first step."""
         self.work_counter: OperatorObserver | None = None
         """Sees every operator while set (the backend sets it around a step)."""
+        self.unified_bytes = 0
+        """Bytes of live storages in CUDA unified memory (`unified_memory()`), not in the peak."""
+        self._unified: set[int] = set()
         self._next_seq = 0
         self._baseline_end = 0
         self._records: dict[int, _Record] = {}
@@ -128,6 +156,8 @@ class MemoryTracker(TorchDispatchMode):
     def track(self, tensor: torch.Tensor, category: Category) -> None:
         """Count `tensor`'s storage under `category` (moving it there if already counted)."""
         storage = tensor.untyped_storage()
+        if id(storage) in self._unified:
+            return
         record = self._records.get(id(storage))
         if record is None:
             self._add(storage, category)
@@ -252,6 +282,16 @@ class MemoryTracker(TorchDispatchMode):
         self.live_by_category[category] += nbytes
         weakref.finalize(storage, self._free, key, record)
 
+    def _add_unified(self, storage: torch.UntypedStorage) -> None:
+        key, nbytes = id(storage), storage.nbytes()
+        self._unified.add(key)
+        self.unified_bytes += nbytes
+        weakref.finalize(storage, self._free_unified, key, nbytes)
+
+    def _free_unified(self, key: int, nbytes: int) -> None:
+        self._unified.discard(key)
+        self.unified_bytes -= nbytes
+
     def _free(self, key: int, record: _Record) -> None:
         if self._records.get(key) is record:
             del self._records[key]
@@ -272,7 +312,11 @@ class MemoryTracker(TorchDispatchMode):
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 storage = leaf.untyped_storage()
-                if id(storage) not in self._records:
+                if id(storage) in self._records or id(storage) in self._unified:
+                    continue
+                if _in_unified_memory():
+                    self._add_unified(storage)
+                else:
                     self._add(storage, self.phase_category)
         self.timeline.append(self.live_bytes)
         if self._log is not None:

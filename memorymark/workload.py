@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memorymark import adapters, cuda_rules, models, optimizers
+from memorymark import adapters, cuda_rules, models, optimizers, quantization
 from memorymark.settings import Settings
 
 
@@ -88,6 +88,11 @@ class Workload:
         dtype = cuda_rules.parameter_dtype(s.precision)
         if dtype is not None:
             model.to(dtype)  # bf16-true, as Lightning converts the module: parameters and buffers
+        if s.quantization != "none":
+            # As from_pretrained(quantization_config=BitsAndBytesConfig(...)) then peft's
+            # prepare_model_for_kbit_training: the linear layers quantized, the rest in fp32.
+            compute = cuda_rules.compute_dtype(s.precision)
+            model = quantization.quantize(model, s.quantization, s.double_quant, compute)
         if s.lora_rank:
             model = adapters.apply_lora(model, self.task, s.lora_rank, s.lora_targets)
         if s.grad_checkpointing:

@@ -206,8 +206,23 @@ def test_every_setting_has_a_widget_where_it_applies() -> None:
         kinds = ("selectbox", "text_input", "number_input", "checkbox", "radio")
         return {w.key for kind in kinds for w in at.get(kind)}
 
-    text = keys(app(model="tiny-gpt2", gpu_memory_gib="24", lora_rank="8"))
+    text = keys(app(model="tiny-gpt2", gpu_memory_gib="24", lora_rank="8", quantization="nf4"))
     image = keys(app(model="tiny-resnet"))
     drawn = {k.removeprefix("mm_") for k in text | image} | {"gpu"}  # gpu: the GPU choice
     assert "mm_gpu_choice" in text
     assert set(SETTING_FIELDS) <= drawn
+
+
+def test_qlora_with_a_paged_optimizer_shows_the_weights_and_the_paging_rule() -> None:
+    at = analyzed(
+        model="tiny-gpt2",
+        lora_rank="4",
+        quantization="nf4",
+        double_quant="true",
+        optimizer="paged_adamw_8bit",
+        max_batch="16",
+    )
+    captions = [c.value for c in at.main.caption]
+    weights = next(c for c in captions if c.startswith("Quantized base weights"))
+    assert "simulated" in weights and "GiB" in weights
+    assert any("CUDA unified memory, outside the peak" in c for c in captions)

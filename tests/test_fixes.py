@@ -41,10 +41,22 @@ def test_no_bf16_fix_is_offered_on_a_gpu_without_bf16():
     s = Settings(model="tiny-bert", gpu="t4")
     labels = [label for label, _ in _variants(s, gpus.find_gpu("t4"))]
     assert "bf16-true weights and optimizer" not in labels
-    assert all(v.precision == "32-true" for _, v in _variants(s, gpus.find_gpu("t4")))
+    assert all(not v.precision.startswith("bf16") for _, v in _variants(s, gpus.find_gpu("t4")))
     assert "bf16-true weights and optimizer" in [
         label for label, _ in _variants(s, gpus.find_gpu("a10"))
     ]
+
+
+def test_qlora_and_8bit_adamw_are_offered_and_simulated():
+    settings = Settings(model="tiny-bert", seq_len=128, gpu_memory_gib=1, margin="49%")
+    fixes = {f.label: f for f in what_would_fit(settings).fixes}
+    qlora = fixes["QLoRA: NF4 + LoRA + checkpointing"]
+    assert (qlora.settings.quantization, qlora.settings.double_quant) == ("nf4", True)
+    assert qlora.settings.lora_rank == 16 and qlora.settings.grad_checkpointing
+    assert not qlora.lower_bound  # stepped, not bounded
+    eight_bit = fixes["8-bit AdamW (bitsandbytes)"]
+    assert eight_bit.settings.optimizer == "adamw-8bit"
+    assert eight_bit.peak_bytes < simulated_step(settings, gpus.custom_gpu(1)).peak_bytes
 
 
 def test_what_the_states_alone_decide_is_not_stepped(monkeypatch):

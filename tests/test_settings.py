@@ -24,7 +24,7 @@ def test_defaults_are_the_issue_defaults():
         (
             {"optimizer": "adam"},
             "optimizer must be one of adamw, adamw-fused, adamw-forloop, sgd, sgd-forloop, "
-            "adafactor, none",
+            "adafactor, adamw-8bit, paged-adamw-8bit, paged-adamw-32bit, lion-8bit, none",
         ),
         ({"current_batch": 0}, "current_batch must be at least 1"),
         ({"strategy": "binary"}, "strategy must be one of fast, linear"),
@@ -84,6 +84,8 @@ EVERY_FIELD_CHANGED = {
     "grad_checkpointing": True,
     "lora_rank": 8,
     "lora_targets": "c_attn",
+    "quantization": "nf4",
+    "double_quant": True,
     "grad_accum": 4,
     "max_grad_norm": 0.5,
     "forward_only": True,

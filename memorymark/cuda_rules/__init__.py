@@ -9,6 +9,7 @@ allocate what CUDA would. Each rule cites the PyTorch source it copies and is te
 - the fused attention kernel `scaled_dot_product_attention` picks, by dtype, head dim, mask,
   dropout and the GPU's compute capability, and the tensors it saves (`sdpa_choice`, `sdpa`);
 - dropout's fused kernel and its one-byte mask (`dropout`);
+- bitsandbytes' 4-bit matmul, which past 1536 rows dequantizes the whole weight (`bnb_gemm`);
 - autocast with CUDA's op lists for bf16-mixed and 16-mixed (`autocast_lists`,
   `autocast_emulation`).
 
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from memorymark.cuda_rules import autocast_emulation as _autocast
+from memorymark.cuda_rules import bnb_gemm as _bnb_gemm
 from memorymark.cuda_rules import dropout as _dropout
 from memorymark.cuda_rules import sdpa as _sdpa
 from memorymark.cuda_rules.sdpa_choice import Capability
@@ -62,6 +64,12 @@ def parameter_dtype(precision: str) -> torch.dtype | None:
     return PARAMETER_DTYPES.get(precision)
 
 
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype quantized weights are dequantized to (bitsandbytes' `compute_dtype`, HF's
+    `bnb_4bit_compute_dtype`): the precision's low-precision dtype, else fp32."""
+    return AUTOCAST_DTYPES.get(precision) or PARAMETER_DTYPES.get(precision) or torch.float32
+
+
 def uses_grad_scaler(precision: str) -> bool:
     """16-mixed scales the loss (fp16 gradients underflow); bf16 has fp32's exponent range."""
     return precision == "16-mixed"
@@ -91,7 +99,12 @@ def applied(capability: Capability) -> Iterator[None]:
     """
     previous = _sdpa.set_capability(tuple(capability))
     try:
-        with _sdpa.PATCH.active(), _dropout.PATCH.active(), _autocast.emulated():
+        with (
+            _sdpa.PATCH.active(),
+            _dropout.PATCH.active(),
+            _bnb_gemm.PATCH.active(),
+            _autocast.emulated(),
+        ):
             yield
     finally:
         if previous is not None:

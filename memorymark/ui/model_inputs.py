@@ -53,6 +53,9 @@ def applicable(entry: models.ModelEntry) -> dict[str, bool]:
         "image_size": not text,
         "attention": text,
         "grad_checkpointing": entry.source != "torchvision",
+        # bitsandbytes quantizes transformers' linear layers (memorymark/quantization.py).
+        "quantization": entry.source not in ("timm", "torchvision"),
+        "double_quant": entry.source not in ("timm", "torchvision"),
     }
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from memorymark import paging
+from memorymark.measurement import Measurement
 from memorymark.report import KNEE_FRACTION, Report
 from memorymark.ui import charts, downloads, tables, takeaway
 from memorymark.ui.throughput_chart import source_words
@@ -146,6 +148,23 @@ def _charts(report: Report) -> None:
             memory_source=report.memory_source,
         )
         right.plotly_chart(fig, key="breakdown_bar", width="stretch")
+        for line in weights_and_paging_lines(report.optimal, report.memory_source):
+            right.caption(line)
+
+
+def weights_and_paging_lines(m: Measurement, memory_source: str) -> list[str]:
+    """Captions under the breakdown: the quantized weights' bytes and the paged optimizer state
+    (memorymark/paging.py), when the settings have them."""
+    lines = []
+    if m.quantized_weight_bytes is not None:
+        lines.append(
+            f"Quantized base weights: {gib_text(m.quantized_weight_bytes)} "
+            f"({memory_source}; packed weights and quantization state, within parameters)."
+        )
+    if m.paged_bytes is not None:
+        note = paging.note(m.paged_bytes, bool(m.pages_to_host))
+        lines.append(f"{note[0].upper()}{note[1:]} ({memory_source}).")
+    return lines
 
 
 def _downloads(report: Report) -> None:

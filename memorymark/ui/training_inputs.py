@@ -1,4 +1,5 @@
-"""The sidebar's training and search settings: precision, optimizer, checkpointing, LoRA, mode,
+"""The sidebar's training and search settings: precision, optimizer, checkpointing, LoRA,
+quantized base weights (QLoRA), mode,
 batch sizes and strategy, then the advanced ones (attention, loss, protocol, backend, step,
 largest batch, margin, forward only).
 
@@ -23,8 +24,37 @@ OPTIMIZER_HELP = (
     "adamw: two state buffers per weight, foreach kernels as on CUDA (HF Trainer: adamw_torch); "
     "adamw-fused: one CUDA kernel (adamw_torch_fused; real runs need CUDA); -forloop: "
     "foreach=False; sgd: momentum, one buffer; adafactor: factored state (transformers); "
+    "adamw-8bit / lion-8bit: bitsandbytes, one byte per state value (adamw_bnb_8bit, "
+    "lion_8bit); paged-adamw-8bit / -32bit: state in CUDA unified memory, outside the peak, "
+    "paging to host when the GPU is full (paged_adamw_8bit, paged_adamw_32bit); "
     "none: no optimizer step"
 )
+QUANTIZATION_HELP = (
+    "Base weights as bitsandbytes stores them, dequantized per layer in forward and backward: "
+    "nf4 / fp4 are 4-bit (QLoRA: needs a LoRA rank), int8 is LLM.int8(). The model is prepared "
+    "as peft's prepare_model_for_kbit_training does: other weights (embeddings, head, norms) "
+    "in fp32."
+)
+
+
+def _quantization_inputs(sb: Any, use: dict[str, bool]) -> dict[str, Any]:
+    if not use.get("quantization", True):
+        return {}
+    method = sb.selectbox(
+        "Quantized base weights",
+        settings_mod.QUANTIZATIONS,
+        key=key("quantization"),
+        help=QUANTIZATION_HELP,
+    )
+    if method not in ("nf4", "fp4"):
+        return {"double_quant": False}
+    sb.checkbox(
+        "Double quantization",
+        key=key("double_quant"),
+        help="Quantize the 4-bit absmax statistics too (bnb_4bit_use_double_quant): about "
+        "0.37 bits per weight saved.",
+    )
+    return {}
 
 
 def _protocol_of_state() -> str:
@@ -121,6 +151,7 @@ def training_inputs(sb: Any, entry: models.ModelEntry | None) -> dict[str, Any]:
             "switch)",
         )
     overrides = _lora_inputs(sb)
+    overrides |= _quantization_inputs(sb, use)
     _loop_inputs(sb)
     sb.radio("Mode", settings_mod.MODES, key=key("mode"), horizontal=True)
     _batch_inputs(sb)
