@@ -61,6 +61,7 @@ class Session:
         self.gpu: GPU = gpu or devices.resolve_gpu(settings, self.backend_name, cuda)
         """The GPU every figure answers for: detected on this machine, or from the catalog."""
         self.gpu.check_precision(settings.precision)
+        self.gpu.check_attention(settings.attention)
         self.policy: FitPolicy = devices.fit_policy(settings, self.gpu)
         """Capacity and margin: what every verdict of this session is judged against."""
         self.measurements: list[Measurement] = []

@@ -34,7 +34,12 @@ LOSSES = ("task", "logits-mean")
 BACKENDS = ("auto", "cuda", "mps", "sim", "cpu")
 STRATEGIES = ("fast", "linear")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
-ATTENTIONS = ("sdpa", "eager")
+ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
+KERNELS = ("none", "liger")
+FINDS = ("batch", "seq-len")
+# Chunks of the output layer and its loss (torchtune's num_output_chunks is 8): past a few dozen
+# each chunk is a handful of tokens and nothing more is saved.
+MAX_LOSS_CHUNKS = 1024
 PROTOCOLS = ("full", "inference-style")
 
 # The largest batch any sweep tries: past it a "fits" answer is capped, and says so.
@@ -54,6 +59,8 @@ _RANGES = (
     ("lora_rank", 0, limits.MAX_LORA_RANK, "4x the widest open model's hidden size"),
     ("grad_accum", 1, limits.MAX_GRAD_ACCUM, "past 2 micro-batches the peak no longer grows"),
     ("gpu_memory_gib", 1, gpus.MAX_CUSTOM_GIB, "the largest custom GPU"),
+    ("loss_chunks", 0, MAX_LOSS_CHUNKS, "past a few dozen chunks nothing more is saved"),
+    ("seq_step", 1, limits.MAX_SEQ_LEN, "8x the longest context in the catalog"),
 )
 
 
@@ -110,7 +117,8 @@ class Settings:
     """Lightning's names: 32-true, bf16-mixed / 16-mixed (autocast; fp16 adds a GradScaler),
     bf16-true (weights and optimizer state in bf16)."""
     attention: str = "sdpa"
-    """sdpa (torch's scaled_dot_product_attention, as CUDA dispatches it) or eager (matmuls)."""
+    """sdpa (torch's scaled_dot_product_attention, as CUDA dispatches it), eager (matmuls) or
+    flash_attention_2 (the flash-attn package, Ampere or newer, fp16/bf16 only)."""
     grad_checkpointing: bool = False
     """Recompute activations in backward instead of keeping them (the model's own switch)."""
     lora_rank: int = 0
@@ -123,6 +131,13 @@ class Settings:
     max_grad_norm: float | None = None
     """Clip the gradients' total norm to this before the optimizer step, as HF Trainer does
     (its default is 1.0); None: no clipping."""
+    # -- what is trained: kernels and loss --
+    kernels: str = "none"
+    """none, or liger: Liger's Triton kernels (RMSNorm, SwiGLU, RoPE, fused linear
+    cross-entropy), as `use_liger_kernel=True` applies them; causal LMs only."""
+    loss_chunks: int = 0
+    """Output layer and cross-entropy in this many sequence chunks, each upcast to fp32 alone
+    (torchtune's CEWithChunkedOutputLoss); 0: transformers' one loss over all the logits."""
     forward_only: bool = False
     """Run the forward pass under no_grad and nothing else (used by the backward-pass proof)."""
     gpu: str | None = None
@@ -137,6 +152,11 @@ class Settings:
     """Batch-size granularity of the search."""
     current_batch: int = 16
     """The batch size the user trains with today."""
+    # -- how to search: the axis --
+    find: str = "batch"
+    """batch (the largest batch at seq_len) or seq-len (the longest sequence at current_batch)."""
+    seq_step: int = 1024
+    """Granularity, in tokens, of a sequence-length search (shorter below the first step)."""
     max_batch: int = DEFAULT_MAX_BATCH
     """The search never tries a larger batch."""
     target_batch: int | None = None
@@ -168,12 +188,36 @@ class Settings:
         _choice("backend", self.backend, BACKENDS)
         _choice("precision", self.precision, PRECISIONS)
         _choice("attention", self.attention, ATTENTIONS)
+        _choice("kernels", self.kernels, KERNELS)
+        _choice("find", self.find, FINDS)
+        self._check_kernels(entry)
         parse_margin(self.margin, 1)
         _choice("strategy", self.strategy, STRATEGIES)
         norm = self.max_grad_norm
         # Compared without float(): a huge int would overflow it.
         if norm is not None and not (0 < norm <= sys.float_info.max):  # False for nan
             raise ValueError(f"max_grad_norm must be a positive number (got {limits.shown(norm)})")
+
+    def _check_kernels(self, entry: models.ModelEntry) -> None:
+        """The kernel, loss and search-axis choices that need a particular model or step."""
+        if self.attention == "flash_attention_2" and self.precision == "32-true":
+            raise ValueError(
+                "flash_attention_2 runs in fp16 or bf16 only: choose precision bf16-mixed, "
+                "16-mixed or bf16-true"
+            )
+        cuda_only = (self.attention == "flash_attention_2", self.kernels == "liger")
+        if any(cuda_only) and self.backend == "cpu":
+            name = "flash_attention_2" if cuda_only[0] else "liger"
+            raise ValueError(f"{name} runs CUDA kernels only: use --backend sim (or a GPU)")
+        if self.kernels == "liger" and self.loss_chunks:
+            raise ValueError(
+                "liger's fused cross-entropy already chunks the loss: drop loss_chunks"
+            )
+        fused = self.kernels == "liger" or self.loss_chunks
+        if fused and self.resolved_task != models.CAUSAL_LM:
+            raise ValueError("liger kernels and loss_chunks train causal LMs (task causal-lm)")
+        if self.find == "seq-len" and entry.input_kind != "text":
+            raise ValueError("find seq-len searches a text model's sequence length")
 
     def margin_bytes(self, usable_bytes: int) -> int:
         """The margin in bytes for a GPU with `usable_bytes` of usable memory."""
