@@ -160,6 +160,33 @@ CATALOG: tuple[ModelEntry, ...] = (
         default_task=CAUSAL_LM,
         max_positions=131072,
     ),
+    ModelEntry(
+        key="qwen3-8b",
+        display_name="Qwen3-8B",
+        config_file="qwen3-8b.json",  # https://huggingface.co/Qwen/Qwen3-8B
+        tasks=DECODER_TASKS,
+        default_task=CAUSAL_LM,
+        max_positions=40960,
+    ),
+    ModelEntry(
+        key="gemma-3-1b",
+        display_name="Gemma 3 1B (text)",
+        config_file="gemma-3-1b.json",  # https://huggingface.co/google/gemma-3-1b-pt
+        tasks=DECODER_TASKS,
+        default_task=CAUSAL_LM,
+        max_positions=32768,
+    ),
+    # Mixture of experts: all 128 experts of every layer are resident (transformers keeps them as
+    # fused 3-D weights); each token runs 8. Trains in bf16 only: torch's grouped_mm, which
+    # transformers' experts call, takes bf16 inputs.
+    ModelEntry(
+        key="qwen3-30b-a3b",
+        display_name="Qwen3-30B-A3B (MoE, 128 experts)",
+        config_file="qwen3-30b-a3b.json",  # https://huggingface.co/Qwen/Qwen3-30B-A3B
+        tasks=DECODER_TASKS,
+        default_task=CAUSAL_LM,
+        max_positions=40960,
+    ),
     # Tiny models: seconds to measure for real on a CPU; the test suite and quick demos use them.
     ModelEntry(
         key="tiny-bert",
