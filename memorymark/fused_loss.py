@@ -134,10 +134,10 @@ def use_fused_loss(model: nn.Module, *, liger: bool, chunks: int) -> None:
     """Make `model` (a transformers causal LM) compute its training loss with Liger's fused
     linear cross-entropy (`liger`) or in `chunks` chunks, as `lce_forward` / torchtune do:
     no logits are returned while training with labels. ValueError if the model has no decoder
-    (`model.model`) under an output layer."""
-    decoder = getattr(model, "model", None)
+    (`get_decoder()`) under an output layer."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if not isinstance(decoder, nn.Module) or not isinstance(head, nn.Linear):
+    if decoder is model or not isinstance(decoder, nn.Module) or not isinstance(head, nn.Linear):
         raise ValueError(
             f"{type(model).__name__} has no decoder under a linear output layer: the fused "
             "loss needs a causal LM like Llama's"

@@ -3,7 +3,8 @@
 Three dialects: Hugging Face `Trainer`, a Lightning `Trainer`, and a plain PyTorch loop. Each is
 generated from the settings and the batch plan, never from hand-typed numbers, and carries every
 setting that moved the measured answer: micro-batch and accumulation, precision, optimizer (down
-to its foreach / fused implementation), gradient checkpointing, LoRA and gradient clipping. The
+to its foreach / fused implementation), gradient checkpointing, LoRA, gradient clipping, Liger's
+kernels (`use_liger_kernel=True`), the attention implementation and a chunked loss. The
 test suite builds the Hugging Face and peft objects from the text and runs the PyTorch loop.
 
 `model` and `dataset` in the code are the user's. This module writes text: it never imports torch
@@ -67,7 +68,9 @@ def snippet(fmt: str, settings: Settings, plan: TrainingPlan) -> str:
 
 
 def _hf(settings: Settings, plan: TrainingPlan) -> str:
-    lines = _about(settings) + _prepare_model(settings, weights=True, checkpointing=False)
+    lines = _about(settings) + _prepare_model(
+        settings, weights=True, checkpointing=False, liger=False
+    )
     if settings.optimizer == "none":
         lines += [_NO_OPTIMIZER, "# Trainer always builds one: training needs more memory."]
     lines += ["", *_training_arguments(settings, plan)]
@@ -92,6 +95,8 @@ def _training_arguments(settings: Settings, plan: TrainingPlan) -> list[str]:
         f"    bf16={settings.precision == 'bf16-mixed'},",
         f"    fp16={settings.precision == '16-mixed'},",
     ]
+    if settings.kernels == "liger":
+        lines.append("    use_liger_kernel=True,  # pip install liger-kernel")
     if settings.grad_checkpointing:
         # Newer transformers call both activation_checkpointing*; the old names, which every
         # supported version reads, work until v6.
@@ -203,14 +208,26 @@ def _about(settings: Settings) -> list[str]:
     else:
         size = f"{settings.seq_len} tokens per sample"
     lines = [f"# Measured for {settings.model} at {size}: larger inputs need more memory."]
-    if settings.attention == "eager":
-        lines.append('# Measured with eager attention: load with attn_implementation="eager".')
+    if settings.attention in ("eager", "flash_attention_2"):
+        name = "eager attention" if settings.attention == "eager" else "FlashAttention-2"
+        lines.append(
+            f'# Measured with {name}: load with attn_implementation="{settings.attention}".'
+        )
+    if settings.loss_chunks:
+        lines += [
+            f"# Measured with the output layer and loss in {settings.loss_chunks} chunks: "
+            "torchtune's",
+            f"# CEWithChunkedOutputLoss with the model's num_output_chunks={settings.loss_chunks}.",
+        ]
     return lines
 
 
-def _prepare_model(settings: Settings, *, weights: bool, checkpointing: bool) -> list[str]:
-    """bf16 weights, LoRA, then checkpointing: the order Workload.build_model applies them in.
-    `weights` / `checkpointing`: the code converts / checkpoints the model itself."""
+def _prepare_model(
+    settings: Settings, *, weights: bool, checkpointing: bool, liger: bool = True
+) -> list[str]:
+    """bf16 weights, Liger, LoRA, then checkpointing: the order Workload.build_model applies
+    them in. `weights` / `checkpointing` / `liger`: the code converts / checkpoints / patches
+    the model itself (Trainer does the last two from its arguments)."""
     lines = []
     if weights and settings.precision == "bf16-true":
         lines += [
@@ -218,6 +235,9 @@ def _prepare_model(settings: Settings, *, weights: bool, checkpointing: bool) ->
             "# the model with from_pretrained(..., dtype=torch.bfloat16); torch_dtype= before v5).",
             "model = model.to(torch.bfloat16)",
         ]
+    if liger and settings.kernels == "liger":
+        # What Trainer's use_liger_kernel=True calls (liger-kernel), before LoRA wraps the model.
+        lines.append("_apply_liger_kernel_to_instance(model=model)")
     if settings.lora_rank:
         kwargs = adapters.lora_config_for(
             settings.model, settings.resolved_task, settings.lora_rank, settings.lora_targets
@@ -270,6 +290,11 @@ def _program(imports: list[str], body: list[str]) -> str:
     for module in ("torch", "transformers"):
         if re.search(rf"\b{module}\.", code):
             imports = [*imports, f"import {module}"]
+    if "_apply_liger_kernel_to_instance(" in code:
+        imports = [
+            *imports,
+            "from liger_kernel.transformers import _apply_liger_kernel_to_instance",
+        ]
     if "LoraConfig(" in code:
         imports = [*imports, "from peft import LoraConfig, get_peft_model"]
     plain = sorted(i for i in imports if i.startswith("import "))

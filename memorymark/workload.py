@@ -217,12 +217,12 @@ class Workload:
         (loss if scaler is None else scaler.scale(loss)).backward()
 
     def _decoder(self, model: nn.Module) -> nn.Module | None:
-        """A causal LM's decoder (transformers' `model.model`): what follows it is the logits."""
+        """A causal LM's decoder (transformers' `get_decoder()`): what follows it is the logits."""
         if self.task != models.CAUSAL_LM:
             return None
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        decoder = getattr(base, "model", None)
-        return decoder if isinstance(decoder, nn.Module) else None
+        decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+        return decoder if isinstance(decoder, nn.Module) and decoder is not base else None
 
     def _optimizer_phase(
         self,
