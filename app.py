@@ -68,6 +68,8 @@ PAGES = [
     st.Page("pages/1_Compare_GPUs.py", title="Compare GPUs", icon=":material/compare:"),
     st.Page("pages/2_Backward_pass_proof.py", title="Backward-pass proof",
             icon=":material/functions:"),
+    st.Page("pages/3_Longest_sequence.py", title="Longest sequence",
+            icon=":material/straighten:"),
 ]  # fmt: skip
 # Our own links, drawn by the first run: the built-in menu would first list pages/ by file name
 # and, clicked in that first second, switch the session to that stale menu for good.

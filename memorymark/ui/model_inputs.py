@@ -52,6 +52,7 @@ def applicable(entry: models.ModelEntry) -> dict[str, bool]:
         "seq_len": text,
         "image_size": not text,
         "attention": text,
+        "kernels": entry.default_task == models.CAUSAL_LM,
         "grad_checkpointing": entry.source != "torchvision",
     }
 
