@@ -70,8 +70,10 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     ) -> torch.Tensor:
         tokens, hidden = x.shape
         chunk = liger_chunk_size(tokens, weight.shape[0], hidden)
-        grad_input = torch.zeros_like(x)
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        # Gradients only when the input needs them (`input_requires_grad`): not under no_grad.
+        wants_grad = ctx.needs_input_grad[0]
+        grad_input = torch.zeros_like(x) if wants_grad else None
+        grad_weight = torch.zeros_like(weight) if wants_grad and ctx.needs_input_grad[1] else None
         loss_1d = torch.zeros(tokens, dtype=torch.float32, device=x.device)
         non_ignored = (target != IGNORE_INDEX).sum()  # Liger reads it back with .item()
         mm_out = _uses_mm_out(x, weight)
@@ -85,15 +87,16 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             else:
                 logits = (x_chunk @ weight.t()).contiguous()
             # The kernel writes the loss into loss_1d and the logits' gradient over the logits.
-            if storage is not None and logits.dtype == grad_input.dtype:
+            if grad_input is not None and storage is not None:
                 torch.mm(logits, weight, out=grad_input[start:end])
-            else:
+            elif grad_input is not None:
                 grad_input[start:end] = logits @ weight
             if grad_weight is not None:
                 grad_weight.addmm_(logits.t(), x_chunk)
             del logits
         del storage
-        ctx.save_for_backward(grad_input, *(() if grad_weight is None else (grad_weight,)))
+        saved = [t for t in (grad_input, grad_weight) if t is not None]
+        ctx.save_for_backward(*saved)
         ctx.has_weight_grad = grad_weight is not None
         return loss_1d.sum() / non_ignored
 

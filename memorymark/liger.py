@@ -40,7 +40,7 @@ fp32 [sm_count, hidden] partial sum (rms_norm.py `rms_norm_backward`); a few MiB
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, offset: float) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         y = torch.empty_like(x)
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
@@ -54,7 +54,7 @@ class _RMSNorm(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             partial = torch.empty((SM_COUNT, weight.shape[0]), dtype=torch.float32)
             dweight = partial.sum(dim=0).to(weight.dtype)
-        return dy, dweight, None  # dX written over dY
+        return dy, dweight  # dX written over dY
 
 
 class _GatedMul(torch.autograd.Function):
@@ -89,7 +89,8 @@ class _Rope(torch.autograd.Function):
 
 
 def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    return _RMSNorm.apply(hidden_states, self.weight, 0.0)
+    # Gemma's (1 + weight) offset changes the arithmetic, not what is kept.
+    return _RMSNorm.apply(hidden_states, self.weight)
 
 
 def _gated_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:

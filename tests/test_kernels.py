@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from memorymark import Session, Settings, fixes, fused_loss, liger, snippets
+from memorymark import Session, Settings, cli, fixes, fused_loss, liger, snippets
 from memorymark.cuda_rules import flash_attn2
 from memorymark.plan import TrainingPlan
 
@@ -104,6 +104,15 @@ def test_flash_attention_2_is_refused_where_it_cannot_run(tiny_llama: str) -> No
     t4 = Settings(model=tiny_llama, attention="flash_attention_2", precision="16-mixed", gpu="t4")
     with pytest.raises(ValueError, match="Ampere or newer"):
         Session(replace_backend(t4))
+
+
+def test_the_cli_refuses_flash_attention_2_on_a_t4_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["measure", "llama-3.2-1b", "--batch-size", "1", "--attention", "flash_attention_2"]
+    assert cli.main([*argv, "--precision", "16-mixed", "--gpu", "t4", "--backend", "sim"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Ampere or newer" in err
 
 
 def replace_backend(settings: Settings) -> Settings:
