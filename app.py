@@ -24,6 +24,10 @@ def analyze_page() -> None:
     )
     if settings is None:
         return
+    if settings.find == "seq-len":
+        st.info("Searching for the longest sequence: the Longest sequence page runs that search.")
+        st.page_link("pages/4_Longest_sequence.py", label="Longest sequence")
+        return
     job = sweep_runner.current_job()
     running = job is not None and job.running
     analyze_col, cancel_col, _ = st.columns([1, 1, 6])
@@ -68,7 +72,7 @@ PAGES = [
     st.Page("pages/1_Compare_GPUs.py", title="Compare GPUs", icon=":material/compare:"),
     st.Page("pages/2_Backward_pass_proof.py", title="Backward-pass proof",
             icon=":material/functions:"),
-    st.Page("pages/3_Longest_sequence.py", title="Longest sequence",
+    st.Page("pages/4_Longest_sequence.py", title="Longest sequence",
             icon=":material/straighten:"),
 ]  # fmt: skip
 # Our own links, drawn by the first run: the built-in menu would first list pages/ by file name

@@ -9,7 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from memorymark.ui import sweep_runner
 
-PAGE = "../pages/3_Longest_sequence.py"  # AppTest resolves paths against this file
+PAGE = "../pages/4_Longest_sequence.py"  # AppTest resolves paths against this file
 TIMEOUT = 90
 
 
@@ -41,3 +41,12 @@ def test_an_image_model_has_no_sequence_to_search() -> None:
     at = at.run()
     assert not at.exception
     assert "image models have no sequence length" in at.info[0].value
+
+
+def test_the_main_page_sends_a_sequence_search_to_its_page() -> None:
+    at = AppTest.from_file("../app.py", default_timeout=TIMEOUT)
+    at.query_params.update(model="tiny-gpt2", find="seq-len")
+    at = at.run()
+    assert not at.exception
+    assert "Longest sequence page" in at.info[0].value
+    assert not [b for b in at.button if b.label == "Analyze"]

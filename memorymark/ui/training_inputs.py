@@ -79,7 +79,16 @@ def _loop_inputs(sb: Any) -> None:
     )
 
 
-def _batch_inputs(sb: Any) -> None:
+def _batch_inputs(sb: Any, use: dict[str, bool]) -> None:
+    if use.get("seq_len", True):
+        sb.radio(
+            "Search for",
+            settings_mod.FINDS,
+            key=key("find"),
+            horizontal=True,
+            help="batch: the largest batch at this sequence length (Analyze). seq-len: the "
+            "longest sequence that trains at the current batch (the Longest sequence page).",
+        )
     sb.number_input(
         "Current batch size (what you train with today)", min_value=1, key=key("current_batch")
     )
@@ -123,7 +132,7 @@ def training_inputs(sb: Any, entry: models.ModelEntry | None) -> dict[str, Any]:
     overrides = _lora_inputs(sb)
     _loop_inputs(sb)
     sb.radio("Mode", settings_mod.MODES, key=key("mode"), horizontal=True)
-    _batch_inputs(sb)
+    _batch_inputs(sb, use)
     with sb.expander("Advanced"):
         _advanced_inputs(use)
     return overrides
