@@ -14,6 +14,9 @@ from memorymark import Session, Settings, cli, fixes, fused_loss, liger, snippet
 from memorymark.cuda_rules import flash_attn2
 from memorymark.plan import TrainingPlan
 
+# Config files from tmp_path: the app limits them to its upload folder once it is imported.
+pytestmark = pytest.mark.usefixtures("any_config_path")
+
 # A two-layer Llama with Llama 3's proportions of vocabulary to width (the logits dominate).
 TINY_LLAMA = {
     "model_type": "llama",

@@ -79,6 +79,7 @@ def test_the_search_stops_at_the_models_positions() -> None:
     assert search_cap(Settings(model="t5-small", seq_step=1024), None) == 131072
 
 
+@pytest.mark.usefixtures("any_config_path")  # a tmp_path config, wherever the app limits them
 def test_find_seq_len_on_a_tiny_llama_is_bounded_by_memory(tmp_path: Path) -> None:
     # A 2-layer Llama with a 32k vocabulary: at batch 1 the fp32 logits alone take 128 KiB a
     # token, so a 1 GiB card stops it well below its 4096 positions.
