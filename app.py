@@ -27,6 +27,10 @@ def analyze_page() -> None:
     )
     if settings is None:
         return
+    if settings.find == "seq-len":
+        st.info("Searching for the longest sequence: the Longest sequence page runs that search.")
+        st.page_link("pages/4_Longest_sequence.py", label="Longest sequence")
+        return
     try:
         settings, lowered = sweep_runner.within_server_limits(settings)
     except ValueError as exc:
@@ -95,6 +99,8 @@ PAGES = [
     st.Page("pages/2_Backward_pass_proof.py", title="Backward-pass proof",
             icon=":material/functions:"),
     st.Page("pages/3_History.py", title="History", icon=":material/history:"),
+    st.Page("pages/4_Longest_sequence.py", title="Longest sequence",
+            icon=":material/straighten:"),
 ]  # fmt: skip
 # Our own links, drawn by the first run: the built-in menu would first list pages/ by file name
 # and, clicked in that first second, switch the session to that stale menu for good.

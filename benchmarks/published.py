@@ -329,6 +329,44 @@ ROWS: tuple[PublishedRow, ...] = (
 )
 
 
+# --- pytorch/torchtune README: "Memory and training speed" (Llama 3.1) ---------------------------
+# "batch size 2 (without gradient accumulation), a dataset packed to sequence length 2048, and
+# torch compile enabled"; recipe lora_finetune_single_device with its llama3_1/8B_lora_single_device
+# config: bf16 weights, LoRA rank 8 on q, v, output projections and the MLP, activation
+# checkpointing, fused AdamW, and CEWithChunkedOutputLoss (8 output chunks).
+TORCHTUNE = (
+    "https://github.com/pytorch/torchtune/blob/0031bfb080bd35ec533c412df883cf2bf7bf7fe4/README.md"
+)
+_TORCHTUNE_LORA = {
+    "model": "llama-3.1-8b",
+    "seq_len": 2048,
+    "precision": "bf16-true",
+    "lora_rank": 8,
+    "lora_targets": "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+    "grad_checkpointing": True,
+    "optimizer": "adamw-fused",
+    "loss_chunks": 8,
+}
+TORCHTUNE_ROWS: tuple[PublishedRow, ...] = (
+    PublishedRow(
+        source=TORCHTUNE,
+        quote="| Llama 3.1 8B | LoRA | 1x 4090 |  16.2 GiB | 3083 |",
+        experiment="Llama 3.1 8B LoRA, 1x 4090",
+        model="Llama-3.1-8B",
+        gpu="RTX 4090",
+        settings=_TORCHTUNE_LORA,
+        batch_size=2,
+        measured_bytes=round(16.2 * GIB),
+        quantity="allocated",
+        difference="torch.compile on, which also compiles the chunked loss: a compiled "
+        "cross-entropy keeps each chunk's bf16 logits, not its fp32 log-probabilities (2 GiB "
+        "here); torchtune's own Llama; 'Peak Memory per GPU' does not say allocated, active or "
+        "reserved (allocated assumed)",
+    ),
+)
+ROWS = ROWS + TORCHTUNE_ROWS
+
+
 # Short names for the table, each with what its runs had in common beyond the settings.
 SOURCES = {
     "HF docs": (
@@ -338,6 +376,10 @@ SOURCES = {
     "LitGPT": (
         LITGPT,
         "LitGPT finetune/lora.py, Oct 2023: torch 2.1.0+cu121, bitsandbytes 0.41.1, A100 40GB",
+    ),
+    "torchtune": (
+        TORCHTUNE,
+        "torchtune's single-device LoRA recipe, torch.compile on, packed 2048-token samples",
     ),
     "rasbt": (
         f"{RASBT}/logs.md",

@@ -27,6 +27,8 @@ _EXTRA_LORA_TARGETS = {
     "convnext": ["pwconv1", "pwconv2"],
     "resnet": ["convolution"],
     "efficientnet": ["expand_conv", "project_conv"],
+    # peft's table has qwen3 but not its MoE sibling, whose attention is the same module.
+    "qwen3_moe": ["q_proj", "v_proj"],
 }
 
 _PEFT_TASK_TYPES = {

@@ -34,6 +34,7 @@ from memorymark.workload import Phase, Workload
 # gradients are labelled as they accumulate, optimizer state when it is created).
 PHASE_CATEGORY: dict[Phase, Category] = {
     Phase.FORWARD: Category.ACTIVATIONS,
+    Phase.LOGITS: Category.LOGITS,
     Phase.BACKWARD: Category.TEMPORARY,
     Phase.OPTIMIZER: Category.TEMPORARY,
 }

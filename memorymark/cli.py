@@ -118,7 +118,25 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
         default=d.precision,
         help="32-true, bf16-mixed, 16-mixed (autocast) or bf16-true",
     )
-    p.add_argument("--attention", default=d.attention, help="sdpa (as CUDA dispatches it) or eager")
+    p.add_argument(
+        "--attention",
+        default=d.attention,
+        help="sdpa (as CUDA dispatches it), eager, or flash_attention_2 (flash-attn, Ampere+)",
+    )
+    p.add_argument(
+        "--kernels",
+        default=d.kernels,
+        help="none, or liger: Liger's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy "
+        "(causal LMs; use_liger_kernel=True)",
+    )
+    p.add_argument(
+        "--loss-chunks",
+        type=_int,
+        default=d.loss_chunks,
+        metavar="N",
+        help="output layer and cross-entropy in N sequence chunks, each upcast to fp32 alone "
+        "(torchtune's CEWithChunkedOutputLoss); 0: one loss over all logits",
+    )
     p.add_argument(
         "--grad-checkpointing",
         action="store_true",
@@ -156,16 +174,33 @@ def build_parser() -> argparse.ArgumentParser:
     analyze = sub.add_parser(
         "analyze",
         help="sweep batch sizes and report the optimal one",
-        epilog="example: memorymark analyze bert --gpu a10 --current-batch 16",
+        epilog="example: memorymark analyze bert --gpu a10 --current-batch 16; "
+        "memorymark analyze llama-3.1-8b --find seq-len --batch-size 1 --precision bf16-true "
+        "--lora-rank 16 --grad-checkpointing --kernels liger --gpu a100-80gb",
     )
     _add_workload_flags(analyze)
+    analyze.add_argument(
+        "--find",
+        default=d.find,
+        help="batch (the largest batch at --seq-len) or seq-len (the longest sequence that "
+        "trains at --batch-size)",
+    )
+    analyze.add_argument(
+        "--seq-step",
+        type=_positive_int,
+        default=d.seq_step,
+        metavar="TOKENS",
+        help="granularity of a seq-len search, in tokens",
+    )
     analyze.add_argument("--strategy", default=d.strategy, help="fast (default) or linear")
     analyze.add_argument("--step", type=_positive_int, default=d.step, help="batch granularity")
     analyze.add_argument(
         "--current-batch",
+        "--batch-size",
+        dest="current_batch",
         type=_positive_int,
         default=d.current_batch,
-        help="the batch size you train with today",
+        help="the batch size you train with today (--find seq-len: the batch it searches at)",
     )
     analyze.add_argument(
         "--max-batch", type=_positive_int, default=d.max_batch, help="never try a larger batch"
@@ -311,6 +346,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "backend": args.backend,
         "precision": args.precision,
         "attention": args.attention,
+        "kernels": args.kernels,
+        "loss_chunks": args.loss_chunks,
         "grad_checkpointing": args.grad_checkpointing,
         "lora_rank": args.lora_rank,
         "lora_targets": args.lora_targets,
@@ -328,6 +365,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "target_batch",
         "forward_only",
         "max_probes",
+        "find",
+        "seq_step",
     ):
         if hasattr(args, name):
             fields[name] = getattr(args, name)

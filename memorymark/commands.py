@@ -60,6 +60,8 @@ def run(args: argparse.Namespace, settings: Settings | None) -> int:
 
 
 def _analyze(args: argparse.Namespace, settings: Settings) -> int:
+    if settings.find == "seq-len":
+        return _find_seq_len(args, settings)
     fmt = "json" if args.json else (args.format or "text")
     costs = Costs(
         usd_per_hour=args.price, hours_per_run=args.hours_per_run, runs_per_year=args.runs_per_year
@@ -117,6 +119,29 @@ def _save(report: Report) -> int | None:
 
 def _warn(message: str) -> None:
     print(f"memorymark: warning: {message}", file=sys.stderr)
+
+
+def _find_seq_len(args: argparse.Namespace, settings: Settings) -> int:
+    if args.format not in (None, "json", "text"):
+        raise ValueError(f"--format {args.format} prints batch-size settings: use --find batch")
+    session = Session(settings)
+    talk = not args.json and args.format != "json"
+    if talk:
+        print(
+            f"{settings.model} at batch {settings.current_batch} on {session.gpu.name} "
+            f"({session.backend_name}, {session.memory_source}): usable "
+            f"{session.gpu.usable_gib:.2f} of {session.gpu.total_gib:.2f} GiB"
+        )
+    for seq_len, m in session.stream_seq_len():
+        if talk:
+            line = probe_line(m, session.gpu.usable_bytes)
+            print(line.replace(f"batch {m.batch_size:>6}", f"seq {seq_len:>7}", 1), flush=True)
+    answer = session.seq_len_answer()
+    if talk:
+        print(f"{answer.verdict()}; searched in {answer.elapsed_seconds:.1f} s")
+    else:
+        print_json(answer.to_dict())
+    return 0
 
 
 def _print_probe(m: Measurement, usable_bytes: int) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from memorymark import models
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
 from memorymark.plan import TrainingPlan, plan_for_target
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from memorymark.fit import FitPolicy
     from memorymark.fixes import FitAnswer
     from memorymark.proof import BackwardProof, ProtocolResult
+    from memorymark.seq_search import SeqLenAnswer
 
 
 class Session:
@@ -62,9 +64,12 @@ class Session:
         self.gpu: GPU = gpu or devices.resolve_gpu(settings, self.backend_name, cuda)
         """The GPU every figure answers for: detected on this machine, or from the catalog."""
         self.gpu.check_precision(settings.precision)
+        self.gpu.check_attention(settings.attention)
         self.policy: FitPolicy = devices.fit_policy(settings, self.gpu)
         """Capacity and margin: what every verdict of this session is judged against."""
         self.measurements: list[Measurement] = []
+        self.seq_len_probes: list[tuple[int, Measurement]] = []
+        """(sequence length, measurement) of a sequence-length search, in the order tried."""
         self.elapsed_seconds = 0.0
         self.stopped_by: str | None = None
         """Which limit ended the sweep early ("the time limit (60 s)"); None when it finished."""
@@ -141,6 +146,55 @@ class Session:
         `target_batch`."""
         self.measurements = list(measurements)
         self.elapsed_seconds = elapsed_seconds
+
+    # -- the other axis: the longest sequence at a fixed batch ------------------------------------
+    def stream_seq_len(self) -> Iterator[tuple[int, Measurement]]:
+        """Yield (sequence length, measurement) for each length a sequence-length search tries
+        at batch `settings.current_batch`, on one backend whose model and optimizer state stay
+        resident; the grid is `settings.seq_step` tokens up to the model's positions."""
+        from memorymark.seq_search import SeqLenMeasurer, search_cap
+        from memorymark.strategies import STRATEGIES
+        from memorymark.sweep import sweep
+
+        s = self.settings
+        cap = search_cap(s, models.find_model(s.model).max_positions)
+        strategy = STRATEGIES[s.strategy](
+            step=min(s.seq_step, cap),
+            max_batch=cap,
+            capacity_bytes=self.policy.limit_bytes,
+            run_capacity_bytes=self.policy.capacity_bytes,
+        )
+        measurer = SeqLenMeasurer(self.open_backend(), s, s.current_batch)
+        start = time.perf_counter()
+        with contextlib.closing(sweep(measurer, strategy)) as probes:
+            for relabelled in probes:
+                seq_len = relabelled.batch_size
+                self.seq_len_probes.append((seq_len, measurer.probes[seq_len]))
+                self.elapsed_seconds = time.perf_counter() - start
+                yield self.seq_len_probes[-1]
+
+    def seq_len_answer(self) -> SeqLenAnswer:
+        """The answer over every sequence length probed so far."""
+        from memorymark.seq_search import SeqLenAnswer, search_cap
+
+        s = self.settings
+        return SeqLenAnswer(
+            settings=s,
+            batch_size=s.current_batch,
+            probes=tuple(self.seq_len_probes),
+            search_cap=search_cap(s, models.find_model(s.model).max_positions),
+            gpu_name=self.gpu.name,
+            gpu_total_bytes=self.gpu.total_bytes,
+            usable_bytes=self.gpu.usable_bytes,
+            memory_source=self.memory_source,
+            elapsed_seconds=self.elapsed_seconds,
+        )
+
+    def find_seq_len(self) -> SeqLenAnswer:
+        """Run the whole sequence-length search and return its answer."""
+        for _ in self.stream_seq_len():
+            pass
+        return self.seq_len_answer()
 
     def report(
         self, costs: Costs | None = None, *, fixes: bool = True, plan: bool = True

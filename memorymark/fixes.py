@@ -1,8 +1,8 @@
 """When nothing fits: which settings, or which GPU, would make the model train.
 
 For a model that runs out of memory even at batch 1, each candidate change (gradient
-checkpointing, bf16 weights, LoRA, 8-bit AdamW, their combination, QLoRA, a bigger catalog GPU) is
-simulated at
+checkpointing, bf16 weights, LoRA, 8-bit AdamW, their combination, QLoRA, Liger's fused loss for a
+causal LM, a bigger catalog GPU) is simulated at
 batch 1; a simulated step traces to its end even past the GPU's capacity, so the answer says how
 far off each one is, not only whether it fits. What the states alone decide is not stepped: the
 weights, gradients and optimizer state all live at the optimizer step, so when their bytes
@@ -99,6 +99,9 @@ def _variants(s: Settings, gpu: gpus.GPU) -> list[tuple[str, Settings]]:
     qlora = _qlora(s, gpu)
     if qlora is not None and qlora != s:
         out.append(("QLoRA: NF4 + LoRA + checkpointing", qlora))
+    fused = _fused_loss(s)
+    if fused is not None:
+        out.append(("Liger kernels (fused cross-entropy, no full logits)", fused))
     return out
 
 
@@ -120,6 +123,22 @@ def _qlora(s: Settings, gpu: gpus.GPU) -> Settings | None:
         )
     except ValueError:
         return None
+
+
+def _fused_loss(s: Settings) -> Settings | None:
+    """The settings with Liger's kernels, whose fused loss never holds a causal LM's whole
+    logits (memorymark/fused_loss.py); None where they do not apply."""
+    if s.kernels == "liger" or s.loss != "task":
+        return None
+    try:
+        return replace(s, kernels="liger", loss_chunks=0, backend=_simulable(s.backend))
+    except ValueError:  # not a causal LM
+        return None
+
+
+def _simulable(backend: str) -> str:
+    # Liger's kernels have no CPU build: the advice for a CPU run is simulated for the GPU.
+    return "sim" if backend == "cpu" else backend
 
 
 def state_bytes(settings: Settings) -> int:

@@ -172,6 +172,17 @@ class GPU:
                 f"needs 8.0 or newer): use --precision 16-mixed (fp16 autocast with a GradScaler)"
             )
 
+    def check_attention(self, attention: str) -> None:
+        """Raise a one-line ValueError when `attention` has no kernel for this GPU."""
+        # flash-attn 2's README: "FlashAttention-2 currently supports Ampere, Ada, or Hopper
+        # GPUs"; mha_fwd checks is_sm8x || is_sm90 (csrc/flash_attn/flash_api.cpp).
+        if attention == "flash_attention_2" and self.compute_capability < (8, 0):
+            major, minor = self.compute_capability
+            raise ValueError(
+                f"flash_attention_2 needs an Ampere or newer GPU (compute capability 8.0); the "
+                f"{self.name} is {major}.{minor}: use --attention sdpa"
+            )
+
     @property
     def context_bytes(self) -> int:
         """CUDA context plus lazily loaded kernels (an estimate per architecture)."""

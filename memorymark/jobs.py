@@ -136,6 +136,13 @@ def backward_proof(session: Session, batch_size: int) -> Iterator[Any]:
     yield from session.proof(batch_size, sweeps=True)
 
 
+def longest_sequence(session: Session) -> Iterator[Any]:
+    """Each (sequence length, measurement) as the search tries it, then the `SeqLenAnswer`."""
+    for seq_len, m in session.stream_seq_len():
+        yield seq_len, slim(m)
+    yield session.seq_len_answer()
+
+
 def lock_path(backend_name: str) -> Path:
     """The lock file of one real device (the first of its kind: the one Session measures on)."""
     return Path(tempfile.gettempdir()) / f"memorymark-{backend_name}-0.lock"

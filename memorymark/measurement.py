@@ -23,6 +23,7 @@ class Category(str, Enum):
     GRADIENTS = "gradients"
     OPTIMIZER_STATE = "optimizer_state"
     ACTIVATIONS = "activations"
+    LOGITS = "logits"
     TEMPORARY = "temporary"
 
     def __str__(self) -> str:
@@ -45,6 +46,9 @@ class Breakdown:
     """AdamW's two moments, SGD's momentum buffer."""
     activations: int = 0
     """Everything the forward pass created that is still alive: inputs, saved activations, masks."""
+    logits: int = 0
+    """A causal LM's output layer and loss: the vocabulary-sized logits, their fp32 upcast and
+    log-probabilities (or a fused loss's chunks and saved gradients), alive at the peak."""
     temporary: int = 0
     """Backward and optimizer intermediates that are not gradients or state."""
 

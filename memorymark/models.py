@@ -160,6 +160,33 @@ CATALOG: tuple[ModelEntry, ...] = (
         default_task=CAUSAL_LM,
         max_positions=131072,
     ),
+    ModelEntry(
+        key="qwen3-8b",
+        display_name="Qwen3-8B",
+        config_file="qwen3-8b.json",  # https://huggingface.co/Qwen/Qwen3-8B
+        tasks=DECODER_TASKS,
+        default_task=CAUSAL_LM,
+        max_positions=40960,
+    ),
+    ModelEntry(
+        key="gemma-3-1b",
+        display_name="Gemma 3 1B (text)",
+        config_file="gemma-3-1b.json",  # https://huggingface.co/google/gemma-3-1b-pt
+        tasks=DECODER_TASKS,
+        default_task=CAUSAL_LM,
+        max_positions=32768,
+    ),
+    # Mixture of experts: all 128 experts of every layer are resident (transformers keeps them as
+    # fused 3-D weights); each token runs 8. Trains in bf16 only: torch's grouped_mm, which
+    # transformers' experts call, takes bf16 inputs.
+    ModelEntry(
+        key="qwen3-30b-a3b",
+        display_name="Qwen3-30B-A3B (MoE, 128 experts)",
+        config_file="qwen3-30b-a3b.json",  # https://huggingface.co/Qwen/Qwen3-30B-A3B
+        tasks=DECODER_TASKS,
+        default_task=CAUSAL_LM,
+        max_positions=40960,
+    ),
     # Tiny models: seconds to measure for real on a CPU; the test suite and quick demos use them.
     ModelEntry(
         key="tiny-bert",
@@ -238,6 +265,7 @@ def build_model(
     *,
     image_size: int | None = None,
     attn_implementation: str = "sdpa",
+    emulate_flash_attention: bool = False,
 ) -> nn.Module:
     """A randomly initialised model for `task`, on whatever device is current (meta, cpu, cuda).
 
@@ -245,7 +273,9 @@ def build_model(
     at the size asked for, as fine-tuning at another resolution does. `attn_implementation` is
     the attention of transformers models: "sdpa" leaves transformers' default, which is SDPA for
     every model that supports it (a model with no attention would refuse the name), "eager" the
-    matmul-softmax-matmul modules.
+    matmul-softmax-matmul modules, "flash_attention_2" the flash-attn package (with
+    `emulate_flash_attention`, the model is built with SDPA and then told to call
+    flash_attention_2, which `cuda_rules.flash_attn2` answers in the simulation).
     """
     if entry.source in ("timm", "torchvision"):
         from memorymark import model_sources
@@ -272,18 +302,29 @@ def build_model(
         SEQ2SEQ_LM: transformers.AutoModelForSeq2SeqLM,
     }[task]
     attn = None if attn_implementation == "sdpa" else attn_implementation
-    if entry.source == "catalog":
-        return auto_class.from_config(config, attn_implementation=attn)
+    emulated = attn == "flash_attention_2" and emulate_flash_attention
     try:
-        return auto_class.from_config(config, attn_implementation=attn)
+        model = auto_class.from_config(config, attn_implementation=None if emulated else attn)
+    except ImportError as exc:  # transformers' check that flash_attn is installed
+        raise ValueError(
+            f"{attn_implementation} cannot run here ({str(exc).strip().splitlines()[0][:120]}); "
+            "--backend sim models it without the package"
+        ) from None
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError) as exc:
         # A user's config.json can hold values transformers' config accepts and its modules
         # do not (a string activation it does not know, heads that do not divide the width).
+        if entry.source == "catalog":
+            raise
         reason = str(exc).strip().splitlines()[0][:100] if str(exc).strip() else ""
         raise ValueError(
             f"{entry.display_name}: transformers cannot build this config "
             f"({type(exc).__name__}: {reason})"
         ) from None
+    if emulated:
+        if not getattr(model, "_supports_flash_attn", False):
+            raise ValueError(f"{entry.display_name} does not support flash_attention_2")
+        model.config._attn_implementation = attn  # answered by cuda_rules.flash_attn2
+    return model
 
 
 def parameter_count(entry: ModelEntry, task: str | None = None) -> int:

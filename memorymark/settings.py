@@ -41,7 +41,9 @@ Optimizer = Literal[
 Mode = Literal["train", "eval"]
 Loss = Literal["task", "logits-mean"]
 Precision = Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
-Attention = Literal["sdpa", "eager"]
+Attention = Literal["sdpa", "eager", "flash_attention_2"]
+Kernels = Literal["none", "liger"]
+Find = Literal["batch", "seq-len"]
 Backend = Literal["auto", "cuda", "mps", "sim", "cpu"]
 Strategy = Literal["fast", "linear"]
 Protocol = Literal["full", "inference-style"]
@@ -56,6 +58,8 @@ ATTENTIONS: tuple[str, ...] = typing.get_args(Attention)
 BACKENDS: tuple[str, ...] = typing.get_args(Backend)
 STRATEGIES: tuple[str, ...] = typing.get_args(Strategy)
 PROTOCOLS: tuple[str, ...] = typing.get_args(Protocol)
+KERNELS: tuple[str, ...] = typing.get_args(Kernels)
+FINDS: tuple[str, ...] = typing.get_args(Find)
 QUANTIZATIONS: tuple[str, ...] = typing.get_args(Quantization)
 PAGED_OPTIMIZERS = ("paged-adamw-8bit", "paged-adamw-32bit")
 """bitsandbytes' paged optimizers: state in CUDA unified memory (memorymark/paging.py)."""
@@ -77,6 +81,10 @@ HF_OPTIM_NAMES = {
 _MORE_HF_ALIASES = {"adamw_8bit": "adamw-8bit", "adamw_torch_8bit": "adamw-8bit"}
 _OPTIMIZER_ALIASES = {hf: ours for ours, hf in HF_OPTIM_NAMES.items()} | _MORE_HF_ALIASES
 
+# Chunks of the output layer and its loss (torchtune's num_output_chunks is 8): past a few dozen
+# each chunk is a handful of tokens and nothing more is saved.
+MAX_LOSS_CHUNKS = 1024
+
 # The largest batch any sweep tries: past it a "fits" answer is capped, and says so.
 DEFAULT_MAX_BATCH = 4096
 
@@ -97,6 +105,8 @@ _RANGES = {
     "target_batch": (1, limits.MAX_BATCH, _BATCH_WHY),
     "time_limit_seconds": (1, limits.MAX_TIME_LIMIT_SECONDS, "a day"),
     "max_probes": (1, limits.MAX_PROBES, "far past any useful search"),
+    "loss_chunks": (0, MAX_LOSS_CHUNKS, "past a few dozen chunks nothing more is saved"),
+    "seq_step": (1, limits.MAX_SEQ_LEN, "8x the longest context in the catalog"),
 }
 
 
@@ -160,7 +170,8 @@ class Workload:
     """Lightning's names: 32-true, bf16-mixed / 16-mixed (autocast; fp16 adds a GradScaler),
     bf16-true (weights and optimizer state in bf16)."""
     attention: Attention = "sdpa"
-    """sdpa (torch's scaled_dot_product_attention, as CUDA dispatches it) or eager (matmuls)."""
+    """sdpa (torch's scaled_dot_product_attention, as CUDA dispatches it), eager (matmuls) or
+    flash_attention_2 (the flash-attn package, Ampere or newer, fp16/bf16 only)."""
     grad_checkpointing: bool = False
     """Recompute activations in backward instead of keeping them (the model's own switch)."""
     lora_rank: int = 0
@@ -178,6 +189,12 @@ class Workload:
     max_grad_norm: float | None = None
     """Clip the gradients' total norm to this before the optimizer step, as HF Trainer does
     (its default is 1.0); None: no clipping."""
+    kernels: Kernels = "none"
+    """none, or liger: Liger's Triton kernels (RMSNorm, SwiGLU, RoPE, fused linear
+    cross-entropy), as `use_liger_kernel=True` applies them; causal LMs only."""
+    loss_chunks: int = 0
+    """Output layer and cross-entropy in this many sequence chunks, each upcast to fp32 alone
+    (torchtune's CEWithChunkedOutputLoss); 0: transformers' one loss over all the logits."""
     forward_only: bool = False
     """Run the forward pass under no_grad and nothing else (used by the backward-pass proof)."""
 
@@ -200,6 +217,7 @@ class Workload:
         if norm is not None and not (0 < norm <= sys.float_info.max):  # False for nan
             raise ValueError(f"max_grad_norm must be a positive number (got {limits.shown(norm)})")
         _check_quantization(self, entry.source)
+        _check_kernels(self, entry)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -227,6 +245,10 @@ class Search:
     """Batch-size granularity of the search."""
     current_batch: int = 16
     """The batch size the user trains with today."""
+    find: Find = "batch"
+    """batch (the largest batch at seq_len) or seq-len (the longest sequence at current_batch)."""
+    seq_step: int = 1024
+    """Granularity, in tokens, of a sequence-length search (shorter below the first step)."""
     max_batch: int = DEFAULT_MAX_BATCH
     """The search never tries a larger batch."""
     target_batch: int | None = None
@@ -288,6 +310,7 @@ class Settings:
             elif mine:
                 section = replace(section, **mine)
             object.__setattr__(self, name, section)
+        _check_across(self)
 
     @property
     def paged_optimizer(self) -> bool:
@@ -363,6 +386,31 @@ class Settings:
 # code that only reads a setting need not know which section holds it.
 for _name, _section in _SECTION_OF.items():
     setattr(Settings, _name, property(operator.attrgetter(f"{_section}.{_name}")))
+
+
+def _check_kernels(w: Workload, entry: models.ModelEntry) -> None:
+    """The kernel and loss choices that need a particular model or precision."""
+    if w.attention == "flash_attention_2" and w.precision == "32-true":
+        raise ValueError(
+            "flash_attention_2 runs in fp16 or bf16 only: choose precision bf16-mixed, "
+            "16-mixed or bf16-true"
+        )
+    if w.kernels == "liger" and w.loss_chunks:
+        raise ValueError("liger's fused cross-entropy already chunks the loss: drop loss_chunks")
+    fused = w.kernels == "liger" or w.loss_chunks
+    if fused and (w.task or entry.default_task) != models.CAUSAL_LM:
+        raise ValueError("liger kernels and loss_chunks train causal LMs (task causal-lm)")
+
+
+def _check_across(s: Settings) -> None:
+    """The choices that involve two sections: each section has validated itself already."""
+    w = s.workload
+    cuda_only = (w.attention == "flash_attention_2", w.kernels == "liger")
+    if any(cuda_only) and s.hardware.backend == "cpu":
+        name = "flash_attention_2" if cuda_only[0] else "liger"
+        raise ValueError(f"{name} runs CUDA kernels only: use --backend sim (or a GPU)")
+    if s.search.find == "seq-len" and models.find_model(w.model).input_kind != "text":
+        raise ValueError("find seq-len searches a text model's sequence length")
 
 
 def _check_quantization(s: Workload, source: str) -> None:

@@ -31,7 +31,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.amp.grad_scaler import OptState
 
-from memorymark import cuda_rules, gpus
+from memorymark import cuda_rules, gpus, liger
 from memorymark.backend import Backend
 from memorymark.scoped_patch import ScopedPatch
 from memorymark.settings import Settings
@@ -180,6 +180,8 @@ class SimBackend(Backend):
         """Run the optimizer phase once and splice its record into later probes (True), or run
         it at every probe (False); set it before the first probe. None: on unless
         MEMORYMARK_REUSE_OPTIMIZER_STEP=0."""
+        self._kernel_patches: tuple[ScopedPatch, ...] = ()
+        """Module-level functions the model's kernels replace while it steps (Liger's RoPE)."""
         self._optimizer_record: tuple[Segment, list[tuple[int, int, float]] | None] | None = None
         """The optimizer phase's memory and work (None: no work counted), once reusable."""
 
@@ -191,11 +193,15 @@ class SimBackend(Backend):
                 stack.enter_context(patch.active())
             if self.cuda_rules:
                 stack.enter_context(cuda_rules.applied(self.compute_capability))
+            for patch in self._kernel_patches:
+                stack.enter_context(patch.active())
             yield
 
     def _build_model(self) -> nn.Module:
         with torch.device("meta"):
-            model = self.workload.build_model()
+            model = self.workload.build_model(emulate_kernels=True)
+        if self.workload.settings.kernels == "liger":
+            self._kernel_patches = liger.rope_patches(model)
         return to_fake(model, self._fake_mode)
 
     def _run_optimizer(self, optimizer_phase: Callable[[], None]) -> None:

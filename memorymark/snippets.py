@@ -4,7 +4,8 @@ Three dialects: Hugging Face `Trainer`, a Lightning `Trainer`, and a plain PyTor
 generated from the settings and the batch plan, never from hand-typed numbers, and carries every
 setting that moved the measured answer: micro-batch and accumulation, precision, optimizer (down
 to its foreach / fused implementation), gradient checkpointing, LoRA, quantized base weights
-(`BitsAndBytesConfig`, `prepare_model_for_kbit_training`) and gradient clipping. The
+(`BitsAndBytesConfig`, `prepare_model_for_kbit_training`), gradient clipping, Liger's kernels
+(`use_liger_kernel=True`), the attention implementation and a chunked loss. The
 test suite builds the Hugging Face and peft objects from the text and runs the PyTorch loop.
 
 `model` and `dataset` in the code are the user's. This module writes text: it never imports torch
@@ -73,7 +74,9 @@ def snippet(fmt: str, settings: Settings, plan: TrainingPlan) -> str:
 
 
 def _hf(settings: Settings, plan: TrainingPlan) -> str:
-    lines = _about(settings) + _prepare_model(settings, weights=True, checkpointing=False)
+    lines = _about(settings) + _prepare_model(
+        settings, weights=True, checkpointing=False, liger=False
+    )
     if settings.optimizer == "none":
         lines += [_NO_OPTIMIZER, "# Trainer always builds one: training needs more memory."]
     lines += ["", *_training_arguments(settings, plan)]
@@ -98,6 +101,8 @@ def _training_arguments(settings: Settings, plan: TrainingPlan) -> list[str]:
         f"    bf16={settings.precision == 'bf16-mixed'},",
         f"    fp16={settings.precision == '16-mixed'},",
     ]
+    if settings.kernels == "liger":
+        lines.append("    use_liger_kernel=True,  # pip install liger-kernel")
     if settings.grad_checkpointing:
         # Newer transformers call both activation_checkpointing*; the old names, which every
         # supported version reads, work until v6.
@@ -213,14 +218,27 @@ def _about(settings: Settings) -> list[str]:
     else:
         size = f"{settings.seq_len} tokens per sample"
     lines = [f"# Measured for {settings.model} at {size}: larger inputs need more memory."]
-    if settings.attention == "eager":
-        lines.append('# Measured with eager attention: load with attn_implementation="eager".')
+    if settings.attention in ("eager", "flash_attention_2"):
+        name = "eager attention" if settings.attention == "eager" else "FlashAttention-2"
+        lines.append(
+            f'# Measured with {name}: load with attn_implementation="{settings.attention}".'
+        )
+    if settings.loss_chunks:
+        lines += [
+            f"# Measured with the output layer and loss in {settings.loss_chunks} chunks: "
+            "torchtune's",
+            f"# CEWithChunkedOutputLoss with the model's num_output_chunks={settings.loss_chunks}.",
+        ]
     return lines
 
 
-def _prepare_model(settings: Settings, *, weights: bool, checkpointing: bool) -> list[str]:
-    """bf16 weights, LoRA, then checkpointing: the order Workload.build_model applies them in.
-    `weights` / `checkpointing`: the code converts / checkpoints the model itself."""
+def _prepare_model(
+    settings: Settings, *, weights: bool, checkpointing: bool, liger: bool = True
+) -> list[str]:
+    """Quantized loading, bf16 weights, Liger, LoRA, then checkpointing: the order
+    Workload.build_model applies them in. `weights` / `checkpointing` / `liger`: the code
+    converts / checkpoints / patches the model itself (Trainer does the last two from its
+    arguments)."""
     lines = _quantized_loading(settings)
     if weights and settings.precision == "bf16-true" and settings.quantization != "none":
         lines.append("# bf16-true: load with from_pretrained(..., dtype=torch.bfloat16).")
@@ -230,6 +248,9 @@ def _prepare_model(settings: Settings, *, weights: bool, checkpointing: bool) ->
             "# the model with from_pretrained(..., dtype=torch.bfloat16); torch_dtype= before v5).",
             "model = model.to(torch.bfloat16)",
         ]
+    if liger and settings.kernels == "liger":
+        # What Trainer's use_liger_kernel=True calls (liger-kernel), before LoRA wraps the model.
+        lines.append("_apply_liger_kernel_to_instance(model=model)")
     if settings.lora_rank:
         kwargs = adapters.lora_config_for(
             settings.model, settings.resolved_task, settings.lora_rank, settings.lora_targets
@@ -335,6 +356,11 @@ def _program(imports: list[str], body: list[str]) -> str:
         imports = [*imports, "import bitsandbytes as bnb"]
     if "BitsAndBytesConfig(" in code:
         imports = [*imports, "from transformers import BitsAndBytesConfig"]
+    if "_apply_liger_kernel_to_instance(" in code:
+        imports = [
+            *imports,
+            "from liger_kernel.transformers import _apply_liger_kernel_to_instance",
+        ]
     peft_names = [n for n in ("LoraConfig", "get_peft_model") if f"{n}(" in code]
     if "prepare_model_for_kbit_training(" in code:
         peft_names.append("prepare_model_for_kbit_training")

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memorymark import adapters, cuda_rules, models, optimizers, quantization
+from memorymark import adapters, cuda_rules, fused_loss, liger, models, optimizers, quantization
 from memorymark.settings import Settings
 
 
@@ -34,6 +34,9 @@ class Phase(Enum):
 
     FORWARD = "forward"
     """Forward pass and loss of one micro-batch."""
+    LOGITS = "logits"
+    """The output layer and the loss of a causal LM: from the end of its decoder to the end of
+    forward (the vocabulary-sized logits and the loss's copies of them)."""
     BACKWARD = "backward"
     """Its backward pass, gradients adding up."""
     OPTIMIZER = "optimizer"
@@ -77,13 +80,21 @@ class Workload:
         """The task the step trains."""
         return self.settings.resolved_task
 
-    def build_model(self) -> nn.Module:
+    def build_model(self, *, emulate_kernels: bool = False) -> nn.Module:
         """The model with random weights, on the current default device (meta, cpu, cuda),
-        with LoRA adapters and gradient checkpointing when the settings ask for them."""
+        with LoRA adapters and gradient checkpointing when the settings ask for them.
+
+        `emulate_kernels` (the simulation) stands in for CUDA-only kernels the settings name
+        (flash_attention_2, Liger) with what they allocate; otherwise the libraries themselves
+        are used, and a missing one is a one-line ValueError."""
         s = self.settings
         image_size = s.image_size if self.entry.input_kind == "image" else None
         model = models.build_model(
-            self.entry, self.task, image_size=image_size, attn_implementation=s.attention
+            self.entry,
+            self.task,
+            image_size=image_size,
+            attn_implementation=s.attention,
+            emulate_flash_attention=emulate_kernels,
         )
         dtype = cuda_rules.parameter_dtype(s.precision)
         if dtype is not None:
@@ -93,6 +104,11 @@ class Workload:
             # prepare_model_for_kbit_training: the linear layers quantized, the rest in fp32.
             compute = cuda_rules.compute_dtype(s.precision)
             model = quantization.quantize(model, s.quantization, s.double_quant, compute)
+        # Liger's kernels after loading, as Trainer(use_liger_kernel=True) applies them.
+        if s.kernels == "liger":
+            liger.apply(model, emulated=emulate_kernels)
+        elif s.loss_chunks:
+            fused_loss.use_fused_loss(model, liger=False, chunks=s.loss_chunks)
         if s.lora_rank:
             model = adapters.apply_lora(model, self.task, s.lora_rank, s.lora_targets)
         if s.grad_checkpointing:
@@ -191,15 +207,28 @@ class Workload:
     ) -> None:
         on_phase(Phase.FORWARD)
         batch = self.make_batch(batch_size, device)
-        with self._autocast(
-            device
-        ):  # forward and loss only; backward runs in the dtypes forward chose
-            loss = self._loss(self._forward(model, batch))
-            if self.settings.grad_accum > 1:
-                loss = loss / self.settings.grad_accum  # as HF Trainer and Lightning scale it
+        decoder = self._decoder(model)
+        hook = decoder.register_forward_hook(lambda *_: on_phase(Phase.LOGITS)) if decoder else None
+        try:
+            # Forward and loss only; backward runs in the dtypes forward chose.
+            with self._autocast(device):
+                loss = self._loss(self._forward(model, batch))
+                if self.settings.grad_accum > 1:
+                    loss = loss / self.settings.grad_accum  # as HF Trainer and Lightning do
+        finally:
+            if hook is not None:
+                hook.remove()
         del batch
         on_phase(Phase.BACKWARD)
         (loss if scaler is None else scaler.scale(loss)).backward()
+
+    def _decoder(self, model: nn.Module) -> nn.Module | None:
+        """A causal LM's decoder (transformers' `get_decoder()`): what follows it is the logits."""
+        if self.task != models.CAUSAL_LM:
+            return None
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+        return decoder if isinstance(decoder, nn.Module) and decoder is not base else None
 
     def _optimizer_phase(
         self,

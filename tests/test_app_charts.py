@@ -104,7 +104,7 @@ def test_breakdown_bar_stacks_every_category_to_the_peak() -> None:
     m = probe(192)
     fig = charts.breakdown_bar(m.breakdown, batch_size=192, memory_source="simulated")
     assert [t.name for t in fig.data] == ["parameters", "gradients", "optimizer state",
-                                          "activations", "temporary"]  # fmt: skip
+                                          "activations", "logits", "temporary"]  # fmt: skip
     assert sum(t.x[0] for t in fig.data) == pytest.approx(m.peak_bytes / GIB)
     assert fig.layout.barmode == "stack"
 

@@ -78,6 +78,7 @@ def test_measure_json(capsys):
         "gradients",
         "optimizer_state",
         "activations",
+        "logits",
         "temporary",
     }
 

@@ -24,7 +24,10 @@ def any_config_path():
 
 
 def _printed_figure(row: PublishedRow) -> str:
-    """The figure as the source printed it: MB (MiB, pynvml's //1024**2) or GB (1e9 bytes)."""
+    """The figure as the source printed it: MB (MiB, pynvml's //1024**2), GiB (torchtune's
+    tables, one decimal) or GB (1e9 bytes)."""
+    if "GiB" in row.quote:
+        return f"{row.measured_bytes / 2**30:.1f} GiB"
     if row.measured_bytes % MIB == 0:
         return f"{row.measured_bytes // MIB} MB"
     return f"{row.measured_bytes / 1e9:.2f} GB"

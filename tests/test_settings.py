@@ -69,48 +69,60 @@ def test_bad_query_values_name_the_field():
     assert Settings.from_query({"forward_only": "true", "ignored": "x"}).forward_only
 
 
-# A non-default value for every setting, valid together. A new field must be added here, so
-# its CLI flag and URL parameter are proven to round-trip.
-EVERY_FIELD_CHANGED = {
-    "model": "gpt2",
-    "task": "sequence-classification",
-    "seq_len": 512,
-    "image_size": 160,
-    "optimizer": "adamw-fused",
-    "mode": "eval",
-    "loss": "logits-mean",
-    "precision": "bf16-mixed",
-    "attention": "eager",
-    "grad_checkpointing": True,
-    "lora_rank": 8,
-    "lora_targets": "c_attn",
-    "quantization": "nf4",
-    "double_quant": True,
-    "grad_accum": 4,
-    "max_grad_norm": 0.5,
-    "forward_only": True,
-    "gpu": "h100",
-    "gpu_memory_gib": 12.5,
-    "backend": "sim",
-    "strategy": "linear",
-    "step": 4,
-    "current_batch": 32,
-    "max_batch": 512,
-    "target_batch": 1024,
-    "margin": "1GiB",
-    "time_limit_seconds": 600.0,
-    "max_probes": 12,
-}
+# Non-default values for every setting, valid together within each dict. A new field must be
+# added here, so its CLI flag and URL parameter are proven to round-trip.
+EVERY_FIELD_CHANGED = (
+    {
+        "model": "gpt2",
+        "task": "sequence-classification",
+        "seq_len": 512,
+        "image_size": 160,
+        "optimizer": "adamw-fused",
+        "mode": "eval",
+        "loss": "logits-mean",
+        "precision": "bf16-mixed",
+        "attention": "eager",
+        "grad_checkpointing": True,
+        "lora_rank": 8,
+        "lora_targets": "c_attn",
+        "quantization": "nf4",
+        "double_quant": True,
+        "grad_accum": 4,
+        "max_grad_norm": 0.5,
+        "forward_only": True,
+        "gpu": "h100",
+        "gpu_memory_gib": 12.5,
+        "backend": "sim",
+        "strategy": "linear",
+        "step": 4,
+        "current_batch": 32,
+        "max_batch": 512,
+        "target_batch": 1024,
+        "margin": "1GiB",
+        "time_limit_seconds": 600.0,
+        "max_probes": 12,
+    },
+    {
+        "model": "llama-3.1-8b",
+        "precision": "bf16-true",
+        "attention": "flash_attention_2",
+        "kernels": "liger",
+        "find": "seq-len",
+        "seq_step": 512,
+    },
+    {"model": "gpt2", "loss_chunks": 4},
+)
 
 
-def test_every_field_round_trips_through_the_url_and_the_command_line():
+@pytest.mark.parametrize("changed", EVERY_FIELD_CHANGED)
+def test_every_field_round_trips_through_the_url_and_the_command_line(changed):
     import shlex
 
     from memorymark import cli
 
-    assert set(EVERY_FIELD_CHANGED) == set(FIELD_NAMES)
-    s = Settings(**EVERY_FIELD_CHANGED)
-    assert s.to_query().keys() == EVERY_FIELD_CHANGED.keys()
+    assert set().union(*EVERY_FIELD_CHANGED) == set(FIELD_NAMES)
+    s = Settings(**changed)
+    assert s.to_query().keys() == changed.keys()
     assert Settings.from_query(s.to_query()) == s
     argv = shlex.split(s.to_command_line())[1:]
     assert cli.settings_from_args(cli.build_parser().parse_args(argv)) == s

@@ -112,7 +112,14 @@ def test_work_counter_sees_every_operator_but_device_queries():
 
 
 def test_categories_keep_their_names_for_the_ui_and_json():
-    assert CATEGORIES == ("parameters", "gradients", "optimizer_state", "activations", "temporary")
+    assert CATEGORIES == (
+        "parameters",
+        "gradients",
+        "optimizer_state",
+        "activations",
+        "logits",
+        "temporary",
+    )
     assert tuple(Category) == CATEGORIES  # members are their names
     tracker = MemoryTracker()
     with tracker:

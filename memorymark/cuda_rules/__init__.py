@@ -11,7 +11,9 @@ allocate what CUDA would. Each rule cites the PyTorch source it copies and is te
 - dropout's fused kernel and its one-byte mask (`dropout`);
 - bitsandbytes' 4-bit matmul, which past 1536 rows dequantizes the whole weight (`bnb_gemm`);
 - autocast with CUDA's op lists for bf16-mixed and 16-mixed (`autocast_lists`,
-  `autocast_emulation`).
+  `autocast_emulation`);
+- FlashAttention-2's kernels, which transformers calls for `attn_implementation=
+  "flash_attention_2"` and which have no CPU build (`flash_attn2`).
 
 The workload asks this package for an optimizer's arguments and for the autocast region of a
 precision; it never asks which device it is on. The simulated backend enters `applied()` around
@@ -32,6 +34,7 @@ import torch
 from memorymark.cuda_rules import autocast_emulation as _autocast
 from memorymark.cuda_rules import bnb_gemm as _bnb_gemm
 from memorymark.cuda_rules import dropout as _dropout
+from memorymark.cuda_rules import flash_attn2 as _flash_attn2
 from memorymark.cuda_rules import sdpa as _sdpa
 from memorymark.cuda_rules.sdpa_choice import Capability
 
@@ -94,17 +97,19 @@ def autocast(precision: str, device_type: str) -> Iterator[None]:
 def applied(capability: Capability) -> Iterator[None]:
     """In this thread, CPU tensors follow CUDA's rules for a GPU of `capability` (major, minor).
 
-    Scoped patches of `F.scaled_dot_product_attention` and `F.dropout`, and CUDA's autocast
-    lists; other threads keep PyTorch's own behaviour. Re-entrant.
+    Scoped patches of `F.scaled_dot_product_attention`, `F.dropout` and transformers' attention
+    lookup (for flash_attention_2), and CUDA's autocast lists; other threads keep PyTorch's own
+    behaviour. Re-entrant.
     """
     previous = _sdpa.set_capability(tuple(capability))
+    flash_attn2 = _flash_attn2.patch()
     try:
-        with (
-            _sdpa.PATCH.active(),
-            _dropout.PATCH.active(),
-            _bnb_gemm.PATCH.active(),
-            _autocast.emulated(),
-        ):
+        with contextlib.ExitStack() as stack:
+            for patch in (_sdpa.PATCH, _dropout.PATCH, _bnb_gemm.PATCH):
+                stack.enter_context(patch.active())
+            if flash_attn2 is not None:
+                stack.enter_context(flash_attn2.active())
+            stack.enter_context(_autocast.emulated())
             yield
     finally:
         if previous is not None:

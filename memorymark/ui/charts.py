@@ -28,6 +28,7 @@ CATEGORY_COLOURS = {
     "gradients": "#b388ff",
     "optimizer_state": AMBER,
     "activations": GREEN,
+    "logits": "#ff7a59",
     "temporary": GREY,
 }
 # Before two batches have fitted there is no slope to extrapolate: show this many batches.

@@ -52,6 +52,7 @@ def applicable(entry: models.ModelEntry) -> dict[str, bool]:
         "seq_len": text,
         "image_size": not text,
         "attention": text,
+        "kernels": entry.default_task == models.CAUSAL_LM,
         "grad_checkpointing": entry.source != "torchvision",
         # bitsandbytes quantizes transformers' linear layers (memorymark/quantization.py).
         "quantization": entry.source not in ("timm", "torchvision"),

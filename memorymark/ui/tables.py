@@ -11,8 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from memorymark.compare import GpuFit
+from memorymark.measurement import Measurement
 from memorymark.proof import BackwardProof, ProtocolResult
 from memorymark.report import Report
+from memorymark.seq_search import SeqLenAnswer
 from memorymark.units import gib, memory_source
 
 
@@ -126,3 +128,36 @@ def how_far_off(peak_bytes: int, capacity_bytes: int) -> str:
 def baseline_peak(report: Report) -> int | None:
     """What batch 1 needs with the unchanged settings (simulated), when nothing fits."""
     return report.batch_1_required_bytes
+
+
+def seq_len_line(probe: tuple[int, Measurement], usable_bytes: int) -> str:
+    """One line per sequence length tried: its verdict, and its peak or what it would need."""
+    seq_len, m = probe
+    source = memory_source(m.measured)
+    verdict = "fits" if m.fits else ("runs, not recommended" if m.runs else "does not fit")
+    need = m.required_bytes if not m.runs and m.required_bytes is not None else m.peak_bytes
+    word = "needs" if not m.runs else "peak"
+    return (
+        f"{seq_len:,} tokens: {verdict}, {word} {gib(need):.2f} GiB ({source}) of "
+        f"{gib(usable_bytes):.2f} usable"
+    )
+
+
+def seq_len_table(answer: SeqLenAnswer) -> list[dict[str, Any]]:
+    """One row per sequence length tried, longest first: verdict, peak, logits share."""
+    rows = []
+    for seq_len, m in sorted(answer.probes, key=lambda p: -p[0]):
+        source = memory_source(m.measured)
+        logits = m.breakdown.logits if m.breakdown is not None else None
+        rows.append(
+            {
+                "Sequence length": seq_len,
+                "Fits": m.fits,
+                f"Peak (GiB, {source})": gib(m.peak_bytes),
+                f"Needs (GiB, {source})": None
+                if m.required_bytes is None
+                else gib(m.required_bytes),
+                f"Logits at the peak (GiB, {source})": None if logits is None else gib(logits),
+            }
+        )
+    return rows

@@ -1,7 +1,7 @@
 """The sidebar's training and search settings: precision, optimizer, checkpointing, LoRA,
-quantized base weights (QLoRA), mode,
-batch sizes and strategy, then the advanced ones (attention, loss, protocol, backend, step,
-largest batch, margin, forward only).
+quantized base weights (QLoRA), mode, batch sizes and strategy, then the advanced ones
+(attention, kernels, loss chunks, sequence step, loss, protocol, backend, step, largest batch,
+margin, forward only).
 
 Each widget writes its `Settings` field's session-state key (`mm_<field>`); one that does not
 apply to the chosen model is not drawn. Must not know how a sweep runs or how results are drawn.
@@ -109,7 +109,16 @@ def _loop_inputs(sb: Any) -> None:
     )
 
 
-def _batch_inputs(sb: Any) -> None:
+def _batch_inputs(sb: Any, use: dict[str, bool]) -> None:
+    if use.get("seq_len", True):
+        sb.radio(
+            "Search for",
+            settings_mod.FINDS,
+            key=key("find"),
+            horizontal=True,
+            help="batch: the largest batch at this sequence length (Analyze). seq-len: the "
+            "longest sequence that trains at the current batch (the Longest sequence page).",
+        )
     sb.number_input(
         "Current batch size (what you train with today)", min_value=1, key=key("current_batch")
     )
@@ -154,7 +163,7 @@ def training_inputs(sb: Any, entry: models.ModelEntry | None) -> dict[str, Any]:
     overrides |= _quantization_inputs(sb, use)
     _loop_inputs(sb)
     sb.radio("Mode", settings_mod.MODES, key=key("mode"), horizontal=True)
-    _batch_inputs(sb)
+    _batch_inputs(sb, use)
     with sb.expander("Advanced"):
         _advanced_inputs(use)
     return overrides
@@ -166,7 +175,31 @@ def _advanced_inputs(use: dict[str, bool]) -> None:
             "Attention",
             settings_mod.ATTENTIONS,
             key=key("attention"),
-            help="sdpa: as CUDA dispatches scaled_dot_product_attention; eager: matmuls",
+            help="sdpa: as CUDA dispatches scaled_dot_product_attention; eager: matmuls; "
+            "flash_attention_2: the flash-attn package (Ampere or newer, fp16/bf16)",
+        )
+    if use.get("kernels", True):
+        st.selectbox(
+            "Kernels",
+            settings_mod.KERNELS,
+            key=key("kernels"),
+            help="liger: Liger's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy, which "
+            "never holds the whole logits (HF Trainer: use_liger_kernel=True); causal LMs",
+        )
+        st.number_input(
+            "Loss chunks (0: one loss over all logits)",
+            min_value=0,
+            max_value=settings_mod.MAX_LOSS_CHUNKS,
+            key=key("loss_chunks"),
+            help="The output layer and cross-entropy in N sequence chunks, each upcast to fp32 "
+            "alone (torchtune's CEWithChunkedOutputLoss); causal LMs",
+        )
+    if use.get("seq_len", True):
+        st.number_input(
+            "Sequence step (Longest sequence page)",
+            min_value=1,
+            key=key("seq_step"),
+            help="Granularity, in tokens, of the search for the longest sequence that trains",
         )
     st.selectbox(
         "Loss", settings_mod.LOSSES, key=key("loss"),

@@ -1,0 +1,75 @@
+"""Longest sequence: the longest sequence that trains at the sidebar's current batch size.
+
+A thin page: sidebar -> Settings -> `Session.stream_seq_len` in a worker (the same sweep and
+strategies as Analyze, over sequence length; cached) -> each probe as it lands, then the answer
+and a table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import streamlit as st
+
+from memorymark import models
+from memorymark.jobs import longest_sequence
+from memorymark.ui import charts, page_runs, sidebar, tables, views
+
+st.set_page_config(page_title="Longest sequence · MemoryMark", layout="wide")
+settings, _ = sidebar.settings_sidebar(costs=False)
+st.title("Longest sequence")
+st.caption(
+    "Long-context fine-tunes fix the batch (often 1) and ask how long a sequence trains. The "
+    "same full training step as Analyze, searched over sequence length at your current batch "
+    "size, in steps of the sidebar's sequence step (Advanced), up to the model's positions. "
+    "Checkpointing, LoRA, bf16, FlashAttention-2 and Liger's kernels move it most."
+)
+if settings is None:
+    st.stop()
+if models.find_model(settings.model).input_kind != "text":
+    st.info("Choose a text model: image models have no sequence length.")
+    st.stop()
+
+settings = replace(settings, find="seq-len")
+batch = settings.current_batch
+key = ("seq-len", settings)
+button = st.empty()  # gone while the search runs: a second click would start it over
+if page_runs.cached_result(key) is None and not button.button(
+    "Find the longest sequence", type="primary"
+):
+    st.info(f"Click **Find the longest sequence** to search at batch {batch}.")
+    st.stop()
+button.empty()
+usable = page_runs.gpu_for(settings).usable_bytes
+
+
+def describe(item: object) -> str:
+    """A probe's line; the answer that ends the stream says so."""
+    if isinstance(item, tuple):
+        return tables.seq_len_line(item, usable)
+    return "search finished"
+
+
+answer, error = page_runs.run_streamed(
+    key,
+    longest_sequence,
+    (),
+    settings=settings,
+    steps=["sequence lengths"],
+    describe=describe,
+    build=lambda items: items[-1],  # longest_sequence ends with the answer
+)
+if error is not None:
+    views.show_error(error)
+    st.stop()
+st.metric(
+    f"Longest sequence at batch {batch} ({answer.memory_source})",
+    "none" if answer.optimal_seq_len is None else f"{answer.optimal_seq_len:,} tokens",
+)
+st.info(answer.verdict())
+st.dataframe(tables.seq_len_table(answer), hide_index=True, width="stretch")
+st.caption(
+    f"Memory {charts.source_label(answer.memory_source)} against {answer.gpu_name}; "
+    f"{len(answer.probes)} probes in {answer.elapsed_seconds:.1f} s. CLI: "
+    f"`{settings.to_command_line()}`"
+)
