@@ -150,16 +150,12 @@ class Settings:
         for name, low, high, why in _RANGES:
             if getattr(self, name) is not None:
                 _at_least(name, getattr(self, name), low, high, why)
-        entry = models.find_model(self.model)
-        if self.task is not None and self.task not in entry.tasks:
-            raise ValueError(
-                f"model {limits.shown(self.model)} supports tasks {', '.join(entry.tasks)} "
-                f"(got {limits.shown(self.task)})"
-            )
-        if entry.max_positions is not None and self.seq_len > entry.max_positions:
-            raise ValueError(
-                f"seq_len {self.seq_len} exceeds {self.model}'s {entry.max_positions} positions"
-            )
+        # No I/O here: a `file:` or `hf:` model is read, and its task and positions checked,
+        # where it is resolved (`check_model`, which the engine's Session calls). A catalog
+        # model's entry is in memory, so its checks come at once.
+        models.check_model_spec(self.model)
+        if ":" not in self.model:
+            check_model(self)
         if self.optimizer in _OPTIMIZER_ALIASES:
             object.__setattr__(self, "optimizer", _OPTIMIZER_ALIASES[self.optimizer])
         _choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -232,6 +228,13 @@ class Settings:
     def from_query(cls, params: Mapping[str, str]) -> Settings:
         """Parse URL query parameters (strings); unknown keys are ignored, bad values raise."""
         return cls(**_parse_query(cls, params))
+
+
+def check_model(settings: Settings) -> None:
+    """Resolve the model `settings` name (a `file:` spec reads its config, `hf:` the hub) and
+    refuse a task it does not train or a seq_len past its positions (one-line ValueErrors)."""
+    entry = models.find_model(settings.model)
+    models.check_task_and_length(entry, settings.task, settings.seq_len, settings.model)
 
 
 _UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
