@@ -18,14 +18,12 @@ import sys
 
 _CHILD = """
 import json, resource, sys, time
-from memorymark.settings import Settings
-from memorymark.sim import SimBackend
-from memorymark.workload import Workload
+from memorymark import Session, Settings
 start = time.perf_counter()
+# The largest custom GPU, so the step fits and its breakdown is reported.
 settings = Settings(model=sys.argv[1], seq_len=int(sys.argv[2]), precision=sys.argv[3],
-                    optimizer="adamw", backend="sim")
-backend = SimBackend(Workload(settings), capacity_bytes=2**62)
-m = backend.measure(1)
+                    optimizer="adamw", backend="sim", gpu_memory_gib=2048.0)
+m = Session(settings).measure(1)
 print(json.dumps({"seconds": time.perf_counter() - start, "peak_gib": m.peak_bytes / 2**30,
                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "breakdown": m.breakdown.to_dict()}))

@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import collections
 import time
+from dataclasses import replace
 
+from memorymark import Session, Settings
 from memorymark.cuda_rules import sdpa
 from memorymark.gpus import GIB, find_gpu
-from memorymark.settings import Settings
-from memorymark.sim import SimBackend
-from memorymark.workload import Workload
 
 CASES = (
     ("BERT-base seq 128", Settings(model="bert", seq_len=128)),
@@ -47,8 +46,10 @@ def kernels_chosen() -> collections.Counter[str]:
 
 def peak_gib(settings: Settings, batch: int, *, cuda_rules: bool) -> tuple[float, float]:
     """(peak, activations at the peak) of one simulated step, in GiB."""
-    gpu = find_gpu(settings.gpu)
-    backend = SimBackend(Workload(settings), capacity_bytes=2**50, gpu=gpu, cuda_rules=cuda_rules)
+    # The named GPU's kernels, with room for any step, so every step reports its breakdown.
+    gpu = replace(find_gpu(settings.gpu), total_bytes=2**50)
+    backend = Session(replace(settings, backend="sim"), gpu=gpu).open_backend()
+    backend.cuda_rules = cuda_rules  # off: CPU's kernels, for the comparison
     with backend.session():
         m = backend.measure(batch)
     return m.peak_bytes / GIB, m.breakdown.activations / GIB

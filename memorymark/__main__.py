@@ -5,6 +5,7 @@ interpreter's teardown: unloading torch and transformers takes about a second an
 for a finished command. Output cut short by a closed pipe (`... --json | head`) ends the command
 quietly, with status 1 as Python's own docs suggest for EPIPE. Tests call `cli.main()` instead,
 which returns the status and leaves the process alone.
+Must not know any command's work: that is memorymark/cli.py's and memorymark/commands.py's.
 """
 
 from __future__ import annotations

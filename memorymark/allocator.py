@@ -14,6 +14,7 @@ default), per-stream pools (a training step runs on one stream), CUDA graph priv
 memory kernels allocate outside the tracked storages (cuDNN workspaces, kernels' own
 temporaries). The cuBLAS workspaces are replayed as `resident` requests. Pure Python, no torch:
 the event log is a list of ints, see `replay`.
+Knows nothing of models, devices, fit verdicts or search.
 """
 
 from __future__ import annotations

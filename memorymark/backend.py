@@ -233,9 +233,9 @@ class Backend:
         traced = error is None and self._tracker is not None
         tracked_peak = tracker.peak_bytes if tracker is not None else 0
         peak, reserved = device_peak if device_peak is not None else (tracked_peak, None)
-        prediction = retries = required = None
+        prediction = retries = required = demand = None
         if traced and not self.measured:
-            out_of_memory, retries, prediction = self._predict(self._tracker)
+            out_of_memory, retries, prediction, demand = self._predict(self._tracker)
             required = prediction.reserved_bytes
             if out_of_memory:
                 error = self._allocator_oom(required)
@@ -265,6 +265,7 @@ class Backend:
             peak_bytes=peak,
             reserved_bytes=reserved,
             required_bytes=required,
+            demand_bytes=demand,
             alloc_retries=retries,
             memory_stats=stats,
             predicted_allocated_bytes=prediction.allocated_bytes if prediction else None,
@@ -293,16 +294,21 @@ class Backend:
             return None
         return stats[name] - self._counters_before.get(name, 0)
 
-    def _predict(self, tracker: MemoryTracker) -> tuple[bool, int, allocator.Prediction]:
+    def _predict(self, tracker: MemoryTracker) -> tuple[bool, int, allocator.Prediction, int]:
         """Replay a fresh process running this step against the capacity: (out of memory,
-        allocation retries, what the step needs), the need replayed with no limit when the
-        capacity could not hold it."""
+        allocation retries, what the step needs, its demand), the need replayed with no limit
+        when the capacity could not hold it. The demand is the reserved peak with no limit
+        (a replay costs about 1% of a probe): what the search interpolates on, since a step
+        that ran only after a flush held less than it asked for."""
         step = (tracker.events_first_seq, tracker.events)
         setup, resident = tracker.baseline_events, self.resident_allocations
         bounded = allocator.replay(setup, step, self.policy.capacity_bytes, resident)
+        if not bounded.out_of_memory and not bounded.alloc_retries:
+            return False, 0, bounded, bounded.reserved_bytes
+        unlimited = allocator.replay(setup, step, None, resident)
         if not bounded.out_of_memory:
-            return False, bounded.alloc_retries, bounded
-        return True, bounded.alloc_retries, allocator.replay(setup, step, None, resident)
+            return False, bounded.alloc_retries, bounded, unlimited.reserved_bytes
+        return True, bounded.alloc_retries, unlimited, unlimited.reserved_bytes
 
     def _allocator_oom(self, required_bytes: int) -> str:
         return (

@@ -2,6 +2,8 @@
 
 Human output goes line by line as probes land; --json prints one object at the end and nothing
 else. Split from `cli.py` so that `--help` and flag errors answer without importing torch.
+Must not know how a step is measured or searched: every figure comes from the engine's
+Session.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 The only module that asks torch which accelerator this machine has. The CUDA and MPS backends
 are thin: they reach the device through its torch module (`torch.cuda`, `torch.mps`), which tests
 replace with a fake one, so all their logic outside the kernels runs in the CPU test suite.
+Must not know which batch sizes are tried, what a report says, or how anything is shown.
 """
 
 from __future__ import annotations

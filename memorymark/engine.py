@@ -33,7 +33,7 @@ from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
 from memorymark.plan import TrainingPlan, plan_for_target
 from memorymark.report import Report
-from memorymark.settings import Costs, Settings
+from memorymark.settings import Costs, Settings, check_model
 from memorymark.stamp import stamp
 from memorymark.units import memory_source
 
@@ -55,6 +55,9 @@ class Session:
     """
 
     def __init__(self, settings: Settings, *, cuda: Any = None, gpu: GPU | None = None) -> None:
+        # The model is resolved first (a `file:` config or the hub is read here, as Settings
+        # validate with no I/O), so a model that cannot be read fails before torch loads.
+        check_model(settings)
         from memorymark import devices  # torch loads here, not when the front door is imported
 
         self.settings = settings

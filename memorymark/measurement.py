@@ -102,6 +102,11 @@ class Measurement:
     """What the device must hold for this step: its peak reserved bytes (simulated: predicted,
     and for a step past the capacity what it would need; measured: `max_memory_reserved`).
     None for a measured OOM, whose need the device never reached."""
+    demand_bytes: int | None = None
+    """Simulated: the reserved peak the step reaches when nothing limits it, so the allocator
+    never flushes its cache. The step fits exactly when this is within the capacity less the
+    margin; it equals `required_bytes` unless the step ran only after a flush. None when
+    measured (the device flushes when it must, and says only what it then held)."""
     alloc_retries: int | None = None
     """Allocations that succeeded only after the allocator flushed its cache (measured:
     `num_alloc_retries` during the step; simulated: the replay's). None when unknown."""

@@ -84,8 +84,9 @@ def restrict_config_files(root: Path | None) -> None:
     from_config_file.cache_clear()
 
 
-def resolve(spec: str) -> model_entry.ModelEntry:
-    """The entry for a `file:`, `hf:`, `timm:` or `torchvision:` spec."""
+def check_spec(spec: str) -> tuple[str, str]:
+    """(source, name) of a `file:`, `hf:`, `timm:` or `torchvision:` spec of the right form;
+    ModelSourceError otherwise. Reads nothing: Settings validate with it."""
     prefix, _, name = spec.partition(":")
     if not name:
         raise ModelSourceError(f"model spec {limits.shown(spec)} names nothing after '{prefix}:'")
@@ -95,6 +96,17 @@ def resolve(spec: str) -> model_entry.ModelEntry:
         raise ModelSourceError(
             f"{limits.shown(name)} is not a {prefix} model name: use {_NAME_HELP[prefix]}"
         )
+    if prefix not in ("file", "hf", "timm", "torchvision"):
+        raise ModelSourceError(
+            f"unknown model source {limits.shown(prefix)}: use file:, hf:, timm: or torchvision:"
+        )
+    return prefix, name
+
+
+def resolve(spec: str) -> model_entry.ModelEntry:
+    """The entry for a `file:`, `hf:`, `timm:` or `torchvision:` spec (reads a `file:` config,
+    or the hub for `hf:`)."""
+    prefix, name = check_spec(spec)
     if prefix == "file":
         return from_config_file(name)
     if prefix == "hf":
@@ -109,9 +121,6 @@ def resolve(spec: str) -> model_entry.ModelEntry:
             num_labels=1000,
             source=prefix,
         )
-    raise ModelSourceError(
-        f"unknown model source {limits.shown(prefix)}: use file:, hf:, timm: or torchvision:"
-    )
 
 
 @cache

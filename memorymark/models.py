@@ -240,6 +240,30 @@ def find_model(key: str) -> ModelEntry:
     )
 
 
+def check_model_spec(key: str) -> None:
+    """Refuse, with no I/O, a model string that cannot name a model: an unknown catalog key, or
+    a `file:`, `hf:`, `timm:` or `torchvision:` spec of the wrong form. Whether a spec's file or
+    repository really holds a model is known only when it is read (`find_model`)."""
+    if ":" in key:
+        from memorymark import model_sources
+
+        model_sources.check_spec(key.strip())
+    else:
+        find_model(key)
+
+
+def check_task_and_length(entry: ModelEntry, task: str | None, seq_len: int, name: str) -> None:
+    """Refuse a task the model (`name`, as the user wrote it) does not train, or more tokens
+    than it has positions."""
+    if task is not None and task not in entry.tasks:
+        raise ValueError(
+            f"model {limits.shown(name)} supports tasks {', '.join(entry.tasks)} "
+            f"(got {limits.shown(task)})"
+        )
+    if entry.max_positions is not None and seq_len > entry.max_positions:
+        raise ValueError(f"seq_len {seq_len} exceeds {name}'s {entry.max_positions} positions")
+
+
 def model_keys() -> list[str]:
     """Catalog keys, in catalog order."""
     return [e.key for e in CATALOG]

@@ -2,6 +2,7 @@
 
 Each pattern says where it comes from, as accelerate's `utils/memory.py` does. Anything that is
 not an OOM is re-raised by the caller with a clear message.
+Knows nothing of devices' memory, fit verdicts or search.
 """
 
 from __future__ import annotations

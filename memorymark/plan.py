@@ -6,6 +6,7 @@ the largest micro-batch that divides the target exactly *and* fits with accumula
 the caller's `fits_accumulating` (a measured or simulated step with accumulation). Memory grows
 with the micro-batch, so the divisors are bisected, not all tried. Pure arithmetic apart from that
 callback: no torch.
+Must not know how the step is measured, nor how the plan is shown.
 """
 
 from __future__ import annotations

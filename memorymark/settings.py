@@ -202,22 +202,18 @@ class Workload:
         if self.optimizer in _OPTIMIZER_ALIASES:
             object.__setattr__(self, "optimizer", _OPTIMIZER_ALIASES[self.optimizer])
         _validate(self)
-        entry = models.find_model(self.model)
-        if self.task is not None and self.task not in entry.tasks:
-            raise ValueError(
-                f"model {limits.shown(self.model)} supports tasks {', '.join(entry.tasks)} "
-                f"(got {limits.shown(self.task)})"
-            )
-        if entry.max_positions is not None and self.seq_len > entry.max_positions:
-            raise ValueError(
-                f"seq_len {self.seq_len} exceeds {self.model}'s {entry.max_positions} positions"
-            )
+        # No I/O here: a `file:` or `hf:` model is read, and what depends on it checked, where
+        # it is resolved (`check_model`, which the engine's Session calls). A catalog model's
+        # entry is in memory, so its checks come at once.
+        models.check_model_spec(self.model)
         norm = self.max_grad_norm
         # Compared without float(): a huge int would overflow it.
         if norm is not None and not (0 < norm <= sys.float_info.max):  # False for nan
             raise ValueError(f"max_grad_norm must be a positive number (got {limits.shown(norm)})")
-        _check_quantization(self, entry.source)
-        _check_kernels(self, entry)
+        _check_quantization(self)
+        _check_kernels(self)
+        if ":" not in self.model:
+            _check_model_entry(self, models.find_model(self.model))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -388,8 +384,8 @@ for _name, _section in _SECTION_OF.items():
     setattr(Settings, _name, property(operator.attrgetter(f"{_section}.{_name}")))
 
 
-def _check_kernels(w: Workload, entry: models.ModelEntry) -> None:
-    """The kernel and loss choices that need a particular model or precision."""
+def _check_kernels(w: Workload) -> None:
+    """The kernel and loss choices that need a particular precision or each other."""
     if w.attention == "flash_attention_2" and w.precision == "32-true":
         raise ValueError(
             "flash_attention_2 runs in fp16 or bf16 only: choose precision bf16-mixed, "
@@ -397,9 +393,19 @@ def _check_kernels(w: Workload, entry: models.ModelEntry) -> None:
         )
     if w.kernels == "liger" and w.loss_chunks:
         raise ValueError("liger's fused cross-entropy already chunks the loss: drop loss_chunks")
+
+
+def _check_model_entry(w: Workload, entry: models.ModelEntry) -> None:
+    """What the resolved model decides: its tasks, its positions, the fused losses' causal LM."""
+    models.check_task_and_length(entry, w.task, w.seq_len, w.model)
     fused = w.kernels == "liger" or w.loss_chunks
     if fused and (w.task or entry.default_task) != models.CAUSAL_LM:
         raise ValueError("liger kernels and loss_chunks train causal LMs (task causal-lm)")
+
+
+def _check_search_axis(s: Settings, entry: models.ModelEntry) -> None:
+    if s.search.find == "seq-len" and entry.input_kind != "text":
+        raise ValueError("find seq-len searches a text model's sequence length")
 
 
 def _check_across(s: Settings) -> None:
@@ -409,22 +415,31 @@ def _check_across(s: Settings) -> None:
     if any(cuda_only) and s.hardware.backend == "cpu":
         name = "flash_attention_2" if cuda_only[0] else "liger"
         raise ValueError(f"{name} runs CUDA kernels only: use --backend sim (or a GPU)")
-    if s.search.find == "seq-len" and models.find_model(w.model).input_kind != "text":
-        raise ValueError("find seq-len searches a text model's sequence length")
+    if ":" not in w.model:  # a catalog entry is in memory; other models in check_model
+        _check_search_axis(s, models.find_model(w.model))
 
 
-def _check_quantization(s: Workload, source: str) -> None:
+def _check_quantization(s: Workload) -> None:
     if s.double_quant and s.quantization not in ("nf4", "fp4"):
         raise ValueError("double_quant needs 4-bit quantization (--quantization nf4 or fp4)")
     if s.quantization == "none":
         return
-    if source in ("timm", "torchvision"):
+    if s.model.split(":", 1)[0].strip() in ("timm", "torchvision"):
         raise ValueError(f"quantization needs a transformers model (got {s.model})")
     if s.lora_rank == 0 and not s.forward_only:
         raise ValueError(
             f"quantized weights ({s.quantization}) are frozen: training them needs LoRA "
             "(--lora-rank 16, as QLoRA does)"
         )
+
+
+def check_model(settings: Settings) -> None:
+    """Resolve the model `settings` name (a `file:` spec reads its config, `hf:` the hub) and
+    refuse a task it does not train, a seq_len past its positions, a fused loss for a model
+    that is not a causal LM, or a sequence search of an image model (one-line ValueErrors)."""
+    entry = models.find_model(settings.model)
+    _check_model_entry(settings.workload, entry)
+    _check_search_axis(settings, entry)
 
 
 _UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}

@@ -5,8 +5,9 @@ Two strategies search the grid step, 2*step, 3*step, ... (never past `max_batch`
 - `linear`: every grid point from the first until the first that does not run (the original
   prototype's protocol: until the first OOM);
 - `fast`: trace two small batches, extrapolate the step's allocation timeline to predict the
-  largest batch that fits, verify it, show the next grid point does not fit, and bisect only if
-  the prediction missed.
+  largest batch that fits, verify it, and show the next grid point does not fit. A missed
+  prediction is corrected from the probe nearest the boundary (what it needed over its live
+  bytes), galloping away from it if estimates keep missing, never bisecting from the traces.
 
 Every verdict is the backend's, by the one fit policy (memorymark/fit.py): a batch *runs* when
 its step completes with no OOM within the capacity, and *fits* when it also needs no allocation
@@ -21,7 +22,7 @@ it reads `Measurement` records.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 
 from memorymark.measurement import Measurement
 
@@ -34,6 +35,9 @@ class Strategy:
     the maximum, the largest that `runs` (no OOM within the capacity).
     `capacity_bytes` is the margin's limit, `run_capacity_bytes` the whole capacity.
     """
+
+    traces: tuple[Measurement, Measurement] | None = None
+    """Two fitting steps whose allocation timelines predict live bytes at any batch (fast)."""
 
     def __init__(
         self,
@@ -67,71 +71,115 @@ class Strategy:
     def _runs(self, batch_size: int) -> bool:
         return bool(self.results[batch_size].runs)
 
-    def _unit(self, hi: int) -> int:
+    def _unit(self, hi: int | None) -> int:
         # Grid points (multiples of step) up to a failure above the first grid point; below
         # it, every batch size counts, so a model that only trains at tiny batches still gets
         # an exact answer.
-        return self.step if hi > self.step else 1
+        return self.step if hi is None or hi > self.step else 1
 
-    def _bisect(self, lo: int, hi: int, passes: Predicate) -> Iterator[int]:
-        # lo passes (0 stands for "nothing smaller to try") and hi does not; the candidates are
-        # the grid points strictly between them. Steps that were traced say what they need,
-        # which is close to linear in batch size near the top, so the next probe goes where
-        # the line through lo and hi crosses the capacity. A hi that failed with its needs
-        # inside the capacity (it ran only after a cache flush) says nothing of where the
-        # boundary is, except that it is near: walk down from it, doubling the stride. Either
-        # way a probe never lands below the middle candidate, so the worst case stays
-        # logarithmic, and each probe is a new candidate, so the search always ends.
-        interpolate, stride = True, 0
+    def _converge(self, lo: int, hi: int | None, passes: Predicate) -> Iterator[int]:
+        """Find the boundary of `passes` between lo, which passes (0: nothing smaller to try),
+        and hi, which does not (None: nothing measured fails up to the cap).
+
+        Each probe goes where the estimate puts the boundary (`_estimate`): usually right, or a
+        grid point or two off, so the answer and its neighbour settle it. When probes keep
+        landing on the same side, the estimate is off in one direction: from the second such
+        probe on, each must move at least 1, 2, 4, ... grid points from the last (a gallop from
+        the nearest measured step, not a bisection from the smallest), and never past the
+        middle candidate once both ends are known. Four probes in a row that do not halve the
+        range take the middle. So the worst case stays logarithmic, and each probe is a new
+        candidate strictly between lo and hi, so the search always ends.
+        """
+        side: bool | None = None
+        run = stale = 0
+        span: int | None = None
         while True:
             unit = self._unit(hi)
-            first, last = (lo // unit + 1) * unit, (hi - 1) // unit * unit
+            first = (lo // unit + 1) * unit
+            last = self.max_grid if hi is None else (hi - 1) // unit * unit
             if first > last:
                 return
-            half = first + (last - first) // unit // 2 * unit
-            mid = None
-            if self._failed_within_capacity(hi, passes):
-                stride = stride * 2 if stride else unit
-                mid = max(hi - stride, half)
-            elif interpolate:
-                mid = self._interpolate(lo, hi, passes)
-            mid = half if mid is None else min(last, max(first, mid // unit * unit))
-            yield mid
-            gap = hi - lo
-            lo, hi = (mid, hi) if passes(mid) else (lo, mid)
-            interpolate = 2 * (hi - lo) <= gap
+            middle = first + (last - first) // unit // 2 * unit
+            if hi is not None:
+                if span is None or 2 * (hi - lo) <= span:
+                    span, stale = hi - lo, 0
+                else:
+                    stale += 1
+            guess = self._estimate(lo, hi, passes)
+            if stale >= 4:
+                guess = middle
+            elif run >= 2:
+                stride = unit << (run - 2)
+                if side:
+                    guess = max(guess or 0, lo + stride)
+                    guess = guess if hi is None else min(guess, middle)
+                else:
+                    assert hi is not None
+                    guess = max(min(hi - stride if guess is None else guess, hi - stride), middle)
+            elif guess is None:
+                guess = lo + unit if hi is None else middle
+            probe = min(last, max(first, guess // unit * unit))
+            yield probe
+            passed = passes(probe)
+            run = run + 1 if passed == side else 1
+            side = passed
+            lo, hi = (probe, hi) if passed else (lo, probe)
+
+    def _need(self, measurement: Measurement, passes: Predicate) -> int | None:
+        """The bytes `passes` judges: to fit, what the allocator would reserve with nothing
+        limiting it (a step fits exactly when that is within the margin's limit); to run, what
+        it held once it flushed its cache (for a step that did not run, the unflushed need)."""
+        if passes == self._fits and measurement.demand_bytes is not None:
+            return measurement.demand_bytes
+        return measurement.required_bytes
 
     def _capacity_for(self, passes: Predicate) -> int:
         return self.run_capacity_bytes if passes == self._runs else self.capacity_bytes
 
-    def _failed_within_capacity(self, batch: int, passes: Predicate) -> bool:
-        needs = self.results[batch].required_bytes if batch in self.results else None
-        return needs is not None and needs <= self._capacity_for(passes)
+    def _estimate(self, lo: int, hi: int | None, passes: Predicate) -> int | None:
+        """Where the boundary of `passes` should be, or None when nothing measured says.
 
-    def _interpolate(self, lo: int, hi: int, passes: Predicate) -> int | None:
+        With traces: live bytes are exact lines in batch size (`predict_max_batch`), and what
+        the device needs is live bytes times a ratio (rounding, segments, caching) that moves
+        slowly with batch size. So the traces predict where live bytes reach the capacity
+        scaled by the ratio of the measured step whose need is nearest the capacity (before
+        any such step, the capacity itself: the first guess). Without traces: where the line
+        through lo's and hi's needs crosses the capacity."""
+        capacity = self._capacity_for(passes)
+        if self.traces is None:
+            return self._interpolate(lo, hi, passes)
+        traced = {t.batch_size for t in self.traces}
+        candidates = [
+            (m, need)
+            for m in self.results.values()
+            if m.batch_size not in traced and m.peak_bytes > 0
+            and (need := self._need(m, passes)) is not None and need > 0
+            # To run, only a step that ran says what running needs.
+            and (m.runs or passes != self._runs)
+        ]  # fmt: skip
+        scale = 1.0
+        if candidates:
+            nearest, need = min(candidates, key=lambda c: abs(c[1] - capacity))
+            if abs(live_bytes_at(*self.traces, nearest.batch_size) - nearest.peak_bytes) > (
+                LIVE_TOLERANCE * nearest.peak_bytes
+            ):
+                # The traces do not predict this step's live bytes (timelines that do not
+                # align): the line through the needs measured is the better guess.
+                return self._interpolate(lo, hi, passes)
+            scale = nearest.peak_bytes / need
+        return int(min(predict_max_batch(*self.traces, capacity * scale), self.max_grid))
+
+    def _interpolate(self, lo: int, hi: int | None, passes: Predicate) -> int | None:
         """The batch where required bytes, linear between lo and hi, reach the capacity
         `passes` judges against; None when lo or hi says nothing of its needs."""
-        low, high = self.results.get(lo), self.results.get(hi)
-        if low is None or high is None or low.required_bytes is None:
+        low, high = self.results.get(lo), self.results.get(hi) if hi is not None else None
+        if low is None or high is None or hi is None:
             return None
-        if high.required_bytes is None or high.required_bytes <= low.required_bytes:
+        low_need, high_need = self._need(low, passes), self._need(high, passes)
+        if low_need is None or high_need is None or high_need <= low_need:
             return None
-        capacity = self._capacity_for(passes)
-        slope = (high.required_bytes - low.required_bytes) / (hi - lo)
-        crossing = lo + (capacity - low.required_bytes) / slope
-        return int(crossing)
-
-    def _gallop(self, lo: int, passes: Predicate) -> Iterator[int]:
-        # The prediction was low: double the stride until a batch fails, then bisect.
-        stride = self.step
-        while lo < self.max_grid:
-            stride *= 2
-            batch = min(lo + stride, self.max_grid)
-            yield batch
-            if not passes(batch):
-                yield from self._bisect(lo, batch, passes)
-                return
-            lo = batch
+        slope = (high_need - low_need) / (hi - lo)
+        return int(lo + (self._capacity_for(passes) - low_need) / slope)
 
     def _bounds(self, passes: Predicate) -> tuple[int, int | None]:
         """(largest measured batch that passes below every one that fails, or 0; smallest
@@ -143,13 +191,8 @@ class Strategy:
     def _max_phase(self) -> Iterator[int]:
         """Past the recommended batch: the largest that still runs (no margin)."""
         lo, hi = self._bounds(self._runs)
-        if hi is None:
-            if 0 < lo < self.max_grid:
-                yield lo + self.step
-                if self._runs(lo + self.step):
-                    yield from self._gallop(lo + self.step, self._runs)
-            return
-        yield from self._bisect(lo, hi, self._runs)
+        if lo > 0 or hi is not None:
+            yield from self._converge(lo, hi, self._runs)
 
 
 Predicate = Callable[[int], bool]
@@ -167,12 +210,12 @@ class LinearStrategy(Strategy):
                 break
             batch += self.step
         if not self._fits(self.step):
-            yield from self._bisect(0, self.step, self._fits)
+            yield from self._converge(0, self.step, self._fits)
         yield from self._max_phase()
 
 
 class FastStrategy(Strategy):
-    """Trace two batches, predict the boundary from the allocation timeline, verify, bisect.
+    """Trace two batches, predict the boundary from the allocation timeline, verify, converge.
 
     `traces` borrows two traced steps from another run whose kernels are the same (another GPU
     of the same compute capability: Compare GPUs), so the search starts at the prediction;
@@ -188,7 +231,6 @@ class FastStrategy(Strategy):
     ) -> None:
         super().__init__(**limits)  # type: ignore[arg-type]
         self.traces = traces
-        """The two traced steps the predictions come from (borrowed, or measured here)."""
         self._borrowed = traces is not None
         self.find_max = find_max
 
@@ -197,81 +239,55 @@ class FastStrategy(Strategy):
         one or two more when the margin moves the recommended batch below the maximum. With
         borrowed traces, two: the answer and the one above."""
         if self._borrowed:
-            yield from self._from_prediction()
+            yield from self._converge(0, None, self._fits)
         else:
             yield from self._recommended()
         if self.find_max:
             yield from self._max_phase()
-
-    def _from_prediction(self) -> Iterator[int]:
-        guess = self._guess(self.capacity_bytes)
-        yield guess
-        if self._fits(guess):
-            yield from self._search(guess, guess, self._fits)
-            return
-        if guess > self.step:
-            yield guess - self.step
-            if self._fits(guess - self.step):
-                return
-            guess -= self.step
-        yield from self._bisect(0, guess, self._fits)
 
     def _recommended(self) -> Iterator[int]:
         # Batch 1 often runs extra ops, so its timeline would not align with a larger one's.
         first = min(max(self.step, 2), self.max_grid)
         yield first
         if not self._fits(first):
-            yield from self._bisect(0, first, self._fits)
+            yield from self._converge(0, first, self._fits)
             return
         if first >= self.max_grid:
             return
         second = min(2 * first, self.max_grid)
         yield second
         if not self._fits(second):
-            yield from self._bisect(first, second, self._fits)
+            yield from self._converge(first, second, self._fits)
             return
         self.traces = (self.results[first], self.results[second])
-        yield from self._search(second, self._guess(self.capacity_bytes), self._fits)
-
-    def _max_phase(self) -> Iterator[int]:
-        lo, hi = self._bounds(self._runs)
-        if hi is not None or self.traces is None or lo >= self.max_grid:
-            yield from super()._max_phase()
-            return
-        # Everything measured runs: the same traces predict where the capacity ends.
-        yield from self._search(lo, self._guess(self.run_capacity_bytes), self._runs)
-
-    def _guess(self, capacity_bytes: int) -> int:
-        assert self.traces is not None
-        return self._snap(predict_max_batch(*self.traces, capacity_bytes))
-
-    def _snap(self, batch: float) -> int:
-        return min(self.max_grid, max(self.step, int(batch) // self.step * self.step))
-
-    def _search(self, lo: int, guess: int, passes: Predicate) -> Generator[int, None, None]:
-        hi: int | None = None
-        if guess > lo:
-            yield guess
-            if passes(guess):
-                lo = guess
-            else:
-                hi = guess
-        # The prediction is usually exact: the neighbour above (or below) settles it.
-        if hi is None and lo < self.max_grid:
-            yield lo + self.step
-            if not passes(lo + self.step):
-                return
-            lo += self.step
-            yield from self._gallop(lo, passes)
-            return
-        if hi is not None and hi - self.step > lo:
-            yield hi - self.step
-            if passes(hi - self.step):
-                return
-            yield from self._bisect(lo, hi - self.step, passes)
+        yield from self._converge(second, None, self._fits)
 
 
 STRATEGIES: dict[str, type[Strategy]] = {"fast": FastStrategy, "linear": LinearStrategy}
+
+
+# How far a measured step's live peak may be from what the traces predict for the prediction to
+# be trusted (real models: well under 0.1%; timelines that do not align: far more).
+LIVE_TOLERANCE = 0.01
+
+
+def _lines(small: Measurement, large: Measurement) -> list[tuple[float, float]]:
+    """(slope, intercept) of live bytes against batch size after each operator, from two steps
+    that ran the same operators; else the one line through their peaks."""
+    b1, b2 = small.batch_size, large.batch_size
+    pairs = list(zip(small.timeline, large.timeline, strict=False))
+    if len(small.timeline) != len(large.timeline) or not pairs:
+        pairs = [(small.peak_bytes, large.peak_bytes)]
+    lines = []
+    for y1, y2 in pairs:
+        slope = (y2 - y1) / (b2 - b1)
+        lines.append((slope, y1 - slope * b1))
+    return lines
+
+
+def live_bytes_at(small: Measurement, large: Measurement, batch_size: int) -> float:
+    """The live peak the two traced steps predict at `batch_size`."""
+    return max(slope * batch_size + intercept for slope, intercept in _lines(small, large))
 
 
 def predict_max_batch(small: Measurement, large: Measurement, capacity_bytes: int) -> float:
@@ -288,14 +304,8 @@ def predict_max_batch(small: Measurement, large: Measurement, capacity_bytes: in
     difference was tried on BERT, GPT-2 and ResNet-50 on a T4, A10 and H100: the plain guess
     took 4 probes in all nine cases, the ratio 6-8 in six of them, the difference 6 in one.
     """
-    b1, b2 = small.batch_size, large.batch_size
-    pairs = list(zip(small.timeline, large.timeline, strict=False))
-    if len(small.timeline) != len(large.timeline) or not pairs:
-        pairs = [(small.peak_bytes, large.peak_bytes)]
     best = float("inf")
-    for y1, y2 in pairs:
-        slope = (y2 - y1) / (b2 - b1)
-        intercept = y1 - slope * b1
+    for slope, intercept in _lines(small, large):
         if slope > 0:
             best = min(best, (capacity_bytes - intercept) / slope)
         elif intercept > capacity_bytes:

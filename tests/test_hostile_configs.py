@@ -9,15 +9,16 @@ import pytest
 from config_samples import TINY_BERT
 
 from memorymark import cli, config_checks, model_sources, models
-from memorymark.settings import Settings
+from memorymark.settings import Settings, check_model
 
 pytestmark = pytest.mark.usefixtures("any_config_path")
 
 
 def refusal(spec):
-    """The one-line message `spec` is refused with."""
+    """The one-line message `spec` is refused with, where the model is resolved (the Session
+    and the app's sidebar call `check_model`; Settings read nothing)."""
     with pytest.raises(ValueError) as info:
-        Settings(model=spec)
+        check_model(Settings(model=spec))
     message = str(info.value)
     assert "\n" not in message and len(message) < 300
     return message

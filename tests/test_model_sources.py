@@ -9,6 +9,7 @@ from config_samples import TINY_BERT
 from torch import nn
 
 from memorymark import model_sources, models
+from memorymark.engine import Session
 from memorymark.settings import Settings
 from memorymark.sim import SimBackend
 from memorymark.workload import Workload
@@ -45,7 +46,7 @@ def test_a_config_file_trains_with_the_task_its_architecture_names(tmp_path):
     m = SimBackend(Workload(Settings(model=f"file:{path}", seq_len=16)), capacity_bytes=BIG)
     assert m.measure(2).fits
     with pytest.raises(ValueError, match="seq_len 65 exceeds"):
-        Settings(model=f"file:{path}", seq_len=65)
+        Session(Settings(model=f"file:{path}", seq_len=65))
 
 
 @pytest.mark.parametrize(
@@ -60,13 +61,13 @@ def test_a_bad_config_file_is_one_line(tmp_path, content, message):
     path = tmp_path / "config.json"
     path.write_text(content)
     with pytest.raises(ValueError, match=message) as info:
-        Settings(model=f"file:{path}")
+        Session(Settings(model=f"file:{path}"))
     assert "\n" not in str(info.value)
 
 
 def test_a_missing_config_file(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
-        Settings(model=f"file:{tmp_path / 'nope.json'}")
+        Session(Settings(model=f"file:{tmp_path / 'nope.json'}"))
 
 
 def test_the_hub_unreachable_says_how_to_pass_a_config_file(monkeypatch):
@@ -78,8 +79,9 @@ def test_the_hub_unreachable_says_how_to_pass_a_config_file(monkeypatch):
     monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", offline)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
     model_sources.from_hub.cache_clear()
+    settings = Settings(model="hf:org/model")  # validating reads nothing
     with pytest.raises(ValueError, match="could not fetch org/model's config.json") as info:
-        Settings(model="hf:org/model")
+        Session(settings)
     assert "--config-file PATH" in str(info.value)
 
 
@@ -169,3 +171,17 @@ def test_config_files_can_be_limited_to_one_folder(tmp_path):
     finally:
         model_sources.restrict_config_files(None)
     assert models.find_model(f"file:{outside}").source == "config"
+
+
+def test_settings_validate_a_spec_s_form_and_read_nothing(monkeypatch, tmp_path):
+    def no_io(*args, **kwargs):
+        raise AssertionError("Settings validation read a file or the hub")
+
+    monkeypatch.setattr(model_sources, "from_hub", no_io)
+    monkeypatch.setattr(model_sources, "from_config_file", no_io)
+    Settings(model="hf:org/model", task="causal-lm", seq_len=100_000)
+    Settings(model=f"file:{tmp_path / 'nope.json'}")
+    with pytest.raises(ValueError, match="is not a hf model name"):
+        Settings(model="hf:not a repo")
+    with pytest.raises(ValueError, match="unknown model source 'ftp'"):
+        Settings(model="ftp:x")

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
 from memorymark import cli, commands, model_sources
-from memorymark.settings import COST_NAMES, FIELD_NAMES, Costs, Settings
+from memorymark.settings import COST_NAMES, FIELD_NAMES, Costs, Settings, check_model
 from memorymark.ui.user_text import plain
 
 # Modest example counts: the whole file runs in seconds on 2 cores.
@@ -167,7 +167,7 @@ def test_any_json_in_a_configs_known_keys_is_accepted_or_one_line(config_dir, ch
     path.write_text(json.dumps({**TINY_BERT, **changes, "model_type": model_type}))
     model_sources.from_config_file.cache_clear()
     try:
-        Settings(model=f"file:{path}")
+        check_model(Settings(model=f"file:{path}"))  # reads the file, as a Session does
     except ValueError as exc:
         one_line_refusal(exc)
 

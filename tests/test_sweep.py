@@ -5,6 +5,7 @@ import contextlib
 import pytest
 
 from memorymark.measurement import Measurement
+from memorymark.settings import Settings
 from memorymark.strategies import FastStrategy, LinearStrategy, predict_max_batch
 from memorymark.sweep import best_fit, sweep
 
@@ -248,3 +249,30 @@ def test_a_bisection_from_nothing_stays_on_the_grid_and_ends(function_backend):
 def test_max_batch_one_tries_nothing_larger(function_backend):
     _, tried, _ = run(function_backend, FastStrategy, affine_two_phases, 10**6, step=1, max_batch=1)
     assert tried == [1]
+
+
+def test_at_step_one_fast_finds_what_walking_every_batch_finds():
+    # The capacity sits where a real step's demand does, with a margin: between the batch that
+    # fits and the one that runs lie steps inside the margin or that ran only after a cache
+    # flush. Fast must land on both boundaries exactly, in fewer probes than a walk. (Tiny
+    # models' needs are staircases of 2 MiB segments, the estimate's worst case; real models'
+    # probe counts are in benchmarks/sweep_cost.py.)
+    from memorymark.sim import SimBackend
+    from memorymark.workload import Workload
+
+    settings = Settings(model="tiny-bert", seq_len=32, gpu="a10", backend="sim")
+    capacity = SimBackend(Workload(settings), capacity_bytes=2**40).measure(23).demand_bytes
+    margin = capacity // 50
+    answers, probes = [], []
+    for strategy_cls in (FastStrategy, LinearStrategy):
+        backend = SimBackend(Workload(settings), capacity_bytes=capacity, margin_bytes=margin)
+        strategy = strategy_cls(
+            step=1, max_batch=48, capacity_bytes=capacity - margin, run_capacity_bytes=capacity
+        )
+        measurements = list(sweep(backend, strategy))
+        fit, run = best_fit(measurements), best_fit(measurements, runs=True)
+        answers.append((fit.batch_size, run.batch_size))
+        probes.append(len(measurements))
+    assert answers[0] == answers[1]
+    assert answers[0][0] < answers[0][1]  # both boundaries were searched
+    assert probes[0] < probes[1]

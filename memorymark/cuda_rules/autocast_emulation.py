@@ -17,6 +17,7 @@ keep CPU's cast. None of these is in the catalog's models.
 
 The kernels are registered once per process. Outside `emulated()`, and in any other thread, they
 redispatch unchanged, which is what the fallthrough they stand in for does.
+Must not know models, measurement or search.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ fp32_set_opt_dtype asks for an fp32 output unless the caller named a dtype; fp32
 redispatches to the overload that takes one; promote runs in the widest input type. CPU's lists
 (`AutocastCPU`) differ: they leave softmax, log_softmax, layer_norm, sum, pow, exp... in the
 input dtype, where CUDA runs them in fp32.
+Data only: knows nothing of how the lists are applied.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ so does feature/alpha dropout; only the out-of-place function changes.
 
 `native_dropout` has a CPU kernel and a meta kernel, both returning the bool mask, so the rule is
 correct on real CPU tensors as well as fake ones.
+Must not know models, measurement or search.
 """
 
 from __future__ import annotations

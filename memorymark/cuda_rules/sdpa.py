@@ -11,6 +11,7 @@ formula (tools/autograd/derivatives.yaml) saves what CUDA saves. The math backen
 in Python so that its dropout is CUDA's fused one (a bool mask). A scoped patch of the function,
 not a TorchFunctionMode: a mode is popped while backward runs, so activation-checkpoint
 recomputation would take the CPU path.
+Must not know models, measurement or search; which kernel runs is sdpa_choice's.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ sdp_utils_cpp.h), for dense 4-D inputs with
 PyTorch's defaults: every backend enabled, non-deterministic algorithms. Each check names the
 filter it copies. The GPU enters only through its compute capability. Nothing here allocates: the
 kernels themselves are called in `sdpa`.
+Must not know models, measurement or search.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import streamlit as st
 from memorymark import gpus
 from memorymark.engine import local_gpu
 from memorymark.gpus import GPU
-from memorymark.settings import Costs, Settings
+from memorymark.settings import Costs, Settings, check_model
 from memorymark.ui import model_inputs, training_inputs
 from memorymark.ui.state_keys import SETTING_FIELDS, STATE_KEYS, key
 from memorymark.ui.user_text import plain
@@ -78,6 +78,7 @@ def _seed_from_url() -> None:
     params, errors = st.query_params.to_dict(), []
     try:
         s = Settings.from_query(params)
+        check_model(s)
         _gpu_choice(s)
     except ValueError as exc:
         errors.append(str(exc))
@@ -203,6 +204,7 @@ def settings_sidebar(*, costs: bool = True) -> tuple[Settings | None, Costs]:
     chosen_costs = _cost_inputs(sb, gpu, costs)
     try:
         chosen = Settings(**values)
+        check_model(chosen)  # a `file:` or `hf:` model is read here, not in Settings
     except ValueError as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         st.error(
