@@ -20,7 +20,7 @@ from memorymark.gpus import GPU
 from memorymark.measurement import Breakdown, Measurement
 from memorymark.plan import TrainingPlan
 from memorymark.report import Report
-from memorymark.settings import Costs, Settings
+from memorymark.settings import Costs, Settings, check_model
 from memorymark.stamp import Stamp
 
 RECORD_VERSION = 1
@@ -107,8 +107,10 @@ def record_to_report(data: dict[str, Any]) -> Report:
     try:
         plan = data.get("plan")
         stamp = data.get("stamp")
+        settings = Settings.from_dict(data["settings"])
+        check_model(settings)  # Settings read nothing: a file: model since deleted fails here
         return Report(
-            settings=Settings.from_dict(data["settings"]),
+            settings=settings,
             costs=Costs(**_known(Costs, data["costs"])),
             gpu=gpu_from_record(data["gpu"]),
             backend=str(data["backend"]),

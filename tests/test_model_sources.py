@@ -177,6 +177,8 @@ def test_settings_validate_a_spec_s_form_and_read_nothing(monkeypatch, tmp_path)
     def no_io(*args, **kwargs):
         raise AssertionError("Settings validation read a file or the hub")
 
+    no_io.cache_clear = lambda: None  # restrict_config_files clears the real one's cache
+
     monkeypatch.setattr(model_sources, "from_hub", no_io)
     monkeypatch.setattr(model_sources, "from_config_file", no_io)
     Settings(model="hf:org/model", task="causal-lm", seq_len=100_000)
