@@ -116,6 +116,14 @@ class Backend:
         """Run the step's optimizer phase (the simulation may stand in for it)."""
         optimizer_phase()
 
+    def _distribute(self, model: nn.Module) -> nn.Module:
+        """Spread the built model over ranks (distributed backends); one GPU keeps it whole."""
+        return model
+
+    def _build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
+        """The optimizer the settings ask for (a distributed backend may shard it)."""
+        return self.workload.build_optimizer(model)
+
     # -- the shared measurement ----------------------------------------------------------------
     def measure(self, batch_size: int) -> Measurement:
         """Run one step at `batch_size` and report its peak and the policy's verdict."""
@@ -174,10 +182,16 @@ class Backend:
         if self._tracker is not None:
             return self._tracker
         model = self._build_model()
-        optimizer = self.workload.build_optimizer(model)
         tracker = self._failed_tracker = MemoryTracker(self.budget_bytes)
         # Weights and optimizer state alone may exceed the budget: that is an OOM at any batch.
         tracker.track_all([*model.parameters(), *model.buffers()], Category.PARAMETERS)
+        # What spreading the model over ranks allocates besides parameter shards is DDP's
+        # gradient buckets.
+        tracker.phase_category = Category.GRADIENTS
+        with self._step_context(), tracker:
+            model = self._distribute(model)
+        tracker.track_all([*model.parameters(), *model.buffers()], Category.PARAMETERS)
+        optimizer = self._build_optimizer(model)
         tracker.phase_category = Category.OPTIMIZER_STATE
         with self._step_context(), tracker:
             self.workload.prime_optimizer(model, optimizer)

@@ -65,11 +65,17 @@ def _analyze(args: argparse.Namespace, settings: Settings) -> int:
     )
     session = Session(settings)
     talk = fmt == "text"
+    if settings.gpu_count is None:
+        session = session.with_min_gpus()
+        if talk:
+            _print_gpu_search(session)
     if talk:
+        many = "" if session.settings.dist == "none" else _ranks_text(session.settings)
         print(
-            f"{settings.model} on {session.gpu.name} ({session.backend_name}, "
+            f"{settings.model} on {session.gpu.name}{many} ({session.backend_name}, "
             f"{session.memory_source}): usable "
             f"{session.gpu.usable_gib:.2f} of {session.gpu.total_gib:.2f} GiB"
+            + (" per rank" if many else "")
         )
     for m in session.stream():
         if talk:
@@ -85,6 +91,22 @@ def _analyze(args: argparse.Namespace, settings: Settings) -> int:
             raise ValueError(f"there are no {fmt} settings to print: {reason}")
         print(snippet(fmt, settings, report.plan), end="")
     return 0
+
+
+def _ranks_text(s: Settings) -> str:
+    return f" x{s.gpu_count} ({s.node_count} node(s), {s.dist})"
+
+
+def _print_gpu_search(session: Session) -> None:
+    search = session.gpu_search
+    assert search is not None
+    for n, m in search.tried:
+        need = "" if m.required_bytes is None else f", needs {gib(m.required_bytes):.1f} GiB"
+        print(f"  {n:>5} GPUs: batch 1 {'runs' if m.runs else 'does not run'}{need}")
+    if search.min_gpus is None:
+        print(f"  no count up to {max(n for n, _ in search.tried)} GPUs trains batch 1")
+    else:
+        print(f"  min_gpus = {search.min_gpus} (simulated, batch 1 trains)")
 
 
 def _print_probe(m: Measurement, usable_bytes: int) -> None:
@@ -166,7 +188,25 @@ def _print_report(r: Report) -> None:
         f"{r.costs.hours_per_run:g} h/run, {r.costs.runs_per_year:g} runs/year"
     )
     print(f"  {d['probes']} probes in {d['elapsed_seconds']:.1f} s")
+    _print_distributed(r)
     _print_plan_and_fixes(r)
+
+
+def _print_distributed(r: Report) -> None:
+    """Per-GPU and global batch, and rank 0's memory, for a run on many GPUs."""
+    d = r.to_dict()["distributed"]
+    if d["dist"] == "none":
+        return
+    zero = "" if d["zero_stage"] is None else f", ~ZeRO-{d['zero_stage']}"
+    print(
+        f"  on {d['gpus']} GPUs ({d['nodes']} node(s), {d['dist']}{zero}): per-GPU batch "
+        f"{d['per_gpu_batch']}, global batch {d['global_batch']}"
+    )
+    if d["per_rank_breakdown_bytes"]:
+        parts = ", ".join(
+            f"{name} {gib(n):.2f}" for name, n in d["per_rank_breakdown_bytes"].items()
+        )
+        print(f"  per rank (GiB, {r.memory_source}): {parts}; NCCL {d['per_rank_nccl_gb']} (est.)")
 
 
 def _print_plan_and_fixes(r: Report) -> None:

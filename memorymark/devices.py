@@ -7,12 +7,13 @@ replace with a fake one, so all their logic outside the kernels runs in the CPU 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from memorymark import gpus, throughput
+from memorymark import distribution, gpus, throughput
 from memorymark.backend import Backend
 from memorymark.cuda_rules import versions
 from memorymark.fit import FitPolicy
@@ -186,8 +187,20 @@ def local_gpu(cuda: ModuleType | None = None) -> gpus.GPU | None:
 def fit_policy(settings: Settings, gpu: gpus.GPU) -> FitPolicy:
     """The capacity (what the caching allocator can reserve on `gpu`) and the margin the
     settings keep below it: what every verdict of a run on `gpu` is judged against."""
-    capacity = gpu.usable_bytes
+    capacity = rank_gpu(settings, gpu).usable_bytes
     return FitPolicy(capacity_bytes=capacity, margin_bytes=settings.margin_bytes(capacity))
+
+
+def rank_gpu(settings: Settings, gpu: gpus.GPU) -> gpus.GPU:
+    """`gpu` as one rank of the settings' distributed run sees it: less NCCL's buffers, which
+    live outside the caching allocator (memorymark/distribution.py); itself on one GPU."""
+    count = settings.gpu_count
+    nccl = 0
+    if settings.dist != "none" and count is not None:
+        nccl = distribution.nccl_bytes(settings.dist, count, settings.node_count)
+    if nccl >= gpu.total_bytes - gpu.context_bytes:
+        raise ValueError(f"the {gpu.name} has no memory left once NCCL's buffers are taken")
+    return replace(gpu, nccl_bytes=nccl)
 
 
 def simulated_backend(settings: Settings, gpu: gpus.GPU, name: str = "sim") -> Backend:
@@ -201,8 +214,12 @@ def simulated_backend(settings: Settings, gpu: gpus.GPU, name: str = "sim") -> B
             gpu.compute_capability, versions.release()
         ),
     }
-    if name == "sim":  # kernels chosen as on this GPU's compute capability
-        backend: Backend = SimBackend(workload, gpu=gpu, **limits)
+    if name == "sim" and settings.dist != "none":
+        from memorymark.dist_sim import DistSimBackend  # torch.distributed loads only here
+
+        backend: Backend = DistSimBackend(workload, gpu=gpu, **limits)
+    elif name == "sim":  # kernels chosen as on this GPU's compute capability
+        backend = SimBackend(workload, gpu=gpu, **limits)
     else:
         backend = CpuBackend(workload, **limits)
     # The step's time is estimated for the GPU simulated, not this machine's CPU.

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from memorymark.fit import FitPolicy
     from memorymark.fixes import FitAnswer
     from memorymark.proof import BackwardProof, ProtocolResult
+    from memorymark.scale_out import GpuSearch, ScaleOutRow
 
 
 class Session:
@@ -58,11 +59,16 @@ class Session:
         self._cuda = cuda
         self.backend_name = devices.resolve_backend_name(settings, cuda)
         """cuda, mps, sim or cpu."""
-        self.gpu: GPU = gpu or devices.resolve_gpu(settings, self.backend_name, cuda)
-        """The GPU every figure answers for: detected on this machine, or from the catalog."""
+        self.gpu: GPU = devices.rank_gpu(
+            settings, gpu or devices.resolve_gpu(settings, self.backend_name, cuda)
+        )
+        """The GPU every figure answers for: detected on this machine, or from the catalog;
+        on many GPUs, one rank's view of it (NCCL's buffers taken out of usable memory)."""
         self.gpu.check_precision(settings.precision)
         self.policy: FitPolicy = devices.fit_policy(settings, self.gpu)
         """Capacity and margin: what every verdict of this session is judged against."""
+        self.gpu_search: GpuSearch | None = None
+        """How `--gpus auto` chose this session's GPU count (set by `with_min_gpus`)."""
         self.measurements: list[Measurement] = []
         self.elapsed_seconds = 0.0
         self._fixes: FitAnswer | None = None
@@ -102,6 +108,8 @@ class Session:
         from memorymark.sweep import sweep
 
         s = self.settings
+        if s.gpu_count is None:
+            raise ValueError("--gpus auto: find the count first (Session.with_min_gpus)")
         strategy = STRATEGIES[s.strategy](
             step=s.step,
             max_batch=s.max_batch,
@@ -134,6 +142,7 @@ class Session:
             elapsed_seconds=self.elapsed_seconds,
             torch_version=versions.installed_version(),
             unverified_rules=versions.unverified_rules(),
+            gpu_search=self.gpu_search,
         )
         if plan and report.optimal is not None:
             planned, probes = self._plan(report.optimal.batch_size, report.global_batch)
@@ -149,7 +158,9 @@ class Session:
         self, costs: Costs | None = None, *, fixes: bool = True, plan: bool = True
     ) -> Report:
         """Run the whole sweep and return its report (for scripts that need no live progress);
-        `fixes` and `plan` as for `report`."""
+        `fixes` and `plan` as for `report`. `--gpus auto` first finds the GPU count."""
+        if self.settings.gpu_count is None:
+            return self.with_min_gpus().analyze(costs, fixes=fixes, plan=plan)
         for _ in self.stream():
             pass
         return self.report(costs, fixes=fixes, plan=plan)
@@ -193,6 +204,46 @@ class Session:
                 )
             self._plans[target] = plan, tuple(probes)
         return self._plans[target]
+
+    # -- many GPUs ------------------------------------------------------------------------------
+    def min_gpus(self, counts: tuple[int, ...] | None = None) -> GpuSearch:
+        """The smallest GPU count (of `counts`, a cluster's by default: 1-8, then whole 8-GPU
+        nodes up to 1024) on which batch 1 trains under these settings' strategy."""
+        from memorymark.scale_out import min_gpus
+
+        if self.settings.dist == "none":
+            raise ValueError("--gpus auto needs a distributed strategy (--dist)")
+        return min_gpus(self.settings, lambda s: Session(s, cuda=self._cuda).measure(1), counts)
+
+    def with_min_gpus(self, counts: tuple[int, ...] | None = None) -> Session:
+        """A session on the smallest count that trains (the largest tried when none does),
+        carrying the search for its report."""
+        from memorymark.scale_out import with_gpus
+
+        search = self.min_gpus(counts)
+        chosen = search.min_gpus or max(n for n, _ in search.tried)
+        session = Session(with_gpus(self.settings, chosen), cuda=self._cuda)
+        session.gpu_search = search
+        return session
+
+    def scale_out(
+        self, counts: tuple[int, ...], costs: Costs | None = None, samples_per_run: float = 1e6
+    ) -> Iterator[ScaleOutRow]:
+        """Each GPU count's sweep as a row (per-rank memory, per-GPU batch, estimated time and
+        cost of a run of `samples_per_run` samples), as it finishes."""
+        from memorymark import models
+        from memorymark.scale_out import scale_out
+
+        if self.settings.dist == "none":
+            raise ValueError("scaling out needs a distributed strategy (--dist)")
+        s = self.settings
+        params = models.parameter_count(models.find_model(s.model), s.resolved_task)
+        price = (costs or Costs()).usd_per_hour or self.gpu.usd_per_hour
+
+        def analyze(settings: Settings) -> Report:
+            return Session(settings, cuda=self._cuda).analyze(fixes=False, plan=False)
+
+        return scale_out(s, analyze, counts, params, samples_per_run, price)
 
     # -- across GPUs and protocols ---------------------------------------------------------------
     def compare(

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from memorymark import gpus, limits, models
+from memorymark import distribution, gpus, limits, models
 
 OPTIMIZERS = ("adamw", "adamw-fused", "adamw-forloop", "sgd", "sgd-forloop", "adafactor", "none")
 # Hugging Face Trainer's `optim` values (transformers' OptimizerNames) for the same optimizers:
@@ -54,6 +54,7 @@ _RANGES = (
     ("lora_rank", 0, limits.MAX_LORA_RANK, "4x the widest open model's hidden size"),
     ("grad_accum", 1, limits.MAX_GRAD_ACCUM, "past 2 micro-batches the peak no longer grows"),
     ("gpu_memory_gib", 1, gpus.MAX_CUSTOM_GIB, "the largest custom GPU"),
+    ("nodes", 1, distribution.MAX_NODES, "one GPU a node at the most GPUs searched"),
 )
 
 
@@ -144,6 +145,20 @@ class Settings:
     margin: str = "2%"
     """Headroom kept free below usable memory: a percentage ("2%") or bytes ("512MiB", "1GiB"),
     because an under-prediction means a crash at step one."""
+    # -- where: how many GPUs, and how the step is spread over them (memorymark/distribution.py)
+    dist: str = "none"
+    """none (one GPU), ddp, zero1 (DDP + ZeroRedundancyOptimizer), fsdp (FSDP2, ZeRO-3),
+    fsdp-no-reshard (ZeRO-2), hsdp (shard inside a node, replicate across nodes)."""
+    gpus: str = "1"
+    """GPUs of the kind named, as a whole number up to 1024, or auto: the smallest count a
+    cluster offers (1-8, then whole 8-GPU nodes) that trains batch 1."""
+    nodes: int | None = None
+    """Nodes the GPUs span; None: as few 8-GPU nodes as hold them."""
+    offload: str = "none"
+    """none, or cpu: FSDP2's CPUOffloadPolicy (sharded states in host memory)."""
+    mp_policy: str = "auto"
+    """auto: FSDP2's MixedPrecisionPolicy from the precision (bf16 compute, fp32 reduction);
+    none: fp32 parameters and autocast alone."""
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -170,10 +185,55 @@ class Settings:
         _choice("attention", self.attention, ATTENTIONS)
         parse_margin(self.margin, 1)
         _choice("strategy", self.strategy, STRATEGIES)
+        self._check_distribution()
         norm = self.max_grad_norm
         # Compared without float(): a huge int would overflow it.
         if norm is not None and not (0 < norm <= sys.float_info.max):  # False for nan
             raise ValueError(f"max_grad_norm must be a positive number (got {limits.shown(norm)})")
+
+    def _check_distribution(self) -> None:
+        _choice("dist", self.dist, distribution.DIST_STRATEGIES)
+        _choice("offload", self.offload, distribution.OFFLOADS)
+        _choice("mp_policy", self.mp_policy, distribution.MP_POLICIES)
+        count = self.gpu_count
+        if self.dist == "none" and (count is None or count > 1):
+            raise ValueError(
+                f"--gpus {self.gpus} needs a distributed strategy: --dist ddp, zero1, fsdp, "
+                "fsdp-no-reshard or hsdp"
+            )
+        if self.offload != "none" and self.dist not in distribution.SHARDED:
+            raise ValueError("--offload cpu is FSDP2's: use it with --dist fsdp, "
+                             "fsdp-no-reshard or hsdp")  # fmt: skip
+        if count is not None and self.nodes is not None:
+            if self.nodes > count or count % self.nodes:
+                raise ValueError(f"{count} GPUs cannot spread evenly over {self.nodes} nodes")
+        if self.dist == "hsdp" and count is not None:
+            nodes = distribution.nodes_for(count, self.nodes)
+            if count % nodes:
+                raise ValueError(f"hsdp needs the same GPUs in every node ({count} over {nodes})")
+
+    @property
+    def gpu_count(self) -> int | None:
+        """The number of GPUs asked for, or None for `--gpus auto`."""
+        text = self.gpus.strip().lower()
+        if text == "auto":
+            return None
+        try:
+            count = int(text)
+        except ValueError:
+            raise ValueError(
+                f"gpus must be a whole number or auto (got {limits.shown(self.gpus)})"
+            ) from None
+        limits.check_range("gpus", count, 1, distribution.MAX_GPUS, "128 eight-GPU nodes")
+        return count
+
+    @property
+    def node_count(self) -> int:
+        """Nodes the GPUs span (a count is needed: not for `--gpus auto`)."""
+        count = self.gpu_count
+        if count is None:
+            raise ValueError("--gpus auto has no node count until the search picks one")
+        return distribution.nodes_for(count, self.nodes)
 
     def margin_bytes(self, usable_bytes: int) -> int:
         """The margin in bytes for a GPU with `usable_bytes` of usable memory."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 from memorymark.measurement import Breakdown, Category
@@ -73,6 +73,17 @@ class Segment:
     """Sequence numbers the segment takes."""
     survivors: frozenset[int]
     """Its own allocations still alive at its end: what the next segment frees."""
+
+
+def storages(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
+    """The storages that hold `tensor`'s bytes. A wrapper subclass (a sharded DTensor) reports
+    a storage of its full global size, which no device holds: its inner tensors (the shard
+    this rank keeps) are what memory counts."""
+    if not is_traceable_wrapper_subclass(tensor):
+        return [tensor.untyped_storage()]
+    names, _ = tensor.__tensor_flatten__()
+    inner = (getattr(tensor, name) for name in names)
+    return [s for t in inner if isinstance(t, torch.Tensor) for s in storages(t)]
 
 
 class OperatorObserver(Protocol):
@@ -127,7 +138,10 @@ class MemoryTracker(TorchDispatchMode):
     # -- labelling ---------------------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: Category) -> None:
         """Count `tensor`'s storage under `category` (moving it there if already counted)."""
-        storage = tensor.untyped_storage()
+        for storage in storages(tensor):
+            self._track_storage(storage, category)
+
+    def _track_storage(self, storage: torch.UntypedStorage, category: Category) -> None:
         record = self._records.get(id(storage))
         if record is None:
             self._add(storage, category)
@@ -271,9 +285,9 @@ class MemoryTracker(TorchDispatchMode):
             self.work_counter.count(func, args, kwargs or {}, out)
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
-                storage = leaf.untyped_storage()
-                if id(storage) not in self._records:
-                    self._add(storage, self.phase_category)
+                for storage in storages(leaf):
+                    if id(storage) not in self._records:
+                        self._add(storage, self.phase_category)
         self.timeline.append(self.live_bytes)
         if self._log is not None:
             self._log.append(_OP_END_ITEM)
