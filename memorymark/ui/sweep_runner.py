@@ -165,6 +165,10 @@ class SweepJob:
                 self.state = "cancelled"
                 return
             self.state = "running"
+            if self.settings.gpu_count is None:
+                # --gpus auto: find the fewest GPUs that train, then sweep on that count.
+                session = session.with_min_gpus()
+                self.gpu = session.gpu
             with contextlib.closing(session.stream()) as probes:
                 for m in probes:
                     self.probe_seconds.append(time.perf_counter() - self.started)
