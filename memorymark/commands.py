@@ -178,6 +178,7 @@ def _print_report(r: Report) -> None:
     if not r.current_fits:
         print(f"  current batch size   {d['current_batch_size']}  crashes: out of memory")
         print(f"  {d['probes']} probes in {d['elapsed_seconds']:.1f} s")
+        _print_distributed(r)
         _print_plan_and_fixes(r)
         return
     print(f"  current batch size   {d['current_batch_size']}  ({d['current_memory_gb']} GiB)")

@@ -90,11 +90,25 @@ def _post_backward_labelled(original: Any, group: Any, *args: Any) -> Any:
     return result
 
 
+def _storage_resized(original: Any, tensor: torch.Tensor) -> None:
+    # FSDP2 frees a gathered parameter by resizing its storage to 0 and gathers the next one
+    # into the same storage: memory a storage's creation and death alone would not show.
+    original(tensor)
+    tracker = getattr(_labelling, "tracker", None)
+    if tracker is not None:
+        tracker.resized(tensor, Category.PARAMETERS)
+
+
 @functools.cache
 def _fsdp_patches() -> tuple[ScopedPatch, ...]:
-    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
 
-    return (ScopedPatch(FSDPParamGroup, "post_backward", _post_backward_labelled),)
+    return (
+        ScopedPatch(_fsdp_param_group.FSDPParamGroup, "post_backward", _post_backward_labelled),
+        ScopedPatch(_fsdp_param, "alloc_storage", _storage_resized),
+        ScopedPatch(_fsdp_param, "free_storage", _storage_resized),
+        ScopedPatch(_fsdp_param_group, "alloc_storage", _storage_resized),
+    )
 
 
 def _allreduce_in_place(world_size: int, bucket: Any) -> torch.futures.Future:

@@ -266,9 +266,46 @@ class MemoryTracker(TorchDispatchMode):
         self.live_by_category[category] += nbytes
         weakref.finalize(storage, self._free, key, record)
 
+    def resized(self, tensor: torch.Tensor, category: Category) -> None:
+        """`tensor`'s storage was resized in place (FSDP2 frees a gathered parameter with
+        `resize_(0)` and gathers it again into the same storage): count its new size, under
+        `category` when it grows back."""
+        for storage in storages(tensor):
+            record = self._records.get(id(storage))
+            nbytes = storage.nbytes()
+            if record is None:
+                if nbytes:
+                    self._add(storage, category)
+                continue
+            if nbytes == record.nbytes:
+                if nbytes:
+                    self._track_storage(storage, category)
+                continue
+            if self._log is not None:
+                self._log.append((_RELABEL, 0, None, 0))  # a segment cannot replay a resize
+            if record.nbytes:
+                self._release(record)
+            if nbytes:
+                if self.budget_bytes is not None and self.live_bytes + nbytes > self.budget_bytes:
+                    raise simulated_oom(nbytes, self.live_bytes, self.budget_bytes)
+                record.nbytes, record.category, record.seq = nbytes, category, self._next_seq
+                self._next_seq += 1
+                self.events.append(nbytes)
+                self.live_bytes += nbytes
+                self.live_by_category[category] += nbytes
+            else:
+                record.nbytes = 0
+
+    def _release(self, record: _Record) -> None:
+        self.events.append(~record.seq)
+        self.live_bytes -= record.nbytes
+        self.live_by_category[record.category] -= record.nbytes
+
     def _free(self, key: int, record: _Record) -> None:
         if self._records.get(key) is record:
             del self._records[key]
+        if not record.nbytes:
+            return  # resized away already
         self.events.append(~record.seq)
         if self._log is not None:
             self._log.append((_FREE_RAW, record.nbytes, record.category, record.seq))

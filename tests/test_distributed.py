@@ -28,17 +28,34 @@ def single() -> Measurement:
     return Session(ONE_GPU).measure(2)
 
 
+def _states(settings: Settings) -> dict:
+    """Rank 0's bytes by category once the model is spread and the optimizer primed."""
+    backend = Session(settings).open_backend()
+    with backend.session():
+        tracker = backend._prepare()
+        return {c.value: n for c, n in tracker.live_by_category.items()}
+
+
 def test_fsdp_keeps_a_quarter_of_parameters_and_optimizer_state_on_four_ranks(single):
-    m = Session(_on("fsdp", 4)).measure(2)
-    assert m.breakdown.parameters * 4 == single.breakdown.parameters
+    one, four = _states(ONE_GPU), _states(_on("fsdp", 4))
+    assert four["parameters"] * 4 == one["parameters"]
     # AdamW's two moments per parameter, sharded; its step counters stay whole (one per tensor).
-    assert m.breakdown.optimizer_state < single.breakdown.optimizer_state / 3.9
+    assert one["optimizer_state"] / 4 < four["optimizer_state"] < one["optimizer_state"] / 3.9
     assert not dist.is_initialized()  # the fake process group went with the backend
 
 
-def test_hsdp_shards_inside_a_node_and_replicates_across_nodes(single):
-    m = Session(_on("hsdp", 4, nodes=2)).measure(2)
-    assert m.breakdown.parameters * 2 == single.breakdown.parameters
+def test_fsdp_frees_each_gathered_block_and_no_reshard_keeps_them(single):
+    fsdp = Session(_on("fsdp", 4)).measure(2)
+    kept = Session(_on("fsdp-no-reshard", 4)).measure(2)
+    # At the peak (early in backward) fsdp holds its shards and the block being gathered...
+    assert single.breakdown.parameters / 4 < fsdp.breakdown.parameters
+    assert fsdp.breakdown.parameters < single.breakdown.parameters
+    # ...and without resharding, every block gathered in forward is still whole.
+    assert kept.breakdown.parameters > fsdp.breakdown.parameters
+
+
+def test_hsdp_shards_inside_a_node_and_replicates_across_nodes():
+    assert _states(_on("hsdp", 4, nodes=2))["parameters"] * 2 == _states(ONE_GPU)["parameters"]
 
 
 def test_ddp_keeps_gradient_buckets_as_large_as_the_gradients(single):
