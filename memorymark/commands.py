@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,9 @@ def run(args: argparse.Namespace, settings: Settings | None) -> int:
     if args.command == "calibrate":
         return _calibrate(args)
     assert settings is not None
+    if os.environ.get("RANK", "0") != "0":
+        # Under torchrun every rank sweeps in lock-step (memorymark/launch.py); rank 0 speaks.
+        sys.stdout = open(os.devnull, "w")  # kept for the process's life
     if args.command == "measure":
         m = Session(settings).measure(args.batch_size)
         if args.json:
@@ -80,7 +85,8 @@ def _analyze(args: argparse.Namespace, settings: Settings) -> int:
     for m in session.stream():
         if talk:
             _print_probe(m, session.gpu.usable_bytes)
-    report = session.report(costs)
+    # Under torchrun the ways out would be simulated, which needs a process group of its own.
+    report = session.report(costs, fixes="RANK" not in os.environ)
     if fmt == "json":
         print_json(report.to_dict())
     elif fmt == "text":

@@ -214,10 +214,12 @@ def simulated_backend(settings: Settings, gpu: gpus.GPU, name: str = "sim") -> B
             gpu.compute_capability, versions.release()
         ),
     }
-    if name == "sim" and settings.dist != "none":
+    if name == "cpu" and settings.dist != "none":
+        backend: Backend = _ranked(CpuBackend, settings, "cpu")(workload, **limits)
+    elif name == "sim" and settings.dist != "none":
         from memorymark.dist_sim import DistSimBackend  # torch.distributed loads only here
 
-        backend: Backend = DistSimBackend(workload, gpu=gpu, **limits)
+        backend = DistSimBackend(workload, gpu=gpu, **limits)
     elif name == "sim":  # kernels chosen as on this GPU's compute capability
         backend = SimBackend(workload, gpu=gpu, **limits)
     else:
@@ -227,6 +229,21 @@ def simulated_backend(settings: Settings, gpu: gpus.GPU, name: str = "sim") -> B
     return backend
 
 
+def _ranked(kind: type[Backend], settings: Settings, device: str) -> Any:
+    """`kind` as one rank of a torchrun job: real many-GPU runs need one process per rank."""
+    from memorymark import launch
+
+    if device == "mps" or not launch.under_torchrun():
+        raise ValueError(
+            f"measuring {settings.gpus} GPUs for real takes one process per GPU: torchrun "
+            f"--nproc-per-node {settings.gpus} -m memorymark analyze ... (cuda or cpu); "
+            "or --backend sim to simulate them"
+        )
+    launch.check_world(settings)
+    launch.ensure_process_group(device)
+    return launch.ranked(kind)
+
+
 def device_backend(
     settings: Settings, gpu: gpus.GPU, name: str, cuda: ModuleType | None = None
 ) -> DeviceBackend:
@@ -234,7 +251,8 @@ def device_backend(
     `gpu`'s capacity: the detected GPU, or the one a capped process emulates (calibrate)."""
     module = _cuda(cuda) if name == "cuda" else torch.mps
     policy = fit_policy(settings, gpu)
-    return DeviceBackend(
+    kind = DeviceBackend if settings.dist == "none" else _ranked(DeviceBackend, settings, name)
+    return kind(
         Workload(settings),
         capacity_bytes=policy.capacity_bytes,
         margin_bytes=policy.margin_bytes,

@@ -111,6 +111,20 @@ def _fsdp_patches() -> tuple[ScopedPatch, ...]:
     )
 
 
+@contextlib.contextmanager
+def fsdp_reported_to(tracker: Any) -> Iterator[None]:
+    """In this thread, FSDP2 reports its gradient shards and its parameters' storage resizes
+    to `tracker` (any backend whose tracker counts FSDP2's tensors needs this)."""
+    with contextlib.ExitStack() as stack:
+        for patch in _fsdp_patches():
+            stack.enter_context(patch.active())
+        previous, _labelling.tracker = getattr(_labelling, "tracker", None), tracker
+        try:
+            yield
+        finally:
+            _labelling.tracker = previous
+
+
 def _allreduce_in_place(world_size: int, bucket: Any) -> torch.futures.Future:
     # What DDP's built-in all-reduce does to the bucket's memory: divide and reduce in place.
     buffer = bucket.buffer()
@@ -174,13 +188,10 @@ class DistSimBackend(SimBackend):
     @contextlib.contextmanager
     def _step_context(self) -> Iterator[None]:
         with super()._step_context(), contextlib.ExitStack() as stack:
-            for patch in (*_ddp_patches(), *_fsdp_patches()):
+            for patch in _ddp_patches():
                 stack.enter_context(patch.active())
-            _labelling.tracker = self._tracker
-            try:
-                yield
-            finally:
-                _labelling.tracker = None
+            stack.enter_context(fsdp_reported_to(self._tracker))
+            yield
 
     def _distribute(self, model: nn.Module) -> nn.Module:
         settings = self.workload.settings
