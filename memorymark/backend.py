@@ -171,6 +171,12 @@ class Backend:
             device = self._device_peak(), self._device_stats()
         return self._result(batch_size, error, seconds, work, *device)
 
+    def resident_bytes(self) -> dict[str, int]:
+        """Bytes by category held before the first step: the model (spread over ranks when
+        the settings say so) and the optimizer's primed state; gradients are None by then."""
+        tracker = self._prepare()
+        return {c.value: n for c, n in tracker.live_by_category.items()}
+
     def release(self) -> None:
         """Free the model, optimizer state and cached memory (the sweep calls this at the end)."""
         self._model = self._optimizer = self._tracker = None

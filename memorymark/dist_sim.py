@@ -86,8 +86,18 @@ def _post_backward_labelled(original: Any, group: Any, *args: Any) -> Any:
     tracker = getattr(_labelling, "tracker", None)
     if tracker is not None:
         grads = [p.sharded_param.grad for p in group.fsdp_params]
-        tracker.track_all([g for g in grads if g is not None], Category.GRADIENTS)
+        grads = [g for g in grads if g is not None]
+        if getattr(group, "offload_policy", None) is not None and _offloads(group):
+            tracker.to_host(grads)  # copied to host memory; the device's copy is freed
+        else:
+            tracker.track_all(grads, Category.GRADIENTS)
     return result
+
+
+def _offloads(group: Any) -> bool:
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return isinstance(group.offload_policy, CPUOffloadPolicy)
 
 
 def _storage_resized(original: Any, tensor: torch.Tensor) -> None:
@@ -195,13 +205,35 @@ class DistSimBackend(SimBackend):
 
     def _distribute(self, model: nn.Module) -> nn.Module:
         settings = self.workload.settings
-        sharded = sharding.shard_model(model, settings, self._mesh, {})
+        sharded = sharding.shard_model(model, settings, self._mesh, {}, pin_memory=False)
         if isinstance(sharded, nn.parallel.DistributedDataParallel):
             sharded.register_comm_hook(
                 None, lambda _, bucket: _allreduce_in_place(self.world_size, bucket)
             )
             sharded.reducer = _NoRebuild(sharded.reducer)
         return sharded
+
+    def _prepare(self) -> Any:
+        tracker = super()._prepare()
+        if self.workload.settings.offload == "cpu" and self._model is not None:
+            # CPUOffloadPolicy: parameter shards and optimizer state live in host memory.
+            optimizer = self._optimizer
+            tracker.to_host(
+                [*self._model.parameters(), *(optimizer.state.values() if optimizer else ())]
+            )
+        return tracker
+
+    def _run_optimizer(self, optimizer_phase: Any) -> None:
+        tracker = self._tracker
+        if self.workload.settings.offload != "cpu" or tracker is None:
+            super()._run_optimizer(optimizer_phase)
+            return
+        # With CPUOffloadPolicy the optimizer steps on the CPU: nothing it allocates is the GPU's.
+        tracker.host_allocations = True
+        try:
+            optimizer_phase()
+        finally:
+            tracker.host_allocations = False
 
     def _build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
         if self.workload.settings.forward_only:

@@ -101,6 +101,12 @@ class Session:
         with self.open_backend().session() as backend:
             return backend.measure(batch_size)
 
+    def resident_bytes(self) -> dict[str, int]:
+        """Bytes by category one rank holds before its first step (parameters or their shards,
+        buffers, optimizer state): what the model's states cost, whatever the batch."""
+        with self.open_backend().session() as backend:
+            return backend.resident_bytes()
+
     def stream(self) -> Iterator[Measurement]:
         """Yield each measurement of the sweep the moment it exists; the backend is released at
         the end, however the consumer stops (use `contextlib.closing` to stop early)."""

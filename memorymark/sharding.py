@@ -55,15 +55,21 @@ def _mp_policy(settings: Settings) -> Any:
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
-def shard_model(model: nn.Module, settings: Settings, mesh: Any, ddp_kwargs: dict) -> nn.Module:
-    """`model` spread over `mesh` as `settings.dist` says (the returned module trains)."""
+def shard_model(
+    model: nn.Module, settings: Settings, mesh: Any, ddp_kwargs: dict, *, pin_memory: bool = True
+) -> nn.Module:
+    """`model` spread over `mesh` as `settings.dist` says (the returned module trains).
+    `pin_memory`: offloaded states in page-locked host memory (CPUOffloadPolicy's default;
+    fake tensors cannot pin, and pinning moves no GPU memory)."""
     if settings.dist in distribution.SHARDED:
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         kwargs = {
             "mesh": mesh,
             "mp_policy": _mp_policy(settings),
-            "offload_policy": CPUOffloadPolicy() if settings.offload == "cpu" else OffloadPolicy(),
+            "offload_policy": CPUOffloadPolicy(pin_memory=pin_memory)
+            if settings.offload == "cpu"
+            else OffloadPolicy(),
         }
         reshard = settings.dist != "fsdp-no-reshard"
         for block in blocks(model):

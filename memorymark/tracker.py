@@ -129,6 +129,10 @@ class MemoryTracker(TorchDispatchMode):
         self._next_seq = 0
         self._baseline_end = 0
         self._records: dict[int, _Record] = {}
+        self._host: set[int] = set()
+        """Storages in host memory (offloaded): never counted."""
+        self.host_allocations = False
+        """While True, storages created are host memory (an optimizer step run on the CPU)."""
         self._log: list[tuple[int, int, Category | None, int]] | None = None
         """What the segment being recorded did, in order; None when not recording."""
         self._log_first_seq = 0
@@ -142,6 +146,8 @@ class MemoryTracker(TorchDispatchMode):
             self._track_storage(storage, category)
 
     def _track_storage(self, storage: torch.UntypedStorage, category: Category) -> None:
+        if id(storage) in self._host:
+            return
         record = self._records.get(id(storage))
         if record is None:
             self._add(storage, category)
@@ -251,6 +257,11 @@ class MemoryTracker(TorchDispatchMode):
 
     # -- counting ----------------------------------------------------------------------------
     def _add(self, storage: torch.UntypedStorage, category: Category) -> None:
+        if self.host_allocations:
+            key = id(storage)
+            self._host.add(key)
+            weakref.finalize(storage, self._host.discard, key)
+            return
         nbytes = storage.nbytes()
         if self.budget_bytes is not None and self.live_bytes + nbytes > self.budget_bytes:
             raise simulated_oom(nbytes, self.live_bytes, self.budget_bytes)
@@ -265,6 +276,22 @@ class MemoryTracker(TorchDispatchMode):
         self.live_bytes += nbytes
         self.live_by_category[category] += nbytes
         weakref.finalize(storage, self._free, key, record)
+
+    def to_host(self, tensors: Any) -> None:
+        """The storages of `tensors` (leaves of a nested structure) live in host memory from
+        now on (offloaded): no longer counted, and never counted again."""
+        for leaf in tree_leaves(tensors):
+            if not isinstance(leaf, torch.Tensor):
+                continue
+            for storage in storages(leaf):
+                key = id(storage)
+                record = self._records.get(key)
+                if record is not None and record.nbytes:
+                    self._release(record)
+                    record.nbytes = 0
+                if key not in self._host:
+                    self._host.add(key)
+                    weakref.finalize(storage, self._host.discard, key)
 
     def resized(self, tensor: torch.Tensor, category: Category) -> None:
         """`tensor`'s storage was resized in place (FSDP2 frees a gathered parameter with
@@ -323,7 +350,7 @@ class MemoryTracker(TorchDispatchMode):
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 for storage in storages(leaf):
-                    if id(storage) not in self._records:
+                    if id(storage) not in self._records and id(storage) not in self._host:
                         self._add(storage, self.phase_category)
         self.timeline.append(self.live_bytes)
         if self._log is not None:

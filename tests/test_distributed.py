@@ -30,10 +30,7 @@ def single() -> Measurement:
 
 def _states(settings: Settings) -> dict:
     """Rank 0's bytes by category once the model is spread and the optimizer primed."""
-    backend = Session(settings).open_backend()
-    with backend.session():
-        tracker = backend._prepare()
-        return {c.value: n for c, n in tracker.live_by_category.items()}
+    return Session(settings).resident_bytes()
 
 
 def test_fsdp_keeps_a_quarter_of_parameters_and_optimizer_state_on_four_ranks(single):
@@ -164,3 +161,15 @@ def test_cli_refuses_a_bad_gpu_count_with_status_2(capsys):
     status = main(["analyze", "tiny-gpt2", "--dist", "fsdp", "--gpus", "0"])
     assert status == 2
     assert "gpus must be at least 1" in capsys.readouterr().err
+
+
+def test_cpu_offload_keeps_states_in_host_memory():
+    on_gpu, offloaded = _on("fsdp", 4), _on("fsdp", 4, offload="cpu")
+    held = _states(offloaded)
+    assert held["parameters"] == held["optimizer_state"] == 0
+    assert _states(on_gpu)["optimizer_state"] > 0
+    kept, moved = Session(on_gpu).measure(2), Session(offloaded).measure(2)
+    assert moved.breakdown.optimizer_state == 0
+    # Still on the GPU: the gathered block, the activations and backward's temporaries.
+    assert 0 < moved.breakdown.parameters < kept.breakdown.parameters
+    assert moved.breakdown.activations == kept.breakdown.activations
