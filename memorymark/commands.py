@@ -377,6 +377,9 @@ def gpu_table() -> list[dict[str, Any]]:
             "bf16_tflops": g.bf16_tflops,
             "fp32_tflops": g.fp32_tflops,
             "bandwidth_gb_per_s": round(g.memory_bandwidth_bytes_per_s / 1e9),
+            # One direction, per GPU: NVLink or PCIe inside a node, the network between nodes.
+            "intra_node_gb_per_s": round(g.intra_node_bytes_per_s / 1e9, 2),
+            "inter_node_gb_per_s": round(g.inter_node_bytes_per_s / 1e9, 2),
             "aliases": g.aliases,
         }
         for g in gpus.CATALOG
