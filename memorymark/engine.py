@@ -219,7 +219,18 @@ class Session:
 
         if self.settings.dist == "none":
             raise ValueError("--gpus auto needs a distributed strategy (--dist)")
-        return min_gpus(self.settings, lambda s: Session(s, cuda=self._cuda).measure(1), counts)
+        from memorymark import devices
+        from memorymark.scale_out import with_gpus
+
+        gpu = self.gpu
+
+        def capacity(n: int) -> int:
+            return devices.fit_policy(with_gpus(self.settings, n), gpu).capacity_bytes
+
+        def measure(s: Settings) -> Measurement:
+            return Session(s, cuda=self._cuda).measure(1)
+
+        return min_gpus(self.settings, measure, counts, capacity)
 
     def with_min_gpus(self, counts: tuple[int, ...] | None = None) -> Session:
         """A session on the smallest count that trains (the largest tried when none does),

@@ -90,16 +90,26 @@ def test_repeated_simulations_with_other_rank_counts_share_one_process():
     assert not dist.is_initialized()
 
 
-def _fake_measure(needs_gpus: int | None, seen: list[int]):
+def _fake_measure(needs_gpus: int | None, seen: list[int], a: int = 0, b: int = 0):
     def measure(s: Settings) -> Measurement:
         n = s.gpu_count
         seen.append(n)
         runs = needs_gpus is not None and n >= needs_gpus
         return Measurement(
-            batch_size=1, fits=runs, runs=runs, peak_bytes=1, backend="fake", measured=False
-        )
+            batch_size=1, fits=runs, runs=runs, peak_bytes=1, backend="fake", measured=False,
+            required_bytes=a + b // n,
+        )  # fmt: skip
 
     return measure
+
+
+def test_min_gpus_predicts_from_both_ends_then_checks_the_count_before():
+    # Batch 1 needs 10 + 1000/n GiB-like units; 80 fit: 1000/n <= 70 from n = 15, so 16.
+    seen: list[int] = []
+    measure = _fake_measure(16, seen, a=10, b=1000)
+    search = min_gpus(_on("fsdp", 1), measure, capacity=lambda n: 80)
+    assert search.min_gpus == 16
+    assert seen == [1, 1024, 16, 8]
 
 
 def test_min_gpus_bisects_over_what_a_cluster_offers():
