@@ -200,7 +200,7 @@ def rank_gpu(settings: Settings, gpu: gpus.GPU) -> gpus.GPU:
         nccl = distribution.nccl_bytes(settings.dist, count, settings.node_count)
     if nccl >= gpu.total_bytes - gpu.context_bytes:
         raise ValueError(f"the {gpu.name} has no memory left once NCCL's buffers are taken")
-    return replace(gpu, nccl_bytes=nccl)
+    return gpu if nccl == gpu.nccl_bytes else replace(gpu, nccl_bytes=nccl)
 
 
 def simulated_backend(settings: Settings, gpu: gpus.GPU, name: str = "sim") -> Backend:

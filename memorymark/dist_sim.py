@@ -170,7 +170,7 @@ class DistSimBackend(SimBackend):
         """Ranks simulated: the GPUs asked for."""
         count = self.workload.settings.gpu_count
         if count is None:
-            raise ValueError("simulate a GPU count: --gpus auto is searched by the engine")
+            raise ValueError("give a GPU count: --gpus auto is for analyze, which searches it")
         return count
 
     def _open_group(self) -> None:
