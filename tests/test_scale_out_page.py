@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from memorymark import Session, Settings
 from memorymark.ui import sweep_runner
 
-PAGE = "../pages/3_Scale_out.py"  # AppTest resolves paths against this file
+PAGE = "../pages/4_Scale_out.py"  # AppTest resolves paths against this file
 
 
 @pytest.fixture(autouse=True)
