@@ -189,13 +189,14 @@ class Backend:
             return self._tracker
         model = self._build_model()
         tracker = self._failed_tracker = MemoryTracker(self.budget_bytes)
-        # Weights and optimizer state alone may exceed the budget: that is an OOM at any batch.
-        tracker.track_all([*model.parameters(), *model.buffers()], Category.PARAMETERS)
         # What spreading the model over ranks allocates besides parameter shards is DDP's
-        # gradient buckets.
+        # gradient buckets. The whole model is counted only as it is once spread: a sharded
+        # run builds it on the meta device and materialises shards (torchtitan), so the
+        # unsharded weights never take device memory.
         tracker.phase_category = Category.GRADIENTS
         with self._step_context(), tracker:
             model = self._distribute(model)
+        # Weights and optimizer state alone may exceed the budget: that is an OOM at any batch.
         tracker.track_all([*model.parameters(), *model.buffers()], Category.PARAMETERS)
         optimizer = self._build_optimizer(model)
         tracker.phase_category = Category.OPTIMIZER_STATE
