@@ -87,8 +87,11 @@ def min_gpus(
     if guess is not None and low < guess < high:
         if runs(guess):
             high = guess
-            if guess - 1 > low and not runs(guess - 1):
-                low = guess - 1
+            if guess - 1 > low:
+                if runs(guess - 1):
+                    high = guess - 1
+                else:
+                    low = guess - 1
         else:
             low = guess
     while high - low > 1:

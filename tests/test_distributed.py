@@ -183,3 +183,12 @@ def test_cpu_offload_keeps_states_in_host_memory():
     # Still on the GPU: the gathered block, the activations and backward's temporaries.
     assert 0 < moved.breakdown.parameters < kept.breakdown.parameters
     assert moved.breakdown.activations == kept.breakdown.activations
+
+
+def test_min_gpus_keeps_bisecting_below_a_prediction_that_was_too_high():
+    # Predicted 32 (the fit through the ends is off), 24 trains too: the answer is below both.
+    seen: list[int] = []
+    measure = _fake_measure(24, seen, a=10, b=1000)
+    search = min_gpus(_on("fsdp", 1), measure, capacity=lambda n: 45)
+    assert search.min_gpus == 24
+    assert seen.count(24) == 1 and seen[:4] == [1, 1024, 32, 24]
