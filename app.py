@@ -101,6 +101,7 @@ PAGES = [
     st.Page("pages/3_History.py", title="History", icon=":material/history:"),
     st.Page("pages/4_Longest_sequence.py", title="Longest sequence",
             icon=":material/straighten:"),
+    st.Page("pages/5_Scale_out.py", title="Scale out", icon=":material/hub:"),
 ]  # fmt: skip
 # Our own links, drawn by the first run: the built-in menu would first list pages/ by file name
 # and, clicked in that first second, switch the session to that stale menu for good.

@@ -118,6 +118,14 @@ class Backend:
         """Run the step's optimizer phase (the simulation may stand in for it)."""
         optimizer_phase()
 
+    def _distribute(self, model: nn.Module) -> nn.Module:
+        """Spread the built model over ranks (distributed backends); one GPU keeps it whole."""
+        return model
+
+    def _build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
+        """The optimizer the settings ask for (a distributed backend may shard it)."""
+        return self.workload.build_optimizer(model)
+
     # -- the shared measurement ----------------------------------------------------------------
     def measure(self, batch_size: int) -> Measurement:
         """Run one step at `batch_size` and report its peak and the policy's verdict."""
@@ -165,6 +173,12 @@ class Backend:
             device = self._device_peak(), self._device_stats()
         return self._result(batch_size, error, seconds, work, *device)
 
+    def resident_bytes(self) -> dict[str, int]:
+        """Bytes by category held before the first step: the model (spread over ranks when
+        the settings say so) and the optimizer's primed state; gradients are None by then."""
+        tracker = self._prepare()
+        return {c.value: n for c, n in tracker.live_by_category.items()}
+
     def release(self) -> None:
         """Free the model, optimizer state and cached memory (the sweep calls this at the end)."""
         self._model = self._optimizer = self._tracker = None
@@ -176,10 +190,17 @@ class Backend:
         if self._tracker is not None:
             return self._tracker
         model = self._build_model()
-        optimizer = self.workload.build_optimizer(model)
         tracker = self._failed_tracker = MemoryTracker(self.budget_bytes)
+        # What spreading the model over ranks allocates besides parameter shards is DDP's
+        # gradient buckets. The whole model is counted only as it is once spread: a sharded
+        # run builds it on the meta device and materialises shards (torchtitan), so the
+        # unsharded weights never take device memory.
+        tracker.phase_category = Category.GRADIENTS
+        with self._step_context(), tracker:
+            model = self._distribute(model)
         # Weights and optimizer state alone may exceed the budget: that is an OOM at any batch.
         tracker.track_all([*model.parameters(), *model.buffers()], Category.PARAMETERS)
+        optimizer = self._build_optimizer(model)
         tracker.phase_category = Category.OPTIMIZER_STATE
         with self._step_context(), tracker:
             self.workload.prime_optimizer(model, optimizer)

@@ -162,7 +162,33 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--forward-only", action="store_true", help="only the forward pass, under no_grad"
     )
+    _add_distribution_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
+
+
+def _add_distribution_flags(p: argparse.ArgumentParser) -> None:
+    d = Settings()
+    p.add_argument(
+        "--dist",
+        default=d.dist,
+        help="none (one GPU), ddp, zero1 (DDP + ZeroRedundancyOptimizer), fsdp (FSDP2, "
+        "ZeRO-3), fsdp-no-reshard (ZeRO-2) or hsdp (shard in a node, replicate across)",
+    )
+    p.add_argument(
+        "--gpus",
+        default=d.gpus,
+        metavar="N|auto",
+        help="GPUs of the kind named (up to 1024); auto: the fewest that train batch 1",
+    )
+    p.add_argument(
+        "--nodes", type=_positive_int, metavar="M", help="nodes the GPUs span (default: 8 a node)"
+    )
+    p.add_argument("--offload", default=d.offload, help="none, or cpu: FSDP2's CPUOffloadPolicy")
+    p.add_argument(
+        "--mp-policy",
+        default=d.mp_policy,
+        help="auto: FSDP2 computes in the --precision's dtype and reduces in fp32; none",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="sweep batch sizes and report the optimal one",
         epilog="example: memorymark analyze bert --gpu a10 --current-batch 16; "
         "memorymark analyze llama-3.1-8b --find seq-len --batch-size 1 --precision bf16-true "
-        "--lora-rank 16 --grad-checkpointing --kernels liger --gpu a100-80gb",
+        "--lora-rank 16 --grad-checkpointing --kernels liger --gpu a100-80gb; on 8 GPUs: "
+        "memorymark analyze llama-3.1-8b --gpu h100 --dist fsdp --gpus 8",
     )
     _add_workload_flags(analyze)
     analyze.add_argument(
@@ -355,6 +382,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "double_quant": args.double_quant,
         "grad_accum": args.grad_accum,
         "max_grad_norm": args.max_grad_norm,
+        "dist": args.dist,
+        "gpus": args.gpus,
+        "nodes": args.nodes,
+        "offload": args.offload,
+        "mp_policy": args.mp_policy,
     }
     for name in (
         "strategy",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ def run(args: argparse.Namespace, settings: Settings | None) -> int:
     if args.command == "calibrate":
         return _calibrate(args)
     assert settings is not None
+    if os.environ.get("RANK", "0") != "0":
+        # Under torchrun every rank sweeps in lock-step (memorymark/launch.py); rank 0 speaks.
+        sys.stdout = open(os.devnull, "w")  # kept for the process's life
     if args.command == "measure":
         m = Session(settings).measure(args.batch_size)
         if args.json:
@@ -71,17 +75,25 @@ def _analyze(args: argparse.Namespace, settings: Settings) -> int:
     session = Session(settings)
     session.check_time_limit()  # before the header: a refusal is the only line printed
     talk = fmt == "text"
+    if settings.gpu_count is None:
+        session = session.with_min_gpus()
+        if talk:
+            _print_gpu_search(session)
     if talk:
+        many = "" if session.settings.dist == "none" else _ranks_text(session.settings)
         print(
-            f"{settings.model} on {session.gpu.name} ({session.backend_name}, "
+            f"{settings.model} on {session.gpu.name}{many} ({session.backend_name}, "
             f"{session.memory_source}): usable "
             f"{session.gpu.usable_gib:.2f} of {session.gpu.total_gib:.2f} GiB"
+            + (" per rank" if many else "")
         )
     for m in session.stream():
         if talk:
             _print_probe(m, session.gpu.usable_bytes)
-    report = session.report(costs)
-    saved = None if args.no_save else _save(report)
+    # Under torchrun the ways out would be simulated, which needs a process group of its own.
+    report = session.report(costs, fixes="RANK" not in os.environ)
+    # Under torchrun every rank has the same report: rank 0 alone saves it, as it alone prints.
+    saved = None if args.no_save or os.environ.get("RANK", "0") != "0" else _save(report)
     if fmt == "json":
         print_json(report.to_dict())
     elif fmt == "text":
@@ -144,6 +156,22 @@ def _find_seq_len(args: argparse.Namespace, settings: Settings) -> int:
     else:
         print_json(answer.to_dict())
     return 0
+
+
+def _ranks_text(s: Settings) -> str:
+    return f" x{s.gpu_count} ({s.node_count} node(s), {s.dist})"
+
+
+def _print_gpu_search(session: Session) -> None:
+    search = session.gpu_search
+    assert search is not None
+    for n, m in search.tried:
+        need = "" if m.required_bytes is None else f", needs {gib(m.required_bytes):.1f} GiB"
+        print(f"  {n:>5} GPUs: batch 1 {'runs' if m.runs else 'does not run'}{need}")
+    if search.min_gpus is None:
+        print(f"  no count up to {max(n for n, _ in search.tried)} GPUs trains batch 1")
+    else:
+        print(f"  min_gpus = {search.min_gpus} (simulated, batch 1 trains)")
 
 
 def _print_probe(m: Measurement, usable_bytes: int) -> None:
@@ -234,6 +262,7 @@ def _print_report(r: Report) -> None:
     if not r.current_fits:
         print(f"  current batch size   {d['current_batch_size']}  crashes: out of memory")
         print(f"  {d['probes']} probes in {d['elapsed_seconds']:.1f} s")
+        _print_distributed(r)
         _print_plan_and_fixes(r)
         return
     print(f"  current batch size   {d['current_batch_size']}  ({d['current_memory_gb']} GiB)")
@@ -244,11 +273,29 @@ def _print_report(r: Report) -> None:
         f"{r.costs.hours_per_run:g} h/run, {r.costs.runs_per_year:g} runs/year"
     )
     print(f"  {d['probes']} probes in {d['elapsed_seconds']:.1f} s")
+    _print_distributed(r)
     _print_plan_and_fixes(r)
 
 
 print_report = _print_report
 """The text report `analyze` prints (`history show` prints a saved one with it)."""
+
+
+def _print_distributed(r: Report) -> None:
+    """Per-GPU and global batch, and rank 0's memory, for a run on many GPUs."""
+    d = r.to_dict()["distributed"]
+    if d["dist"] == "none":
+        return
+    zero = "" if d["zero_stage"] is None else f", ~ZeRO-{d['zero_stage']}"
+    print(
+        f"  on {d['gpus']} GPUs ({d['nodes']} node(s), {d['dist']}{zero}): per-GPU batch "
+        f"{d['per_gpu_batch']}, global batch {d['global_batch']}"
+    )
+    if d["per_rank_breakdown_bytes"]:
+        parts = ", ".join(
+            f"{name} {gib(n):.2f}" for name, n in d["per_rank_breakdown_bytes"].items()
+        )
+        print(f"  per rank (GiB, {r.memory_source}): {parts}; NCCL {d['per_rank_nccl_gb']} (est.)")
 
 
 def _print_plan_and_fixes(r: Report) -> None:
@@ -412,6 +459,9 @@ def gpu_table() -> list[dict[str, Any]]:
             "bf16_tflops": g.bf16_tflops,
             "fp32_tflops": g.fp32_tflops,
             "bandwidth_gb_per_s": round(g.memory_bandwidth_bytes_per_s / 1e9),
+            # One direction, per GPU: NVLink or PCIe inside a node, the network between nodes.
+            "intra_node_gb_per_s": round(g.intra_node_bytes_per_s / 1e9, 2),
+            "inter_node_gb_per_s": round(g.inter_node_bytes_per_s / 1e9, 2),
             "aliases": g.aliases,
         }
         for g in gpus.CATALOG

@@ -8,12 +8,13 @@ Must not know which batch sizes are tried, what a report says, or how anything i
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from memorymark import gpus, throughput
+from memorymark import distribution, gpus, throughput
 from memorymark.backend import Backend
 from memorymark.cuda_rules import versions
 from memorymark.fit import FitPolicy
@@ -187,8 +188,20 @@ def local_gpu(cuda: ModuleType | None = None) -> gpus.GPU | None:
 def fit_policy(settings: Settings, gpu: gpus.GPU) -> FitPolicy:
     """The capacity (what the caching allocator can reserve on `gpu`) and the margin the
     settings keep below it: what every verdict of a run on `gpu` is judged against."""
-    capacity = gpu.usable_bytes
+    capacity = rank_gpu(settings, gpu).usable_bytes
     return FitPolicy(capacity_bytes=capacity, margin_bytes=settings.margin_bytes(capacity))
+
+
+def rank_gpu(settings: Settings, gpu: gpus.GPU) -> gpus.GPU:
+    """`gpu` as one rank of the settings' distributed run sees it: less NCCL's buffers, which
+    live outside the caching allocator (memorymark/distribution.py); itself on one GPU."""
+    count = settings.gpu_count
+    nccl = 0
+    if settings.dist != "none" and count is not None:
+        nccl = distribution.nccl_bytes(settings.dist, count, settings.node_count)
+    if nccl >= gpu.total_bytes - gpu.context_bytes:
+        raise ValueError(f"the {gpu.name} has no memory left once NCCL's buffers are taken")
+    return gpu if nccl == gpu.nccl_bytes else replace(gpu, nccl_bytes=nccl)
 
 
 def simulated_backend(settings: Settings, gpu: gpus.GPU, name: str = "sim") -> Backend:
@@ -202,13 +215,34 @@ def simulated_backend(settings: Settings, gpu: gpus.GPU, name: str = "sim") -> B
             gpu.compute_capability, versions.release()
         ),
     }
-    if name == "sim":  # kernels chosen as on this GPU's compute capability
-        backend: Backend = SimBackend(workload, gpu=gpu, **limits)
+    if name == "cpu" and settings.dist != "none":
+        backend: Backend = _ranked(CpuBackend, settings, "cpu")(workload, **limits)
+    elif name == "sim" and settings.dist != "none":
+        from memorymark.dist_sim import DistSimBackend  # torch.distributed loads only here
+
+        backend = DistSimBackend(workload, gpu=gpu, **limits)
+    elif name == "sim":  # kernels chosen as on this GPU's compute capability
+        backend = SimBackend(workload, gpu=gpu, **limits)
     else:
         backend = CpuBackend(workload, **limits)
     # The step's time is estimated for the GPU simulated, not this machine's CPU.
     backend.roofline = throughput.Roofline.for_gpu(gpu)
     return backend
+
+
+def _ranked(kind: type[Backend], settings: Settings, device: str) -> Any:
+    """`kind` as one rank of a torchrun job: real many-GPU runs need one process per rank."""
+    from memorymark import launch
+
+    if device == "mps" or not launch.under_torchrun():
+        raise ValueError(
+            f"measuring {settings.gpus} GPUs for real takes one process per GPU: torchrun "
+            f"--nproc-per-node {settings.gpus} -m memorymark analyze ... (cuda or cpu); "
+            "or --backend sim to simulate them"
+        )
+    launch.check_world(settings)
+    launch.ensure_process_group(device)
+    return launch.ranked(kind)
 
 
 def device_backend(
@@ -218,7 +252,8 @@ def device_backend(
     `gpu`'s capacity: the detected GPU, or the one a capped process emulates (calibrate)."""
     module = _cuda(cuda) if name == "cuda" else torch.mps
     policy = fit_policy(settings, gpu)
-    return DeviceBackend(
+    kind = DeviceBackend if settings.dist == "none" else _ranked(DeviceBackend, settings, name)
+    return kind(
         Workload(settings),
         capacity_bytes=policy.capacity_bytes,
         margin_bytes=policy.margin_bytes,

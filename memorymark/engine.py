@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from memorymark.fit import FitPolicy
     from memorymark.fixes import FitAnswer
     from memorymark.proof import BackwardProof, ProtocolResult
+    from memorymark.scale_out import GpuSearch, ScaleOutRow
     from memorymark.seq_search import SeqLenAnswer
 
 
@@ -64,12 +65,17 @@ class Session:
         self._cuda = cuda
         self.backend_name = devices.resolve_backend_name(settings, cuda)
         """cuda, mps, sim or cpu."""
-        self.gpu: GPU = gpu or devices.resolve_gpu(settings, self.backend_name, cuda)
-        """The GPU every figure answers for: detected on this machine, or from the catalog."""
+        self.gpu: GPU = devices.rank_gpu(
+            settings, gpu or devices.resolve_gpu(settings, self.backend_name, cuda)
+        )
+        """The GPU every figure answers for: detected on this machine, or from the catalog;
+        on many GPUs, one rank's view of it (NCCL's buffers taken out of usable memory)."""
         self.gpu.check_precision(settings.precision)
         self.gpu.check_attention(settings.attention)
         self.policy: FitPolicy = devices.fit_policy(settings, self.gpu)
         """Capacity and margin: what every verdict of this session is judged against."""
+        self.gpu_search: GpuSearch | None = None
+        """How `--gpus auto` chose this session's GPU count (set by `with_min_gpus`)."""
         self.measurements: list[Measurement] = []
         self.seq_len_probes: list[tuple[int, Measurement]] = []
         """(sequence length, measurement) of a sequence-length search, in the order tried."""
@@ -106,6 +112,12 @@ class Session:
         with self.open_backend().session() as backend:
             return backend.measure(batch_size)
 
+    def resident_bytes(self) -> dict[str, int]:
+        """Bytes by category one rank holds before its first step (parameters or their shards,
+        buffers, optimizer state): what the model's states cost, whatever the batch."""
+        with self.open_backend().session() as backend:
+            return backend.resident_bytes()
+
     def stream(self) -> Iterator[Measurement]:
         """Yield each measurement of the sweep the moment it exists; the backend is released at
         the end, however the consumer stops (use `contextlib.closing` to stop early).
@@ -118,6 +130,8 @@ class Session:
 
         s = self.settings
         self.check_time_limit()
+        if s.gpu_count is None:
+            raise ValueError("--gpus auto: find the count first (Session.with_min_gpus)")
         strategy = STRATEGIES[s.strategy](
             step=s.step,
             max_batch=s.max_batch,
@@ -224,6 +238,7 @@ class Session:
                 memory_source=self.memory_source,
                 torch_version=versions.installed_version(),
             ),
+            gpu_search=self.gpu_search,
         )
         # A sweep a limit stopped measures nothing more: its partial answer is what is known.
         plan, fixes = plan and self.stopped_by is None, fixes and self.stopped_by is None
@@ -241,7 +256,9 @@ class Session:
         self, costs: Costs | None = None, *, fixes: bool = True, plan: bool = True
     ) -> Report:
         """Run the whole sweep and return its report (for scripts that need no live progress);
-        `fixes` and `plan` as for `report`."""
+        `fixes` and `plan` as for `report`. `--gpus auto` first finds the GPU count."""
+        if self.settings.gpu_count is None:
+            return self.with_min_gpus().analyze(costs, fixes=fixes, plan=plan)
         for _ in self.stream():
             pass
         return self.report(costs, fixes=fixes, plan=plan)
@@ -285,6 +302,57 @@ class Session:
                 )
             self._plans[target] = plan, tuple(probes)
         return self._plans[target]
+
+    # -- many GPUs ------------------------------------------------------------------------------
+    def min_gpus(self, counts: tuple[int, ...] | None = None) -> GpuSearch:
+        """The smallest GPU count (of `counts`, a cluster's by default: 1-8, then whole 8-GPU
+        nodes up to 1024) on which batch 1 trains under these settings' strategy."""
+        from memorymark.scale_out import min_gpus
+
+        if self.settings.dist == "none":
+            raise ValueError("--gpus auto needs a distributed strategy (--dist)")
+        from memorymark import devices
+        from memorymark.scale_out import with_gpus
+
+        gpu = self.gpu
+
+        def capacity(n: int) -> int:
+            return devices.fit_policy(with_gpus(self.settings, n), gpu).capacity_bytes
+
+        def measure(s: Settings) -> Measurement:
+            return Session(s, cuda=self._cuda).measure(1)
+
+        return min_gpus(self.settings, measure, counts, capacity)
+
+    def with_min_gpus(self, counts: tuple[int, ...] | None = None) -> Session:
+        """A session on the smallest count that trains (the largest tried when none does),
+        carrying the search for its report."""
+        from memorymark.scale_out import with_gpus
+
+        search = self.min_gpus(counts)
+        chosen = search.min_gpus or max(n for n, _ in search.tried)
+        session = Session(with_gpus(self.settings, chosen), cuda=self._cuda)
+        session.gpu_search = search
+        return session
+
+    def scale_out(
+        self, counts: tuple[int, ...], costs: Costs | None = None, samples_per_run: float = 1e6
+    ) -> Iterator[ScaleOutRow]:
+        """Each GPU count's sweep as a row (per-rank memory, per-GPU batch, estimated time and
+        cost of a run of `samples_per_run` samples), as it finishes."""
+        from memorymark import models
+        from memorymark.scale_out import scale_out
+
+        if self.settings.dist == "none":
+            raise ValueError("scaling out needs a distributed strategy (--dist)")
+        s = self.settings
+        params = models.parameter_count(models.find_model(s.model), s.resolved_task)
+        price = (costs or Costs()).usd_per_hour or self.gpu.usd_per_hour
+
+        def analyze(settings: Settings) -> Report:
+            return Session(settings, cuda=self._cuda).analyze(fixes=False, plan=False)
+
+        return scale_out(s, analyze, counts, params, samples_per_run, price)
 
     # -- across GPUs and protocols ---------------------------------------------------------------
     def compare(

@@ -74,11 +74,24 @@ from memorymark.units import MIB
 # fp32_tflops (plain FP32, no tensor cores), same datasheets and whitepaper: T4 8.1, L4 30.3,
 # A10 31.2, RTX 4090 82.6, L40S 91.6, A100 19.5, H100 SXM 67, H200 67, V100 SXM2 15.7. A10G:
 # assumed equal to the A10's (the same GA102 with 9216 CUDA cores; unverified).
+# intra_node_bytes_per_s (one direction; datasheets give both directions, halved here): NVLink
+# 900 GB/s on H100 SXM and H200 (NVIDIA H100 and H200 datasheets), 600 GB/s on A100 SXM (A100
+# datasheet), 300 GB/s on V100 SXM2 (V100 datasheet). GPUs without NVLink talk over PCIe: Gen4
+# x16, 64 GB/s both ways (L4, A10, L40S datasheets; A10G and RTX 4090 are Gen4 cards too), Gen3
+# x16, 32 GB/s, on the T4 (T4 datasheet). Ring collectives inside a node reach about these
+# rates per GPU (nccl-tests' bus bandwidth, NVIDIA/nccl-tests doc/PERFORMANCE.md).
+# inter_node_bytes_per_s (per GPU, one direction): DGX H100 has one 400 Gb/s ConnectX-7 port
+# per GPU (DGX H100 datasheet) = 50 GB/s; DGX A100 one 200 Gb/s ConnectX-6 HDR port per GPU
+# (DGX A100 datasheet) = 25 GB/s; H200 (HGX H200) as H100. Others are PCIe cloud instances: AWS
+# g5.48xlarge (8x A10G) and g6.48xlarge (8x L4) list 100 Gb/s per instance, 12.5 GB/s over 8
+# GPUs; the same is assumed for the other PCIe GPUs and the V100 (unverified: an assumption).
 CATALOG: tuple[GPU, ...] = (
-    GPU(name="T4", total_bytes=15095 * MIB, usd_per_hour=0.5904, bf16_tflops=65.0,
+    GPU(name="T4", intra_node_bytes_per_s=16e9,
+        total_bytes=15095 * MIB, usd_per_hour=0.5904, bf16_tflops=65.0,
         memory_bandwidth_bytes_per_s=320e9, compute_capability=(7, 5), fp32_tflops=8.1,
         aliases=("Tesla T4", "NVIDIA T4")),
-    GPU(name="L4", total_bytes=22563 * MIB, usd_per_hour=0.7992, bf16_tflops=121.0,
+    GPU(name="L4", intra_node_bytes_per_s=32e9,
+        total_bytes=22563 * MIB, usd_per_hour=0.7992, bf16_tflops=121.0,
         memory_bandwidth_bytes_per_s=300e9, compute_capability=(8, 9), fp32_tflops=30.3,
         aliases=("NVIDIA L4",)),
     GPU(name="A10", total_bytes=22600 * MIB, usd_per_hour=0.86, bf16_tflops=125.0,
@@ -93,19 +106,24 @@ CATALOG: tuple[GPU, ...] = (
     GPU(name="L40S", total_bytes=45455 * MIB, usd_per_hour=1.9512, bf16_tflops=362.05,
         memory_bandwidth_bytes_per_s=864e9, compute_capability=(8, 9), fp32_tflops=91.6,
         aliases=("NVIDIA L40S",)),
-    GPU(name="A100 40GB", total_bytes=40441 * MIB, usd_per_hour=1.48, bf16_tflops=312.0,
+    GPU(name="A100 40GB", intra_node_bytes_per_s=300e9, inter_node_bytes_per_s=25e9,
+        total_bytes=40441 * MIB, usd_per_hour=1.48, bf16_tflops=312.0,
         memory_bandwidth_bytes_per_s=1555e9, compute_capability=(8, 0), fp32_tflops=19.5,
         aliases=("A100-SXM4-40GB", "A100-PCIE-40GB", "A100 PCIe 40GB")),
-    GPU(name="A100 80GB", total_bytes=81051 * MIB, usd_per_hour=2.4984, bf16_tflops=312.0,
+    GPU(name="A100 80GB", intra_node_bytes_per_s=300e9, inter_node_bytes_per_s=25e9,
+        total_bytes=81051 * MIB, usd_per_hour=2.4984, bf16_tflops=312.0,
         memory_bandwidth_bytes_per_s=2039e9, compute_capability=(8, 0), fp32_tflops=19.5,
         aliases=("A100-SXM4-80GB", "A100 80GB PCIe", "A100-PCIE-80GB")),
-    GPU(name="H100 80GB", total_bytes=81090 * MIB, usd_per_hour=3.9492, bf16_tflops=989.5,
+    GPU(name="H100 80GB", intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9,
+        total_bytes=81090 * MIB, usd_per_hour=3.9492, bf16_tflops=989.5,
         memory_bandwidth_bytes_per_s=3.35e12, compute_capability=(9, 0), fp32_tflops=67.0,
         aliases=("H100", "H100 SXM", "H100 80GB HBM3", "H100-SXM5-80GB")),
-    GPU(name="H200", total_bytes=143156 * MIB, usd_per_hour=5.58, bf16_tflops=989.5,
+    GPU(name="H200", intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9,
+        total_bytes=143156 * MIB, usd_per_hour=5.58, bf16_tflops=989.5,
         memory_bandwidth_bytes_per_s=4.8e12, compute_capability=(9, 0), fp32_tflops=67.0,
         aliases=("NVIDIA H200", "H200 141GB")),
-    GPU(name="V100 16GB", total_bytes=16160 * MIB, usd_per_hour=3.67, bf16_tflops=125.0,
+    GPU(name="V100 16GB", intra_node_bytes_per_s=150e9,
+        total_bytes=16160 * MIB, usd_per_hour=3.67, bf16_tflops=125.0,
         memory_bandwidth_bytes_per_s=900e9, compute_capability=(7, 0), fp32_tflops=15.7,
         aliases=("V100-SXM2-16GB", "V100-PCIE-16GB")),
 )  # fmt: skip

@@ -73,7 +73,15 @@ class GPU:
     keeps TF32 off for matmuls since 1.12)."""
     memory_bandwidth_bytes_per_s: float
     compute_capability: tuple[int, int]
+    intra_node_bytes_per_s: float = 32e9
+    """GPU-to-GPU bandwidth inside a node, one direction: NVLink where the GPU has it, else
+    PCIe (see the catalog's sources)."""
+    inter_node_bytes_per_s: float = 12.5e9 / 8
+    """Network bandwidth per GPU between nodes, one direction (see the catalog's sources)."""
     aliases: tuple[str, ...] = ()
+    nccl_bytes: int = 0
+    """NCCL's buffers on each rank of a distributed run (an estimate: memorymark/distribution.py),
+    held outside the caching allocator like the context; 0 on one GPU."""
     measured: bool = False
     """True only for the GPU detected on this machine at run time."""
 
@@ -145,8 +153,8 @@ class GPU:
     @property
     def usable_bytes(self) -> int:
         """What the caching allocator can reserve for a training step: total less the CUDA
-        context (the capacity every fit verdict is judged against)."""
-        return self.total_bytes - self.context_bytes
+        context and NCCL's buffers (the capacity every fit verdict is judged against)."""
+        return self.total_bytes - self.context_bytes - self.nccl_bytes
 
     @property
     def total_gib(self) -> float:

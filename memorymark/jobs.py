@@ -93,6 +93,10 @@ def _run(request: SweepRequest, channel: Channel) -> SweepOutcome:
         if not ours:
             return SweepOutcome(cancelled=True)
         channel.put(("state", "running"))
+        if session.settings.gpu_count is None:
+            # --gpus auto: find the fewest GPUs that train, then sweep on that count.
+            session = session.with_min_gpus()
+            channel.put(("resolved", (session.backend_name, session.gpu)))
         if request.resume is not None:
             session.resume(request.resume, request.resume_seconds)
         else:
@@ -141,6 +145,13 @@ def longest_sequence(session: Session) -> Iterator[Any]:
     for seq_len, m in session.stream_seq_len():
         yield seq_len, slim(m)
     yield session.seq_len_answer()
+
+
+def scale_out(
+    session: Session, counts: tuple[int, ...], costs: Costs, samples_per_run: float
+) -> Iterator[Any]:
+    """One row per GPU count (a sweep each), as each count's sweep ends."""
+    yield from session.scale_out(counts, costs, samples_per_run)
 
 
 def lock_path(backend_name: str) -> Path:

@@ -17,7 +17,7 @@ bytes in simulation.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memorymark.fixes import Fix
 from memorymark.gpus import GPU
@@ -27,6 +27,9 @@ from memorymark.settings import Costs, Settings
 from memorymark.stamp import Stamp
 from memorymark.sweep import best_fit
 from memorymark.units import gib, memory_source
+
+if TYPE_CHECKING:
+    from memorymark.scale_out import GpuSearch
 
 # "Where larger batches stop paying off": the smallest batch within 5% of the best throughput.
 KNEE_FRACTION = 0.95
@@ -66,6 +69,22 @@ class Report:
     """Simulation rules whose verified torch releases do not include `torch_version`."""
     stamp: Stamp | None = None
     """Versions, backend, device and the time the analysis ended (memorymark/stamp.py)."""
+    gpu_search: GpuSearch | None = None
+    """`--gpus auto`: the smallest GPU count that trains batch 1, and the counts tried."""
+
+    # -- many GPUs ---------------------------------------------------------------------------------
+    @property
+    def gpus(self) -> int:
+        """GPUs the step is spread over (1 without a distributed strategy)."""
+        return self.settings.gpu_count or 1
+
+    @property
+    def global_batch_per_step(self) -> int | None:
+        """Samples each optimizer step sees over every rank at the optimal per-GPU batch."""
+        optimal = self.optimal
+        if optimal is None:
+            return None
+        return optimal.batch_size * self.gpus * self.settings.grad_accum
 
     @property
     def rules_note(self) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memorymark import models
+from memorymark import distribution, models
 from memorymark.measurement import Breakdown, Measurement
 from memorymark.units import gib
 
@@ -72,6 +72,7 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "batch_1_required_gb": None
         if r.batch_1_required_bytes is None
         else gib(r.batch_1_required_bytes),
+        "distributed": _distributed_dict(r),
         "torch_version": r.torch_version,
         "rules_unverified": list(r.unverified_rules),
         "rules_note": r.rules_note,
@@ -109,7 +110,28 @@ def _memory_dict(r: Report) -> dict[str, Any]:
         "fit_criterion": FIT_CRITERION,
         # Only the context: the cuBLAS workspaces come from the caching allocator, so they are
         # inside usable memory and inside each step's reserved bytes.
-        "gpu_overheads_gb": {"context": gib(r.gpu.context_bytes)},
+        # NCCL's buffers (estimated) on each rank of a distributed run, 0 on one GPU.
+        "gpu_overheads_gb": {"context": gib(r.gpu.context_bytes), "nccl": gib(r.gpu.nccl_bytes)},
+    }
+
+
+def _distributed_dict(r: Report) -> dict[str, Any]:
+    """Many GPUs: the strategy, per-GPU and global batch, and rank 0's memory (simulated on
+    rank 0 of a fake process group; every rank holds the same but for uneven shards)."""
+    s, optimal = r.settings, r.optimal
+    per_rank = optimal.breakdown.to_dict() if optimal and optimal.breakdown else None
+    return {
+        "dist": s.dist,
+        "zero_stage": distribution.ZERO_STAGE.get(s.dist),
+        "gpus": r.gpus,
+        "nodes": s.node_count if s.gpu_count else 1,
+        "offload": s.offload,
+        "mp_policy": s.mp_policy,
+        "per_gpu_batch": optimal.batch_size if optimal else None,
+        "global_batch": r.global_batch_per_step,
+        "per_rank_breakdown_bytes": per_rank,
+        "per_rank_nccl_gb": gib(r.gpu.nccl_bytes),
+        **(r.gpu_search.to_dict() if r.gpu_search else {"min_gpus": None}),
     }
 
 

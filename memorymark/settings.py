@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from memorymark import gpus, limits, models
+from memorymark import distribution, gpus, limits, models
 
 Optimizer = Literal[
     "adamw",
@@ -107,6 +107,7 @@ _RANGES = {
     "max_probes": (1, limits.MAX_PROBES, "far past any useful search"),
     "loss_chunks": (0, MAX_LOSS_CHUNKS, "past a few dozen chunks nothing more is saved"),
     "seq_step": (1, limits.MAX_SEQ_LEN, "8x the longest context in the catalog"),
+    "nodes": (1, distribution.MAX_NODES, "one GPU a node at the most GPUs searched"),
 }
 
 
@@ -218,7 +219,8 @@ class Workload:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Hardware:
-    """Where it trains: the GPU kind, and the backend that measures or simulates it."""
+    """Where it trains: the GPU kind, how many and how the step is spread over them, and the
+    backend that measures or simulates it."""
 
     gpu: str | None = None
     """A catalog GPU name or alias; None means the GPU in this machine, else an A10."""
@@ -227,8 +229,69 @@ class Hardware:
     backend: Backend = "auto"
     """auto (cuda, else mps, else sim), cuda, mps, sim (fake tensors) or cpu (real, tracked)."""
 
+    # How many GPUs, and how the step is spread over them: the choices are
+    # memorymark/distribution.py's.
+    dist: str = "none"
+    """none (one GPU), ddp, zero1 (DDP + ZeroRedundancyOptimizer), fsdp (FSDP2, ZeRO-3),
+    fsdp-no-reshard (ZeRO-2), hsdp (shard inside a node, replicate across nodes)."""
+    gpus: str = "1"
+    """GPUs of the kind named, as a whole number up to 1024, or auto: the smallest count a
+    cluster offers (1-8, then whole 8-GPU nodes) that trains batch 1."""
+    nodes: int | None = None
+    """Nodes the GPUs span; None: as few 8-GPU nodes as hold them."""
+    offload: str = "none"
+    """none, or cpu: FSDP2's CPUOffloadPolicy (sharded states in host memory)."""
+    mp_policy: str = "auto"
+    """auto: FSDP2's MixedPrecisionPolicy from the precision (bf16 compute, fp32 reduction);
+    none: fp32 parameters and autocast alone."""
+
     def __post_init__(self) -> None:
         _validate(self)
+        self._check_distribution()
+
+    def _check_distribution(self) -> None:
+        _choice("dist", self.dist, distribution.DIST_STRATEGIES)
+        _choice("offload", self.offload, distribution.OFFLOADS)
+        _choice("mp_policy", self.mp_policy, distribution.MP_POLICIES)
+        count = self.gpu_count
+        if self.dist == "none" and (count is None or count > 1):
+            raise ValueError(
+                f"--gpus {self.gpus} needs a distributed strategy: --dist ddp, zero1, fsdp, "
+                "fsdp-no-reshard or hsdp"
+            )
+        if self.offload != "none" and self.dist not in distribution.SHARDED:
+            raise ValueError("--offload cpu is FSDP2's: use it with --dist fsdp, "
+                             "fsdp-no-reshard or hsdp")  # fmt: skip
+        if count is not None and self.nodes is not None:
+            if self.nodes > count or count % self.nodes:
+                raise ValueError(f"{count} GPUs cannot spread evenly over {self.nodes} nodes")
+        if self.dist == "hsdp" and count is not None:
+            nodes = distribution.nodes_for(count, self.nodes)
+            if count % nodes:
+                raise ValueError(f"hsdp needs the same GPUs in every node ({count} over {nodes})")
+
+    @property
+    def gpu_count(self) -> int | None:
+        """The number of GPUs asked for, or None for `--gpus auto`."""
+        text = self.gpus.strip().lower()
+        if text == "auto":
+            return None
+        try:
+            count = int(text)
+        except ValueError:
+            raise ValueError(
+                f"gpus must be a whole number or auto (got {limits.shown(self.gpus)})"
+            ) from None
+        limits.check_range("gpus", count, 1, distribution.MAX_GPUS, "128 eight-GPU nodes")
+        return count
+
+    @property
+    def node_count(self) -> int:
+        """Nodes the GPUs span (a count is needed: not for `--gpus auto`)."""
+        count = self.gpu_count
+        if count is None:
+            raise ValueError("--gpus auto has no node count until the search picks one")
+        return distribution.nodes_for(count, self.nodes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -312,6 +375,16 @@ class Settings:
     def paged_optimizer(self) -> bool:
         """True when the optimizer keeps its state in CUDA unified memory (bitsandbytes' paged)."""
         return self.optimizer in PAGED_OPTIMIZERS
+
+    @property
+    def gpu_count(self) -> int | None:
+        """The number of GPUs asked for, or None for `--gpus auto`."""
+        return self.hardware.gpu_count
+
+    @property
+    def node_count(self) -> int:
+        """Nodes the GPUs span (a count is needed: not for `--gpus auto`)."""
+        return self.hardware.node_count
 
     def margin_bytes(self, usable_bytes: int) -> int:
         """The margin in bytes for a GPU with `usable_bytes` of usable memory."""

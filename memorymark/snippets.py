@@ -112,11 +112,27 @@ def _training_arguments(settings: Settings, plan: TrainingPlan) -> list[str]:
         ]
     if settings.optimizer in _HF_OPTIM:
         lines.append(f'    optim="{_HF_OPTIM[settings.optimizer]}",')
+    lines += _hf_distributed(settings)
     if settings.max_grad_norm is None:
         lines.append("    max_grad_norm=0.0,  # measured without clipping; Trainer clips at 1.0")
     else:
         lines.append(f"    max_grad_norm={settings.max_grad_norm},")
     return [*lines, ")"]
+
+
+def _hf_distributed(settings: Settings) -> list[str]:
+    """Trainer's FSDP2 arguments (launch with torchrun or accelerate launch, one process a GPU;
+    DDP needs none)."""
+    if settings.dist not in ("fsdp", "fsdp-no-reshard", "hsdp"):
+        return []
+    shard = "hybrid_shard" if settings.dist == "hsdp" else "full_shard"
+    reshard = settings.dist != "fsdp-no-reshard"
+    if settings.offload == "cpu":
+        shard += " offload"
+    return [
+        f'    fsdp="{shard} auto_wrap",  # one process per GPU: torchrun or accelerate launch',
+        f'    fsdp_config={{"fsdp_version": 2, "reshard_after_forward": {reshard}}},',
+    ]
 
 
 def _lightning(settings: Settings, plan: TrainingPlan) -> str:
@@ -141,7 +157,9 @@ def _lightning(settings: Settings, plan: TrainingPlan) -> str:
     else:
         lines += [
             "        params = [p for p in self.parameters() if p.requires_grad]",
-            f"        return {_optimizer_code(settings.optimizer)}",
+            f"        return {_optimizer_code(settings.optimizer)}"
+            if settings.dist != "zero1"
+            else f"        return {_zero1_code(settings.optimizer)}",
         ]
     lines += [
         "",
@@ -153,6 +171,14 @@ def _lightning(settings: Settings, plan: TrainingPlan) -> str:
     ]
     if settings.max_grad_norm is not None:
         lines.append(f"    gradient_clip_val={settings.max_grad_norm},")
+    if settings.dist != "none" and settings.gpu_count:
+        nodes = settings.node_count
+        strategy = {"ddp": '"ddp"', "zero1": '"ddp"'}.get(settings.dist, '"fsdp"')
+        lines += [
+            f"    devices={settings.gpu_count // nodes},",
+            f"    num_nodes={nodes},",
+            f"    strategy={strategy},  # --dist {settings.dist}",
+        ]
     imports = ["import lightning as L", "from torch.utils.data import DataLoader"]
     return _program(imports, lines + [")", "trainer.fit(LitModel(model), loader)"])
 
@@ -160,29 +186,107 @@ def _lightning(settings: Settings, plan: TrainingPlan) -> str:
 def _torch(settings: Settings, plan: TrainingPlan) -> str:
     optimizer = settings.optimizer != "none"
     clip = optimizer and settings.max_grad_norm is not None
-    lines = _about(settings) + ['device = "cuda"']
+    many = settings.dist != "none"
+    lines = _about(settings) + (["device = _local_device()"] if many else ['device = "cuda"'])
     if settings.quantization == "none":
         lines.append("model = model.to(device)")
     else:
         lines.append("# from_pretrained put the quantized weights on the GPU; .to() would refuse.")
     lines += _prepare_model(settings, weights=True, checkpointing=True)
+    lines += _spread(settings) if many else []
+    sampler = ", sampler=DistributedSampler(dataset)" if many else ", shuffle=True"
     lines += [
         "",
-        f"loader = DataLoader(dataset, batch_size={plan.micro_batch}, shuffle=True)",
+        f"loader = DataLoader(dataset, batch_size={plan.micro_batch}{sampler})",
         f"accumulation_steps = {plan.accumulation_steps}",
     ]
     if clip:
         lines.append(f"max_grad_norm = {settings.max_grad_norm}")
     if optimizer:
         lines.append("params = [p for p in model.parameters() if p.requires_grad]")
-        lines.append(f"optimizer = {_optimizer_code(settings.optimizer)}")
+        optimizer_code = _optimizer_code(settings.optimizer)
+        if settings.dist == "zero1":
+            optimizer_code = _zero1_code(settings.optimizer)
+        lines.append(f"optimizer = {optimizer_code}")
     else:
         lines.append(_NO_OPTIMIZER)
     if optimizer and settings.precision == "16-mixed":
         lines.append("scaler = torch.amp.GradScaler(device)")
     mode = "model.train()" if settings.mode == "train" else "model.eval()  # measured in eval mode"
     imports = ["from torch.utils.data import DataLoader"]
+    if many:
+        imports = [*imports, *_DIST_IMPORTS]
+        if settings.dist in ("fsdp", "fsdp-no-reshard", "hsdp"):
+            imports += [
+                "from torch.distributed.device_mesh import init_device_mesh",
+                "from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, "
+                "fully_shard",
+            ]
+        if settings.dist == "zero1":
+            imports.append("from torch.distributed.optim import ZeroRedundancyOptimizer")
+        lines = [*_LOCAL_DEVICE, "", *lines]
     return _program(imports, lines + [mode] + _torch_loop(settings, clip))
+
+
+_DIST_IMPORTS = [
+    "import os",
+    "from torch.utils.data.distributed import DistributedSampler",
+]
+_LOCAL_DEVICE = [
+    "def _local_device():",
+    '    """One process per GPU, as torchrun starts them (it sets LOCAL_RANK)."""',
+    '    torch.distributed.init_process_group("nccl")',
+    '    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))',
+    '    return "cuda"  # this process\'s GPU, the current device',
+    "",
+]
+
+
+def _spread(settings: Settings) -> list[str]:
+    """The model spread over the ranks as the simulation spreads it (memorymark/sharding.py)."""
+    n = settings.gpu_count or 1
+    nodes = settings.node_count if settings.gpu_count else 1
+    head = [
+        f"# Run with: torchrun --nnodes {nodes} --nproc-per-node {n // nodes} train.py "
+        f"(--dist {settings.dist})"
+    ]
+    if settings.dist in ("ddp", "zero1"):
+        return head + [
+            "model = torch.nn.parallel.DistributedDataParallel(",
+            "    model, device_ids=[torch.cuda.current_device()]",
+            ")",
+        ]
+    shape = f"({nodes}, {n // nodes})" if settings.dist == "hsdp" else f"({n},)"
+    lines = head + [
+        f'mesh = init_device_mesh("cuda", {shape})',
+    ]
+    kwargs = "mesh=mesh"
+    dtype = _AUTOCAST_DTYPE.get(settings.precision)
+    if dtype and settings.mp_policy == "auto":
+        lines.append(
+            f"mp_policy = MixedPrecisionPolicy(param_dtype={dtype}, reduce_dtype=torch.float32)"
+        )
+        kwargs += ", mp_policy=mp_policy"
+    if settings.offload == "cpu":
+        kwargs += ", offload_policy=CPUOffloadPolicy()"
+    if settings.dist == "fsdp-no-reshard":
+        kwargs += ", reshard_after_forward=False"
+    return lines + [
+        "# Each transformer block, then the root, as torchtitan and Accelerate do.",
+        "blocks = set(getattr(model, '_no_split_modules', None) or ())",
+        "for block in [m for m in model.modules() if type(m).__name__ in blocks]:",
+        f"    fully_shard(block, {kwargs})",
+        f"fully_shard(model, {kwargs})",
+    ]
+
+
+def _zero1_code(name: str) -> str:
+    """zero1's optimizer: the measured one, its state partitioned over the ranks."""
+    inner = _optimizer_code(name).split("(", 1)
+    return (
+        "ZeroRedundancyOptimizer("
+        f"params, optimizer_class={inner[0]}, {inner[1].removeprefix('params, ')}"
+    )
 
 
 def _torch_loop(settings: Settings, clip: bool) -> list[str]:

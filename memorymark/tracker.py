@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 from memorymark.measurement import Breakdown, Category
@@ -100,6 +100,17 @@ class Segment:
     """Its own allocations still alive at its end: what the next segment frees."""
 
 
+def storages(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
+    """The storages that hold `tensor`'s bytes. A wrapper subclass (a sharded DTensor) reports
+    a storage of its full global size, which no device holds: its inner tensors (the shard
+    this rank keeps) are what memory counts."""
+    if not is_traceable_wrapper_subclass(tensor):
+        return [tensor.untyped_storage()]
+    names, _ = tensor.__tensor_flatten__()
+    inner = (getattr(tensor, name) for name in names)
+    return [s for t in inner if isinstance(t, torch.Tensor) for s in storages(t)]
+
+
 class OperatorObserver(Protocol):
     """Anything that wants to see every operator the step runs (throughput.WorkCounter)."""
 
@@ -146,6 +157,10 @@ class MemoryTracker(TorchDispatchMode):
         self._next_seq = 0
         self._baseline_end = 0
         self._records: dict[int, _Record] = {}
+        self._host: set[int] = set()
+        """Storages in host memory (offloaded): never counted."""
+        self.host_allocations = False
+        """While True, storages created are host memory (an optimizer step run on the CPU)."""
         self._log: list[tuple[int, int, Category | None, int]] | None = None
         """What the segment being recorded did, in order; None when not recording."""
         self._log_first_seq = 0
@@ -155,8 +170,11 @@ class MemoryTracker(TorchDispatchMode):
     # -- labelling ---------------------------------------------------------------------------
     def track(self, tensor: torch.Tensor, category: Category) -> None:
         """Count `tensor`'s storage under `category` (moving it there if already counted)."""
-        storage = tensor.untyped_storage()
-        if id(storage) in self._unified:
+        for storage in storages(tensor):
+            self._track_storage(storage, category)
+
+    def _track_storage(self, storage: torch.UntypedStorage, category: Category) -> None:
+        if id(storage) in self._host or id(storage) in self._unified:
             return
         record = self._records.get(id(storage))
         if record is None:
@@ -267,6 +285,11 @@ class MemoryTracker(TorchDispatchMode):
 
     # -- counting ----------------------------------------------------------------------------
     def _add(self, storage: torch.UntypedStorage, category: Category) -> None:
+        if self.host_allocations:
+            key = id(storage)
+            self._host.add(key)
+            weakref.finalize(storage, self._host.discard, key)
+            return
         nbytes = storage.nbytes()
         if self.budget_bytes is not None and self.live_bytes + nbytes > self.budget_bytes:
             raise simulated_oom(nbytes, self.live_bytes, self.budget_bytes)
@@ -292,9 +315,62 @@ class MemoryTracker(TorchDispatchMode):
         self._unified.discard(key)
         self.unified_bytes -= nbytes
 
+    def to_host(self, tensors: Any) -> None:
+        """The storages of `tensors` (leaves of a nested structure) live in host memory from
+        now on (offloaded): no longer counted, and never counted again."""
+        for leaf in tree_leaves(tensors):
+            if not isinstance(leaf, torch.Tensor):
+                continue
+            for storage in storages(leaf):
+                key = id(storage)
+                record = self._records.get(key)
+                if record is not None and record.nbytes:
+                    self._release(record)
+                    record.nbytes = 0
+                if key not in self._host:
+                    self._host.add(key)
+                    weakref.finalize(storage, self._host.discard, key)
+
+    def resized(self, tensor: torch.Tensor, category: Category) -> None:
+        """`tensor`'s storage was resized in place (FSDP2 frees a gathered parameter with
+        `resize_(0)` and gathers it again into the same storage): count its new size, under
+        `category` when it grows back."""
+        for storage in storages(tensor):
+            record = self._records.get(id(storage))
+            nbytes = storage.nbytes()
+            if record is None:
+                if nbytes:
+                    self._add(storage, category)
+                continue
+            if nbytes == record.nbytes:
+                if nbytes:
+                    self._track_storage(storage, category)
+                continue
+            if self._log is not None:
+                self._log.append((_RELABEL, 0, None, 0))  # a segment cannot replay a resize
+            if record.nbytes:
+                self._release(record)
+            if nbytes:
+                if self.budget_bytes is not None and self.live_bytes + nbytes > self.budget_bytes:
+                    raise simulated_oom(nbytes, self.live_bytes, self.budget_bytes)
+                record.nbytes, record.category, record.seq = nbytes, category, self._next_seq
+                self._next_seq += 1
+                self.events.append(nbytes)
+                self.live_bytes += nbytes
+                self.live_by_category[category] += nbytes
+            else:
+                record.nbytes = 0
+
+    def _release(self, record: _Record) -> None:
+        self.events.append(~record.seq)
+        self.live_bytes -= record.nbytes
+        self.live_by_category[record.category] -= record.nbytes
+
     def _free(self, key: int, record: _Record) -> None:
         if self._records.get(key) is record:
             del self._records[key]
+        if not record.nbytes:
+            return  # resized away already
         self.events.append(~record.seq)
         if self._log is not None:
             self._log.append((_FREE_RAW, record.nbytes, record.category, record.seq))
@@ -311,13 +387,14 @@ class MemoryTracker(TorchDispatchMode):
             self.work_counter.count(func, args, kwargs or {}, out)
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
-                storage = leaf.untyped_storage()
-                if id(storage) in self._records or id(storage) in self._unified:
-                    continue
-                if _in_unified_memory():
-                    self._add_unified(storage)
-                else:
-                    self._add(storage, self.phase_category)
+                for storage in storages(leaf):
+                    key = id(storage)
+                    if key in self._records or key in self._unified or key in self._host:
+                        continue
+                    if _in_unified_memory():
+                        self._add_unified(storage)
+                    else:
+                        self._add(storage, self.phase_category)
         self.timeline.append(self.live_bytes)
         if self._log is not None:
             self._log.append(_OP_END_ITEM)

@@ -208,7 +208,8 @@ def test_every_setting_has_a_widget_where_it_applies() -> None:
 
     text = keys(app(model="tiny-gpt2", gpu_memory_gib="24", lora_rank="8", quantization="nf4"))
     image = keys(app(model="tiny-resnet"))
-    drawn = {k.removeprefix("mm_") for k in text | image} | {"gpu"}  # gpu: the GPU choice
+    many = keys(app(model="tiny-gpt2", dist="fsdp", gpus="2"))  # GPU count, nodes, offload...
+    drawn = {k.removeprefix("mm_") for k in text | image | many} | {"gpu"}  # gpu: the choice
     assert "mm_gpu_choice" in text
     assert set(SETTING_FIELDS) <= drawn
 

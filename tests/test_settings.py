@@ -111,6 +111,7 @@ EVERY_FIELD_CHANGED = (
         "seq_step": 512,
     },
     {"model": "gpt2", "loss_chunks": 4},
+    {"dist": "hsdp", "gpus": "16", "nodes": 2, "offload": "cpu", "mp_policy": "none"},
 )
 
 

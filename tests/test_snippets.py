@@ -376,3 +376,22 @@ def test_plain_torch_loop_without_an_optimizer_only_frees_gradients():
 def test_unknown_format():
     with pytest.raises(ValueError, match="format must be one of hf, lightning, torch"):
         snippet("keras", Settings(), PLAN)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dist", ["ddp", "zero1", "fsdp", "fsdp-no-reshard", "hsdp"])
+def test_every_distributed_strategy_parses_and_says_how_to_launch(fmt, dist):
+    s = Settings(model="gpt2", precision="bf16-mixed", dist=dist, gpus="16")
+    code = snippet(fmt, s, TrainingPlan(micro_batch=4, accumulation_steps=1, target_batch=None))
+    ast.parse(code)
+    if fmt == "torch":
+        assert "torchrun --nnodes 2 --nproc-per-node 8" in code
+        assert "DistributedSampler(dataset)" in code
+    if fmt == "torch" and dist in ("fsdp", "hsdp"):
+        mesh = "(2, 8)" if dist == "hsdp" else "(16,)"
+        assert f'init_device_mesh("cuda", {mesh})' in code
+        assert "reduce_dtype=torch.float32" in code and "fully_shard(model, mesh=mesh" in code
+    if dist == "zero1" and fmt != "hf":
+        assert "ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW" in code
+    if fmt == "hf" and dist.startswith("fsdp"):
+        assert '"fsdp_version": 2' in code

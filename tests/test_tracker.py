@@ -199,3 +199,38 @@ def test_a_tracker_with_a_budget_runs_every_step():
     segment = tracker.finish_segment()
     with pytest.raises(ValueError, match="must run every step for real"):
         tracker.splice(segment)
+
+
+def test_a_storage_resized_in_place_is_freed_and_counted_again():
+    # FSDP2 frees a gathered parameter with resize_(0) and gathers into the same storage.
+    tracker = MemoryTracker()
+    with tracker:
+        x = torch.zeros(1000)
+    x.untyped_storage().resize_(0)
+    tracker.resized(x, Category.PARAMETERS)
+    assert tracker.live_bytes == 0
+    x.untyped_storage().resize_(4000)
+    tracker.resized(x, Category.PARAMETERS)
+    assert tracker.live_by_category[Category.PARAMETERS] == tracker.live_bytes == 4000
+    assert tracker.events[-2:] == [~0, 4000]  # freed as allocation 0, allocated again as 1
+    del x
+    assert tracker.live_bytes == 0 and tracker.events[-1] == ~1
+
+
+def test_a_sharded_dtensor_counts_its_local_shard_not_its_global_size():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        mesh = init_device_mesh("cpu", (4,))
+        tracker = MemoryTracker()
+        with FakeTensorMode(), tracker:
+            d = distribute_tensor(torch.empty(100, 8), mesh, [Shard(0)])
+        tracker.track(d, Category.PARAMETERS)
+        assert tracker.live_by_category[Category.PARAMETERS] == 25 * 8 * 4
+        del d
+    finally:
+        dist.destroy_process_group()

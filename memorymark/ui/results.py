@@ -122,11 +122,44 @@ def _verdict(report: Report) -> None:
         st.success(report.verdict())
     if report.rules_note:
         st.info(report.rules_note)
+    many = distributed_note(report)
+    if many:
+        st.info(many)
     if report.capped:
         st.info(
             f"Every batch up to {report.settings.max_batch} fits: raise 'Largest batch to "
             "try' under Advanced to search further."
         )
+
+
+def distributed_note(report: Report) -> str | None:
+    """Per-GPU and global batch, and rank 0's states, on many GPUs (None on one)."""
+    s = report.settings
+    if s.dist == "none":
+        return None
+    search = report.gpu_search
+    found = ""
+    if search is not None:
+        found = (
+            f"Smallest GPU count that trains batch 1: {search.min_gpus} "
+            f"({len(search.tried)} counts simulated). "
+            if search.min_gpus is not None
+            else f"No count up to {max(n for n, _ in search.tried)} GPUs trains batch 1. "
+        )
+    best = report.optimal
+    if best is None:
+        return found + f"On {report.gpus} GPUs ({s.dist}) even batch 1 does not fit per rank."
+    b = best.breakdown
+    states = "" if b is None else (
+        f" Rank 0 holds {gib_text(b.parameters)} of parameters, {gib_text(b.gradients)} of "
+        f"gradients and {gib_text(b.optimizer_state)} of optimizer state at the peak "
+        f"({report.memory_source}), and NCCL about {gib_text(report.gpu.nccl_bytes)} "
+        "(estimated)."
+    )  # fmt: skip
+    return (
+        f"{found}On {report.gpus} GPUs ({s.dist}): per-GPU batch {best.batch_size}, global "
+        f"batch {report.global_batch_per_step}.{states}"
+    )
 
 
 def _metrics(report: Report) -> None:

@@ -18,7 +18,7 @@ from memorymark import gpus
 from memorymark.engine import local_gpu
 from memorymark.gpus import GPU
 from memorymark.settings import Costs, Settings, check_model
-from memorymark.ui import model_inputs, training_inputs
+from memorymark.ui import distribution_inputs, model_inputs, training_inputs
 from memorymark.ui.state_keys import SETTING_FIELDS, STATE_KEYS, key
 from memorymark.ui.user_text import plain
 from memorymark.units import memory_source
@@ -197,6 +197,7 @@ def settings_sidebar(*, costs: bool = True) -> tuple[Settings | None, Costs]:
     sb.header("Settings")
     model_values, entry = model_inputs.model_inputs(sb)
     gpu_values, gpu = _gpu_inputs(sb)
+    gpu_values |= distribution_inputs.distribution_inputs(sb)
     training_values = training_inputs.training_inputs(sb, entry)
     # Every field from its widget's state; one without a widget keeps what the link said.
     values = {n: st.session_state[key(n)] for n in SETTING_FIELDS if key(n) in st.session_state}

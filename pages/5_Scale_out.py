@@ -1,0 +1,70 @@
+"""Scale out: the sidebar's model on N GPUs for several N, per-rank memory, batch and cost.
+
+A thin page: sidebar -> Settings (with a distributed strategy) -> `Session.scale_out` in a
+worker (one sweep per count, streamed, cached) -> figure and table (memorymark.ui.scale_out_view).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import streamlit as st
+
+from memorymark.jobs import scale_out
+from memorymark.ui import page_runs, scale_out_view, sidebar, views
+
+st.set_page_config(page_title="Scale out · MemoryMark", layout="wide")
+settings, costs = sidebar.settings_sidebar()
+st.title("Scale out")
+st.caption(
+    "The same training step on N GPUs of the kind chosen, simulated for rank 0 with PyTorch's "
+    "own DDP, ZeroRedundancyOptimizer or FSDP2 on a fake process group: per-rank memory and "
+    "the largest per-GPU batch against N, the smallest N that trains, and the cost of a run."
+)
+if settings is None:
+    st.stop()
+if settings.dist == "none":
+    st.info("Pick a distributed strategy under **Many GPUs** in the sidebar (fsdp, ddp, ...).")
+    st.stop()
+counts = st.multiselect(
+    "GPU counts", scale_out_view.COUNT_CHOICES, default=scale_out_view.DEFAULT_COUNTS
+)
+samples = st.number_input(
+    "Samples per training run", min_value=1, value=1_000_000, step=100_000,
+    help="A run is this many samples; its time and cost are estimated at each count's batch",
+)  # fmt: skip
+if not counts:
+    st.stop()
+counts = tuple(sorted(counts))
+base = replace(settings, gpus="1", nodes=None, current_batch=1)
+key = ("scale_out", base, counts, samples, costs.usd_per_hour)
+if page_runs.cached_result(key) is None and not st.button("Scale out", type="primary"):
+    st.info(f"Click **Scale out** to sweep {len(counts)} GPU counts (one sweep each).")
+    st.stop()
+rows, error = page_runs.run_streamed(
+    key,
+    scale_out,
+    (counts, costs, float(samples)),
+    settings=base,
+    steps=[f"{n} GPUs" for n in counts],
+    describe=lambda r: f"{r.gpus} GPUs: per-GPU batch {r.per_gpu_batch or 'none'}",
+    build=list,
+)
+if error is not None:
+    views.show_error(error)
+    st.stop()
+smallest = scale_out_view.smallest(rows)
+st.metric(
+    "Smallest count that trains (of those swept, simulated)",
+    "none" if smallest is None else f"{smallest} GPUs",
+)
+st.plotly_chart(scale_out_view.figure(rows), key="scale_out_chart", width="stretch")
+st.dataframe(scale_out_view.table(rows), hide_index=True, width="stretch")
+st.caption(
+    "Memory simulated on fake tensors (rank 0 stands for every rank; FSDP2 pads shards "
+    "evenly). NCCL's buffers are an estimate. Time is estimated: compute from the step's FLOPs "
+    "and bytes on the GPU's roofline, communication from the bytes the strategy moves per step "
+    "over the catalog's NVLink/PCIe and network bandwidths, overlapping with compute. Cost = "
+    "GPUs x price per GPU-hour x hours for the run. `--gpus auto` in the CLI searches every "
+    "count a cluster offers for the smallest."
+)

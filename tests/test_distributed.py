@@ -1,0 +1,194 @@
+"""Many GPUs simulated with PyTorch's own DDP, ZeRO and FSDP2 on a fake process group: what one
+rank holds, the NCCL overhead, `--gpus auto`, and the report's per-GPU and global batch."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch.distributed as dist
+
+from memorymark import Session, Settings, distribution
+from memorymark.cli import main
+from memorymark.measurement import Measurement
+from memorymark.scale_out import min_gpus
+from memorymark.units import MIB
+
+# A 2-layer GPT-2 whose every dimension divides by 4, so FSDP2's shards carry no padding.
+ONE_GPU = Settings(model="tiny-gpt2", seq_len=32, gpu="a10", backend="sim", max_batch=64)
+
+
+def _on(dist_name: str, gpus: int, **kw: object) -> Settings:
+    return replace(ONE_GPU, dist=dist_name, gpus=str(gpus), **kw)
+
+
+@pytest.fixture(scope="module")
+def single() -> Measurement:
+    return Session(ONE_GPU).measure(2)
+
+
+def _states(settings: Settings) -> dict:
+    """Rank 0's bytes by category once the model is spread and the optimizer primed."""
+    return Session(settings).resident_bytes()
+
+
+def test_fsdp_keeps_a_quarter_of_parameters_and_optimizer_state_on_four_ranks(single):
+    one, four = _states(ONE_GPU), _states(_on("fsdp", 4))
+    assert four["parameters"] * 4 == one["parameters"]
+    # AdamW's two moments per parameter, sharded; its step counters stay whole (one per tensor).
+    assert one["optimizer_state"] / 4 < four["optimizer_state"] < one["optimizer_state"] / 3.9
+    assert not dist.is_initialized()  # the fake process group went with the backend
+
+
+def test_fsdp_frees_each_gathered_block_and_no_reshard_keeps_them(single):
+    fsdp = Session(_on("fsdp", 4)).measure(2)
+    kept = Session(_on("fsdp-no-reshard", 4)).measure(2)
+    # At the peak (early in backward) fsdp holds its shards and the block being gathered...
+    assert single.breakdown.parameters / 4 < fsdp.breakdown.parameters
+    assert fsdp.breakdown.parameters < single.breakdown.parameters
+    # ...and without resharding, every block gathered in forward is still whole.
+    assert kept.breakdown.parameters > fsdp.breakdown.parameters
+
+
+def test_hsdp_shards_inside_a_node_and_replicates_across_nodes():
+    assert _states(_on("hsdp", 4, nodes=2))["parameters"] * 2 == _states(ONE_GPU)["parameters"]
+
+
+def test_ddp_keeps_gradient_buckets_as_large_as_the_gradients(single):
+    m = Session(_on("ddp", 2)).measure(2)
+    # gradient_as_bucket_view=False (DDP's default): flat buckets hold a copy of every gradient.
+    assert m.breakdown.gradients >= single.breakdown.parameters
+    assert m.breakdown.parameters == single.breakdown.parameters
+    assert m.peak_bytes > single.peak_bytes
+
+
+def test_zero1_partitions_optimizer_state_greedily_and_unevenly(single):
+    m = Session(_on("zero1", 4)).measure(2)
+    full = single.breakdown.optimizer_state
+    # Rank 0 gets the 1000x32 embedding, the largest tensor: more than a quarter, less than all.
+    assert full / 4 < m.breakdown.optimizer_state < full
+
+
+def test_a_sweep_reports_per_gpu_and_global_batch_and_nccl_in_json():
+    session = Session(_on("fsdp", 2))
+    one_gpu = Session(ONE_GPU)
+    assert one_gpu.gpu.usable_bytes - session.gpu.usable_bytes == 256 * MIB
+    d = session.analyze(fixes=False, plan=False).to_dict()
+    per_gpu = d["distributed"]["per_gpu_batch"]
+    assert per_gpu == d["optimal_batch_size"] == 64
+    assert d["distributed"]["global_batch"] == 2 * per_gpu
+    assert d["distributed"]["zero_stage"] == 3
+    assert d["gpu_overheads_gb"]["nccl"] == 0.25
+    assert d["distributed"]["per_rank_breakdown_bytes"]["parameters"] > 0
+
+
+def test_repeated_simulations_with_other_rank_counts_share_one_process():
+    for n in (3, 2, 3):
+        m = Session(_on("fsdp-no-reshard", n)).measure(1)
+        assert m.fits
+    assert not dist.is_initialized()
+
+
+def _fake_measure(needs_gpus: int | None, seen: list[int], a: int = 0, b: int = 0):
+    def measure(s: Settings) -> Measurement:
+        n = s.gpu_count
+        seen.append(n)
+        runs = needs_gpus is not None and n >= needs_gpus
+        return Measurement(
+            batch_size=1, fits=runs, runs=runs, peak_bytes=1, backend="fake", measured=False,
+            required_bytes=a + b // n,
+        )  # fmt: skip
+
+    return measure
+
+
+def test_min_gpus_predicts_from_both_ends_then_checks_the_count_before():
+    # Batch 1 needs 10 + 1000/n GiB-like units; 80 fit: 1000/n <= 70 from n = 15, so 16.
+    seen: list[int] = []
+    measure = _fake_measure(16, seen, a=10, b=1000)
+    search = min_gpus(_on("fsdp", 1), measure, capacity=lambda n: 80)
+    assert search.min_gpus == 16
+    assert seen == [1, 1024, 16, 8]
+
+
+def test_min_gpus_bisects_over_what_a_cluster_offers():
+    seen: list[int] = []
+    search = min_gpus(_on("fsdp", 1), _fake_measure(40, seen))
+    assert search.min_gpus == 40
+    assert seen[:2] == [1, 1024]
+    assert len(seen) <= 2 + 8  # log2 of the 135 counts
+
+
+def test_min_gpus_is_none_when_no_count_trains():
+    seen: list[int] = []
+    assert min_gpus(_on("ddp", 1), _fake_measure(None, seen)).min_gpus is None
+    assert seen == [1, 1024]
+
+
+def test_cluster_counts_are_one_node_then_whole_nodes():
+    counts = distribution.cluster_counts()
+    assert counts[:9] == (1, 2, 3, 4, 5, 6, 7, 8, 16)
+    assert counts[-1] == 1024 and len(counts) == 8 + 127
+
+
+def test_traffic_follows_ring_collectives():
+    # fsdp: two all-gathers of bf16 parameters and a reduce-scatter of fp32 gradients.
+    t = distribution.step_traffic("fsdp", 4, 1, 1000, 2, 4)
+    assert t.intra_node_bytes == pytest.approx((2 * 2000 + 4000) * 3 / 4)
+    t = distribution.step_traffic("ddp", 16, 2, 1000, 4, 4)
+    assert t.inter_node_bytes == pytest.approx(2 * 15 / 16 * 4000) and t.intra_node_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"gpus": "2"}, "needs a distributed strategy"),
+        ({"dist": "fsdp", "gpus": "eight"}, "whole number or auto"),
+        ({"dist": "fsdp", "gpus": "2048"}, "at most 1,024"),
+        ({"dist": "fsdp", "gpus": "6", "nodes": 4}, "cannot spread evenly"),
+        ({"dist": "ddp", "gpus": "2", "offload": "cpu"}, "FSDP2's"),
+        ({"dist": "zero3"}, "dist must be one of"),
+    ],
+)
+def test_bad_distribution_settings_are_refused_in_one_line(fields, message):
+    with pytest.raises(ValueError, match=message):
+        replace(ONE_GPU, **fields)
+
+
+def test_cli_gpus_auto_reports_min_gpus(capsys):
+    status = main(
+        ["analyze", "tiny-gpt2", "--seq-len", "32", "--gpu", "a10", "--backend", "sim",
+         "--dist", "fsdp", "--gpus", "auto", "--max-batch", "8", "--json"]
+    )  # fmt: skip
+    assert status == 0
+    d = json.loads(capsys.readouterr().out)["distributed"]
+    assert d["min_gpus"] == 1 and d["gpus"] == 1
+    assert d["searched_counts"][0]["runs"] is True
+
+
+def test_cli_refuses_a_bad_gpu_count_with_status_2(capsys):
+    status = main(["analyze", "tiny-gpt2", "--dist", "fsdp", "--gpus", "0"])
+    assert status == 2
+    assert "gpus must be at least 1" in capsys.readouterr().err
+
+
+def test_cpu_offload_keeps_states_in_host_memory():
+    on_gpu, offloaded = _on("fsdp", 4), _on("fsdp", 4, offload="cpu")
+    held = _states(offloaded)
+    assert held["parameters"] == held["optimizer_state"] == 0
+    assert _states(on_gpu)["optimizer_state"] > 0
+    kept, moved = Session(on_gpu).measure(2), Session(offloaded).measure(2)
+    assert moved.breakdown.optimizer_state == 0
+    # Still on the GPU: the gathered block, the activations and backward's temporaries.
+    assert 0 < moved.breakdown.parameters < kept.breakdown.parameters
+    assert moved.breakdown.activations == kept.breakdown.activations
+
+
+def test_min_gpus_keeps_bisecting_below_a_prediction_that_was_too_high():
+    # Predicted 32 (the fit through the ends is off), 24 trains too: the answer is below both.
+    seen: list[int] = []
+    measure = _fake_measure(24, seen, a=10, b=1000)
+    search = min_gpus(_on("fsdp", 1), measure, capacity=lambda n: 45)
+    assert search.min_gpus == 24
+    assert seen.count(24) == 1 and seen[:4] == [1, 1024, 32, 24]

@@ -1,0 +1,91 @@
+"""Real many-GPU measurement under torchrun: every rank sweeps in lock-step, agreeing on each
+probe with an all-reduce, and only rank 0 prints. Run on CPU with gloo (2 ranks, tiny model);
+the same protocol on CUDA with NCCL is marked `gpu`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from memorymark.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def torchrun(nproc: int, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # a script outside the checkout imports it
+    return subprocess.run(
+        command, capture_output=True, text=True, cwd=ROOT, timeout=timeout, check=False, env=env
+    )
+
+
+def test_two_cpu_ranks_sweep_in_lock_step_and_rank_0_prints_one_json():
+    result = torchrun(
+        2, "-m", "memorymark", "analyze", "tiny-gpt2", "--seq-len", "32", "--backend", "cpu",
+        "--gpu-memory", "1", "--dist", "fsdp", "--gpus", "2", "--max-batch", "16", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    d = json.loads(result.stdout)  # one object: rank 1 printed nothing
+    assert d["backend"] == "cpu"
+    assert d["distributed"]["gpus"] == 2
+    assert d["distributed"]["per_gpu_batch"] == 16
+    assert d["distributed"]["global_batch"] == 32
+    assert [r["batch_size"] for r in d["results"]] == [8, 16]
+
+
+AGREE = textwrap.dedent(
+    """
+    import torch.distributed as dist
+    from memorymark import launch
+    from memorymark.measurement import Measurement
+
+    launch.ensure_process_group("cpu")
+    me = launch.rank()
+    # Rank 1 runs out of memory at this batch; rank 0 fits with fewer bytes.
+    m = Measurement(batch_size=4, fits=me == 0, runs=me == 0, peak_bytes=100 + me,
+                    required_bytes=1000 * (me + 1), backend="cpu", measured=False)
+    agreed = launch.agree(m, "cpu")
+    # One file per rank: two processes printing to one pipe can interleave their lines.
+    with open(f"{{OUT}}/{me}.txt", "w") as out:
+        print(me, agreed.runs, agreed.fits, agreed.peak_bytes, agreed.required_bytes, file=out)
+    """
+)
+
+
+def test_ranks_agree_that_a_probe_ran_out_of_memory_when_any_rank_did(tmp_path):
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE.replace("{{OUT}}", str(tmp_path)))
+    result = torchrun(2, str(script), timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [(tmp_path / f"{r}.txt").read_text().strip() for r in (0, 1)]
+    assert lines == ["0 False False 101 2000", "1 False False 101 2000"]
+
+
+def test_many_real_gpus_outside_torchrun_is_refused_in_one_line(capsys):
+    status = main(
+        ["analyze", "tiny-gpt2", "--backend", "cpu", "--dist", "fsdp", "--gpus", "2",
+         "--gpu-memory", "1"]
+    )  # fmt: skip
+    assert status == 2
+    assert "torchrun --nproc-per-node 2" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_two_cuda_ranks_measure_fsdp_with_nccl():
+    result = torchrun(
+        2, "-m", "memorymark", "analyze", "gpt2", "--seq-len", "256", "--backend", "cuda",
+        "--dist", "fsdp", "--gpus", "2", "--max-batch", "32", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    d = json.loads(result.stdout)
+    assert d["memory_source"] == "measured"
+    assert d["distributed"]["per_gpu_batch"] >= 1
