@@ -45,9 +45,7 @@ usable = page_runs.gpu_for(settings).usable_bytes
 
 def describe(item: object) -> str:
     """A probe's line; the answer that ends the stream says so."""
-    if isinstance(item, tuple):
-        return tables.seq_len_line(item, usable)
-    return "search finished"
+    return tables.seq_len_line(item, usable) if isinstance(item, tuple) else "search finished"
 
 
 answer, error = page_runs.run_streamed(
@@ -58,6 +56,7 @@ answer, error = page_runs.run_streamed(
     steps=["sequence lengths"],
     describe=describe,
     build=lambda items: items[-1],  # longest_sequence ends with the answer
+    ends_with_result=True,
 )
 if error is not None:
     views.show_error(error)

@@ -31,6 +31,10 @@ def test_the_page_finds_the_longest_sequence_at_the_current_batch() -> None:
     assert "(simulated)" in metric.label
     table = at.dataframe[0].value
     assert list(table["Sequence length"])[0] == 128
+    # The answer that ends the worker's stream is not counted as one more probe.
+    # The answer that ends the worker's stream is not counted as one more probe.
+    labels = [getattr(e, "label", None) for e in at.main.children.values()]
+    assert f"All {len(table)} measured" in labels
     assert "--find seq-len" in at.main.caption[-1].value
 
 

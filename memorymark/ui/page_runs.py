@@ -88,9 +88,11 @@ def run_streamed(
     steps: Sequence[str],
     describe: Callable[[T], str],
     build: Callable[[list[T]], R],
+    ends_with_result: bool = False,
 ) -> tuple[R | None, str | None]:
     """Like `run_cached`, for an engine generator: a status box names the step that runs
-    (`steps`, in order) and lists each item (`describe`) as it lands; `build` makes the result."""
+    (`steps`, in order) and lists each item (`describe`) as it lands; `build` makes the result.
+    `ends_with_result`: the last item is the result the worker built, not one more measured."""
     hit = sweep_runner.result_cache().get(key)
     if hit is not None:
         return hit, None
@@ -105,7 +107,8 @@ def run_streamed(
         except Exception as exc:  # noqa: BLE001 - shown as st.error with a next step
             status.update(label="Failed", state="error")
             return None, sweep_runner.one_line(exc)
-        status.update(label=f"All {len(done)} measured", state="complete", expanded=False)
+        measured = len(done) - 1 if ends_with_result and done else len(done)
+        status.update(label=f"All {measured} measured", state="complete", expanded=False)
     value = build(done)
     sweep_runner.result_cache().put(key, value)
     return value, None
