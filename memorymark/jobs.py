@@ -28,6 +28,7 @@ from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.settings import Costs, Settings
+from memorymark.worker_pool import lift_memory_limit
 
 RUNNING_STATES = ("queued", "starting", "waiting", "running", "fixing")
 # A worker still in one probe this long after its time limit is killed (a probe cannot be
@@ -88,6 +89,8 @@ def run_sweep(request: SweepRequest, channel: Channel) -> SweepOutcome:
 
 def _run(request: SweepRequest, channel: Channel) -> SweepOutcome:
     session = Session(request.settings)  # torch loads here, in the worker
+    if session.measured:
+        lift_memory_limit()  # the ceiling is for simulations; a real GPU is the machine's own
     channel.put(("resolved", (session.backend_name, session.gpu)))
     with device_turn(session.backend_name if session.measured else None, channel) as ours:
         if not ours:
@@ -118,6 +121,8 @@ def run_items(
     sent back as ("item", it) the moment it exists; all of them are the result. Real devices
     take their lock, as sweeps do."""
     session = Session(settings)
+    if session.measured:
+        lift_memory_limit()  # as run_sweep: the ceiling is for simulations
     items: list[Any] = []
     with device_turn(session.backend_name if session.measured else None, channel) as ours:
         if not ours:

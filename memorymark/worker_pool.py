@@ -57,6 +57,18 @@ def limit_memory(limit_bytes: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
+def lift_memory_limit() -> None:
+    """Lift `limit_memory`'s ceiling back to the hard limit, for a job on a real device: that is
+    the machine's own GPU, not a hosted simulation, and CUDA's driver maps host memory (pinned
+    buffers, its own heaps) that RLIMIT_DATA would count against the job."""
+    try:
+        import resource
+    except ImportError:
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+
+
 def _data_bytes() -> int:
     try:
         with open("/proc/self/status", encoding="ascii") as f:

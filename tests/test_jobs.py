@@ -106,6 +106,21 @@ def test_a_worker_past_its_memory_ceiling_fails_alone() -> None:
     assert jobs._worker_error(MemoryError()) == "the job ran out of the memory its worker may use"
 
 
+def allocate_after_lifting(n_bytes: int) -> int:
+    from memorymark.worker_pool import lift_memory_limit
+
+    lift_memory_limit()  # what a job on a real GPU does once its Session says so
+    return allocate(n_bytes)
+
+
+def test_a_real_device_job_lifts_the_ceiling_meant_for_simulations() -> None:
+    p = pool(1, memory_limit_bytes=256 * 2**20)
+    try:
+        assert p.submit(allocate_after_lifting, 2**30).result(60) == 2**30
+    finally:
+        p.shutdown()
+
+
 def test_a_worker_that_dies_is_one_line() -> None:
     p = pool(1)
     try:
