@@ -9,7 +9,6 @@ about how anything is measured; it is handed the `torch.cuda`-like module to rea
 
 from __future__ import annotations
 
-import importlib.metadata
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 import memorymark
+from memorymark.stamp import memorymark_version
 
 # The checkout this package was imported from, when it runs from a git working tree.
 _SOURCE_ROOT = Path(memorymark.__file__).resolve().parents[1]
@@ -87,15 +87,6 @@ def driver_version(nvml: Any = None) -> str:
     except Exception:  # noqa: BLE001 - no NVML, no driver, or an NVMLError: no stamp, no failure
         return ""
     return version.decode() if isinstance(version, bytes) else str(version)
-
-
-def memorymark_version() -> str:
-    """The installed distribution's version; the source tree's `__version__` when MemoryMark
-    runs from a checkout that was never installed."""
-    try:
-        return importlib.metadata.version("memorymark")
-    except importlib.metadata.PackageNotFoundError:
-        return memorymark.__version__
 
 
 def git_commit(root: Path = _SOURCE_ROOT) -> str:

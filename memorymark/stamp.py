@@ -79,7 +79,7 @@ def stamp(
     `torch_version` is the imported torch's own `__version__` when the caller has it (it keeps
     a local build's suffix, "2.13.0+cu128"); else the installed distribution's."""
     return Stamp(
-        memorymark_version=package_version("memorymark") or _source_version(),
+        memorymark_version=memorymark_version(),
         torch_version=torch_version or package_version("torch"),
         transformers_version=package_version("transformers"),
         python_version=platform.python_version(),
@@ -91,11 +91,13 @@ def stamp(
     )
 
 
-def _source_version() -> str:
-    """`memorymark.__version__` of a checkout that was never installed. Read from the loaded
-    package (always loaded before any of its modules) rather than imported: the package's
-    `__init__` imports the engine, which imports this module."""
-    return str(getattr(sys.modules.get("memorymark"), "__version__", ""))
+def memorymark_version() -> str:
+    """The installed distribution's version; the source tree's `__version__` when MemoryMark
+    runs from a checkout that was never installed. That one is read from the loaded package
+    (always loaded before any of its modules) rather than imported: the package's `__init__`
+    imports the engine, which imports this module."""
+    installed = package_version("memorymark")
+    return installed or str(getattr(sys.modules.get("memorymark"), "__version__", ""))
 
 
 def parse_time(text: str) -> dt.datetime | None:

@@ -20,13 +20,14 @@ import torch
 from benchmarks.calibration_table import table
 from memorymark import calibrate as calibration
 from memorymark.calibrate import calibrate, cap_fraction, settings_grid
-from memorymark.calibration_env import Environment, driver_version, git_commit, memorymark_version
+from memorymark.calibration_env import Environment, driver_version, git_commit
 from memorymark.calibration_record import COLUMNS, CalibrationRow, file_stem, write
 from memorymark.cli import build_parser, main
 from memorymark.devices import CpuBackend, DeviceBackend
 from memorymark.gpus import find_gpu
 from memorymark.measurement import Measurement
 from memorymark.sim import SimBackend
+from memorymark.stamp import memorymark_version
 from memorymark.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
