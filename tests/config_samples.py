@@ -12,3 +12,18 @@ TINY_BERT = {
     "intermediate_size": 64,
     "vocab_size": 100,
 }
+
+# A two-layer Llama with Llama 3's proportions of vocabulary to width (the logits dominate).
+TINY_LLAMA = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 8192,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from config_samples import TINY_LLAMA
 
 from memorymark import Session, Settings, cli, fixes, fused_loss, liger, snippets
 from memorymark.cuda_rules import flash_attn2
@@ -17,20 +18,6 @@ from memorymark.plan import TrainingPlan
 # Config files from tmp_path: the app limits them to its upload folder once it is imported.
 pytestmark = pytest.mark.usefixtures("any_config_path")
 
-# A two-layer Llama with Llama 3's proportions of vocabulary to width (the logits dominate).
-TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "vocab_size": 8192,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-}
 TINY_QWEN3_MOE = {
     "model_type": "qwen3_moe",
     "architectures": ["Qwen3MoeForCausalLM"],

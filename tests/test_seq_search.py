@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from config_samples import TINY_LLAMA
 
 from memorymark import Session, Settings, cli
 from memorymark.measurement import Measurement
@@ -84,7 +85,7 @@ def test_find_seq_len_on_a_tiny_llama_is_bounded_by_memory(tmp_path: Path) -> No
     # A 2-layer Llama with a 32k vocabulary: at batch 1 the fp32 logits alone take 128 KiB a
     # token, so a 1 GiB card stops it well below its 4096 positions.
     path = tmp_path / "llama.json"
-    path.write_text(json.dumps(_TINY_LLAMA))
+    path.write_text(json.dumps({**TINY_LLAMA, "vocab_size": 32768}))
     settings = Settings(
         model=f"file:{path}",
         find="seq-len",
@@ -135,18 +136,3 @@ def test_settings_round_trip_the_new_flags() -> None:
     args = cli.build_parser().parse_args(line.split()[1:])
     assert cli.settings_from_args(args) == s
     assert Settings.from_query(s.to_query()) == s
-
-
-_TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "vocab_size": 32768,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-}
