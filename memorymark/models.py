@@ -240,16 +240,17 @@ def find_model(key: str) -> ModelEntry:
     )
 
 
-def check_model_spec(key: str) -> None:
-    """Refuse, with no I/O, a model string that cannot name a model: an unknown catalog key, or
-    a `file:`, `hf:`, `timm:` or `torchvision:` spec of the wrong form. Whether a spec's file or
+def check_model_spec(key: str) -> str:
+    """The source a model string names ("catalog", "file", "hf", "timm", "torchvision"), or
+    refuse, with no I/O, one that cannot name a model: an unknown catalog key, or a `file:`,
+    `hf:`, `timm:` or `torchvision:` spec of the wrong form. Whether a spec's file or
     repository really holds a model is known only when it is read (`find_model`)."""
     if ":" in key:
         from memorymark import model_sources
 
-        model_sources.check_spec(key.strip())
-    else:
-        find_model(key)
+        return model_sources.check_spec(key.strip())[0]
+    find_model(key)
+    return "catalog"
 
 
 def check_task_and_length(entry: ModelEntry, task: str | None, seq_len: int, name: str) -> None:

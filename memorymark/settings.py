@@ -206,14 +206,14 @@ class Workload:
         # No I/O here: a `file:` or `hf:` model is read, and what depends on it checked, where
         # it is resolved (`check_model`, which the engine's Session calls). A catalog model's
         # entry is in memory, so its checks come at once.
-        models.check_model_spec(self.model)
+        source = models.check_model_spec(self.model)
         norm = self.max_grad_norm
         # Compared without float(): a huge int would overflow it.
         if norm is not None and not (0 < norm <= sys.float_info.max):  # False for nan
             raise ValueError(f"max_grad_norm must be a positive number (got {limits.shown(norm)})")
-        _check_quantization(self)
+        _check_quantization(self, source)
         _check_kernels(self)
-        if ":" not in self.model:
+        if source == "catalog":
             _check_model_entry(self, models.find_model(self.model))
 
 
@@ -492,12 +492,12 @@ def _check_across(s: Settings) -> None:
         _check_search_axis(s, models.find_model(w.model))
 
 
-def _check_quantization(s: Workload) -> None:
+def _check_quantization(s: Workload, source: str) -> None:
     if s.double_quant and s.quantization not in ("nf4", "fp4"):
         raise ValueError("double_quant needs 4-bit quantization (--quantization nf4 or fp4)")
     if s.quantization == "none":
         return
-    if s.model.split(":", 1)[0].strip() in ("timm", "torchvision"):
+    if source in ("timm", "torchvision"):
         raise ValueError(f"quantization needs a transformers model (got {s.model})")
     if s.lora_rank == 0 and not s.forward_only:
         raise ValueError(
