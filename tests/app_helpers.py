@@ -34,6 +34,12 @@ def rate(batch: int) -> float:
     return 1000 * batch / (batch + 16)
 
 
+# How long a gated probe waits at most: far longer than any test's own deadline, so a loaded CI
+# machine never opens a gate by timeout (a sweep that ends early leaves no progress bar to
+# watch). The `gate` and `fake` fixtures open every gate at teardown, so nothing waits this out.
+GATE_SECONDS = 120.0
+
+
 class FakeSession:
     """The engine's Session with a known answer: peak = 1 GiB + 0.1 GiB per sample on an A10.
 
@@ -83,7 +89,7 @@ class FakeSession:
         type(self).created.append(self.settings)  # one sweep per Analyze
         for i, batch in enumerate(type(self).batches):
             if i and type(self).gate is not None:
-                type(self).gate.wait(10)
+                type(self).gate.wait(GATE_SECONDS)
             self.measurements.append(self._probe(batch))
             yield self.measurements[-1]
 

@@ -3,6 +3,7 @@ known function of batch size, for testing search strategies exactly."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def fresh_caches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> DeviceLock:
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> type:
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[type]:
     """Make the main page's sweeps run a fresh FakeSession subclass (class state per test), on
     threads of the test process (a worker process would not see the patch)."""
     from app_helpers import FakeSession
@@ -141,4 +142,14 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> type:
     monkeypatch.setattr(sweep_runner, "Session", Fake)
     service = thread_service()
     monkeypatch.setattr(sweep_runner, "sweep_service", lambda: service)
-    return Fake
+    yield Fake
+    if Fake.gate is not None:
+        Fake.gate.set()  # a test that failed mid-sweep leaves no thread waiting
+
+
+@pytest.fixture
+def gate() -> Iterator[threading.Event]:
+    """An event a fake probe waits on (up to GATE_SECONDS); opened at teardown whatever happens."""
+    event = threading.Event()
+    yield event
+    event.set()

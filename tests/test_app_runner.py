@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from app_helpers import GATE_SECONDS
 
 from memorymark import gpus, jobs
 from memorymark.executors import thread_service
@@ -93,11 +94,10 @@ def test_a_job_records_every_probe_and_ends_done_with_a_slim_report(fake) -> Non
     assert all(x.timeline == () for x in j.measurements)  # nor does what crosses processes
 
 
-def test_the_worker_says_fixing_before_the_report_simulates_the_ways_out(fake) -> None:
+def test_the_worker_says_fixing_before_the_report_simulates_the_ways_out(fake, gate) -> None:
     fake.batches, fake.fits_below = (8, 4, 2, 1), 0
     seen: list[str] = []
-    gate = threading.Event()
-    fake.on_report = staticmethod(lambda: gate.wait(5))
+    fake.on_report = staticmethod(lambda: gate.wait(GATE_SECONDS))
     j = run(inline=False)
     wait_for(j, lambda: j.state == "fixing")
     seen.append(j.state)
@@ -116,9 +116,8 @@ def test_a_failure_becomes_one_line_and_the_state_failed(fake) -> None:
     assert j.report is None
 
 
-def test_cancel_shows_at_once_and_keeps_what_was_measured(fake) -> None:
-    gate = threading.Event()
-    fake.before_probe = staticmethod(lambda batch: gate.wait(5) if batch == 64 else None)
+def test_cancel_shows_at_once_and_keeps_what_was_measured(fake, gate) -> None:
+    fake.before_probe = staticmethod(lambda batch: gate.wait(GATE_SECONDS) if batch == 64 else None)
     j = run(inline=False)
     wait_for(j, lambda: len(j.measurements) == 2)
     j.cancel()
@@ -188,14 +187,13 @@ def test_one_line_keeps_the_first_line_of_a_message() -> None:
 
 
 def test_a_job_whose_session_ended_is_cancelled_and_a_finished_one_cached(
-    fake, monkeypatch
+    fake, monkeypatch, gate
 ) -> None:
     cache = ResultCache()
     monkeypatch.setattr(sweep_runner, "result_cache", lambda: cache)
     monkeypatch.setattr(sweep_runner, "SESSION_GRACE_SECONDS", 0.0)
     monkeypatch.setattr(sweep_runner, "_session_alive", lambda session_id: session_id != "gone")
-    gate = threading.Event()
-    fake.before_probe = staticmethod(lambda batch: gate.wait(5) if batch == 16 else None)
+    fake.before_probe = staticmethod(lambda batch: gate.wait(GATE_SECONDS) if batch == 16 else None)
     poller = sweep_runner.Poller()
     orphan, kept = run(inline=False), run(inline=False)
     poller.add(orphan, "gone")  # its tab was closed
@@ -211,12 +209,23 @@ def test_a_job_whose_session_ended_is_cancelled_and_a_finished_one_cached(
     assert cache.get(("sweep", sweep_runner.sweep_key(SIM))) is kept.report
 
 
+def test_the_poller_files_a_job_in_the_cache_it_started_beside(fake, monkeypatch, gate) -> None:
+    started_beside, current = ResultCache(), ResultCache()
+    monkeypatch.setattr(sweep_runner, "result_cache", lambda: started_beside)
+    fake.before_probe = staticmethod(lambda batch: gate.wait(GATE_SECONDS) if batch == 16 else None)
+    poller, job = sweep_runner.Poller(), run(inline=False)
+    poller.add(job, None)
+    monkeypatch.setattr(sweep_runner, "result_cache", lambda: current)  # e.g. the next test's
+    gate.set()
+    wait_for(job, lambda: started_beside.get(SIM) is not None)
+    assert started_beside.get(SIM) is job.report and current.get(SIM) is None
+
+
 def test_a_probe_that_outruns_the_time_limit_ends_the_job_with_what_it_measured(
-    fake, monkeypatch
+    fake, monkeypatch, gate
 ) -> None:
     monkeypatch.setattr(jobs, "TIME_LIMIT_GRACE_SECONDS", 0.0)
-    gate = threading.Event()
-    fake.before_probe = staticmethod(lambda batch: gate.wait(10) if batch == 64 else None)
+    fake.before_probe = staticmethod(lambda batch: gate.wait(GATE_SECONDS) if batch == 64 else None)
     settings = Settings(model="tiny-bert", gpu="A10", backend="sim", time_limit_seconds=1)
     j = run(settings, inline=False)
     wait_for(j, lambda: not j.running)

@@ -7,7 +7,8 @@ poller thread that takes in what each worker sends, cancels the job of a session
 files finished reports in the process-wide result cache. Sweeps never run in the server process.
 Must not know how anything is drawn.
 
-A finished analysis lands in `_finished`: the one place to save it (history) as well.
+A finished analysis is filed in `_finished`, in the result cache that was current when it
+started (the page saves it to the history: `history_views.save_finished`).
 """
 
 from __future__ import annotations
@@ -132,21 +133,25 @@ def sweep_key(settings: Settings) -> Settings:
     return replace(settings, target_batch=None)
 
 
-def _finished(job: SweepJob) -> None:
-    """A sweep that ended with a full report: cache it for every session (a partial one, which
-    a limit stopped, is not kept: the next click measures again)."""
+def _finished(job: SweepJob, cache: ResultCache | None = None) -> None:
+    """A sweep that ended with a full report: put it in `cache` (the server's by default) for
+    every session (a partial one, which a limit stopped, is not kept: the next click measures
+    again)."""
     report = job.report
     if job.state != "done" or report is None or report.stopped_by is not None:
         return
-    result_cache().put(job.settings, report)
-    result_cache().put(("sweep", sweep_key(job.settings)), report)
+    cache = cache if cache is not None else result_cache()
+    cache.put(job.settings, report)
+    cache.put(("sweep", sweep_key(job.settings)), report)
 
 
 class Poller:
     """One thread for the whole server: polls every job, cancels those of ended sessions."""
 
     def __init__(self) -> None:
-        self._jobs: dict[SweepJob, str | None] = {}
+        # Each job with its session and the cache it was started beside: it is filed there,
+        # whatever cache is current when it ends.
+        self._jobs: dict[SweepJob, tuple[str | None, ResultCache]] = {}
         self._gone_since: dict[SweepJob, float] = {}
         self._lock = threading.Lock()
         threading.Thread(target=self._loop, name="memorymark-poller", daemon=True).start()
@@ -154,18 +159,18 @@ class Poller:
     def add(self, job: SweepJob, session_id: str | None) -> None:
         """Watch `job`, which belongs to the browser session `session_id`."""
         with self._lock:
-            self._jobs[job] = session_id
+            self._jobs[job] = (session_id, result_cache())
 
     def _loop(self) -> None:
         while True:
             time.sleep(POLL_SECONDS)
             with self._lock:
                 watched = list(self._jobs.items())
-            for job, session_id in watched:
+            for job, (session_id, cache) in watched:
                 with contextlib.suppress(Exception):  # one bad job must not stop the others
-                    self._check(job, session_id)
+                    self._check(job, session_id, cache)
 
-    def _check(self, job: SweepJob, session_id: str | None) -> None:
+    def _check(self, job: SweepJob, session_id: str | None, cache: ResultCache) -> None:
         job.poll()
         if job.running and not _session_alive(session_id):
             gone = self._gone_since.setdefault(job, time.monotonic())
@@ -174,7 +179,7 @@ class Poller:
         else:
             self._gone_since.pop(job, None)
         if not job.running:
-            _finished(job)
+            _finished(job, cache)
             with self._lock:
                 self._jobs.pop(job, None)
                 self._gone_since.pop(job, None)
