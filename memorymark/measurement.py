@@ -166,6 +166,7 @@ class Measurement:
             "memory_gb": gib(self.peak_bytes, 4),
             "runs": self.runs,
             "required_bytes": self.required_bytes,
+            "demand_bytes": self.demand_bytes,
             "alloc_retries": self.alloc_retries,
             "memory_stats": self.memory_stats,
             "reserved_bytes": self.reserved_bytes,

@@ -72,6 +72,8 @@ def test_measure_json(capsys):
         "backend",
     }
     assert data["step_seconds"] is None  # simulated: no time was measured
+    # Nothing limited this small step, so it never flushed: it needed what it asked for.
+    assert data["demand_bytes"] == data["required_bytes"] > data["peak_bytes"]
     assert sum(data["breakdown"].values()) == data["peak_bytes"]
     assert set(data["breakdown"]) == {
         "parameters",
