@@ -22,6 +22,7 @@ it reads `Measurement` records.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 from memorymark.measurement import Measurement
@@ -86,9 +87,11 @@ class Strategy:
         landing on the same side, the estimate is off in one direction: from the second such
         probe on, each must move at least 1, 2, 4, ... grid points from the last (a gallop from
         the nearest measured step, not a bisection from the smallest), and never past the
-        middle candidate once both ends are known. Four probes in a row that do not halve the
-        range take the middle. So the worst case stays logarithmic, and each probe is a new
-        candidate strictly between lo and hi, so the search always ends.
+        middle candidate once both ends are known. The first guess does not count: it reads
+        live bytes alone, which never exceed the need, so it is expected to overshoot. Four
+        probes in a row that do not halve the range take the middle. So the worst case stays
+        logarithmic, and each probe is a new candidate strictly between lo and hi, so the
+        search always ends.
         """
         side: bool | None = None
         run = stale = 0
@@ -105,7 +108,8 @@ class Strategy:
                     span, stale = hi - lo, 0
                 else:
                     stale += 1
-            guess = self._estimate(lo, hi, passes)
+            blind = self.traces is not None and self._reference(lo, passes) is None
+            guess = self._estimate(lo, hi, passes, unit)
             if stale >= 4:
                 guess = middle
             elif run >= 2:
@@ -121,7 +125,7 @@ class Strategy:
             probe = min(last, max(first, guess // unit * unit))
             yield probe
             passed = passes(probe)
-            run = run + 1 if passed == side else 1
+            run = 0 if blind else run + 1 if passed == side else 1
             side = passed
             lo, hi = (probe, hi) if passed else (lo, probe)
 
@@ -136,19 +140,14 @@ class Strategy:
     def _capacity_for(self, passes: Predicate) -> int:
         return self.run_capacity_bytes if passes == self._runs else self.capacity_bytes
 
-    def _estimate(self, lo: int, hi: int | None, passes: Predicate) -> int | None:
-        """Where the boundary of `passes` should be, or None when nothing measured says.
-
-        With traces: live bytes are exact lines in batch size (`predict_max_batch`), and what
-        the device needs is live bytes times a ratio (rounding, segments, caching) that moves
-        slowly with batch size. So the traces predict where live bytes reach the capacity
-        scaled by the ratio of the measured step whose need is nearest the capacity (before
-        any such step, the capacity itself: the first guess). Without traces: where the line
-        through lo's and hi's needs crosses the capacity."""
+    def _reference(self, lo: int, passes: Predicate) -> tuple[Measurement, int] | None:
+        """The measured step (and its need) whose need/live ratio corrects the traces' guess,
+        or None before any: for `fits`, the step whose need is nearest the capacity; for
+        `runs`, lo, the largest step that ran, when measured (a cache flush drops the need of
+        the steps that ran only after one, so the need nearest the capacity can be a step far
+        below the boundary that ran with no flush)."""
+        traced = {t.batch_size for t in self.traces or ()}
         capacity = self._capacity_for(passes)
-        if self.traces is None:
-            return self._interpolate(lo, hi, passes)
-        traced = {t.batch_size for t in self.traces}
         candidates = [
             (m, need)
             for m in self.results.values()
@@ -157,19 +156,53 @@ class Strategy:
             # To run, only a step that ran says what running needs.
             and (m.runs or passes != self._runs)
         ]  # fmt: skip
-        scale = 1.0
-        if candidates:
-            nearest, need = min(candidates, key=lambda c: abs(c[1] - capacity))
-            if abs(live_bytes_at(*self.traces, nearest.batch_size) - nearest.peak_bytes) > (
-                LIVE_TOLERANCE * nearest.peak_bytes
-            ):
-                # The traces do not predict this step's live bytes (timelines that do not
-                # align): the line through the needs measured is the better guess.
-                return self._interpolate(lo, hi, passes)
-            scale = nearest.peak_bytes / need
-        return int(min(predict_max_batch(*self.traces, capacity * scale), self.max_grid))
+        if passes == self._runs:
+            candidates = [c for c in candidates if c[0].batch_size == lo] or candidates
+        return min(candidates, key=lambda c: abs(c[1] - capacity), default=None)
 
-    def _interpolate(self, lo: int, hi: int | None, passes: Predicate) -> int | None:
+    def _estimate(self, lo: int, hi: int | None, passes: Predicate, unit: int) -> int | None:
+        """The grid point to probe for the boundary of `passes`, or None when nothing measured
+        says.
+
+        With traces: live bytes are exact lines in batch size (`predict_max_batch`), and what
+        the device needs is live bytes times a ratio (rounding, segments, caching) that moves
+        slowly with batch size. So the traces predict where live bytes reach the capacity
+        scaled by the ratio of a measured step (`_reference`); before any, the capacity itself:
+        the first guess, rounded down since live bytes never exceed the need. To fit, the
+        probe is the grid point nearest the estimate: the answer and its neighbour settle the
+        boundary when either is probed first. To run, the need after a cache flush is at least
+        the live bytes, and its ratio falls as the batch nears the capacity (a flush frees
+        more of the cache: BERT-base on an A10 1.018 at 267 to 1.013 at 269, ResNet-50 1.016 at
+        259 to 1.010 at 262), so lo's ratio lands short: the probe goes halfway from there to
+        where live bytes alone reach the capacity, rounded down. Without traces: the grid
+        point nearest where the line through lo's and hi's needs crosses the capacity."""
+        capacity = self._capacity_for(passes)
+        if self.traces is None:
+            return self._on_grid(self._interpolate(lo, hi, passes), unit, nearest=True)
+        reference = self._reference(lo, passes)
+        if reference is None:
+            return self._on_grid(predict_max_batch(*self.traces, capacity), unit, nearest=False)
+        measured, need = reference
+        if abs(live_bytes_at(*self.traces, measured.batch_size) - measured.peak_bytes) > (
+            LIVE_TOLERANCE * measured.peak_bytes
+        ):
+            # The traces do not predict this step's live bytes (timelines that do not
+            # align): the line through the needs measured is the better guess.
+            return self._on_grid(self._interpolate(lo, hi, passes), unit, nearest=True)
+        batch = predict_max_batch(*self.traces, capacity * measured.peak_bytes / need)
+        if passes == self._runs:
+            live_bound = predict_max_batch(*self.traces, capacity)
+            return self._on_grid((batch + max(batch, live_bound)) / 2, unit, nearest=False)
+        return self._on_grid(batch, unit, nearest=True)
+
+    def _on_grid(self, batch: float | None, unit: int, *, nearest: bool) -> int | None:
+        """`batch` as a multiple of `unit`: the nearest, or the one at or below it."""
+        if batch is None:
+            return None
+        batch = min(batch, self.max_grid) / unit
+        return int(math.floor(batch + 0.5) if nearest else math.floor(batch)) * unit
+
+    def _interpolate(self, lo: int, hi: int | None, passes: Predicate) -> float | None:
         """The batch where required bytes, linear between lo and hi, reach the capacity
         `passes` judges against; None when lo or hi says nothing of its needs."""
         low, high = self.results.get(lo), self.results.get(hi) if hi is not None else None
@@ -179,7 +212,7 @@ class Strategy:
         if low_need is None or high_need is None or high_need <= low_need:
             return None
         slope = (high_need - low_need) / (hi - lo)
-        return int(lo + (self._capacity_for(passes) - low_need) / slope)
+        return lo + (self._capacity_for(passes) - low_need) / slope
 
     def _bounds(self, passes: Predicate) -> tuple[int, int | None]:
         """(largest measured batch that passes below every one that fails, or 0; smallest
