@@ -276,3 +276,36 @@ def test_at_step_one_fast_finds_what_walking_every_batch_finds():
     assert answers[0] == answers[1]
     assert answers[0][0] < answers[0][1]  # both boundaries were searched
     assert probes[0] < probes[1]
+
+
+def test_a_corrected_estimate_probes_the_nearest_grid_point(function_backend):
+    # What the device needs is 1.09x the live bytes: the first guess (135, where live bytes
+    # reach the limit) does not fit, and its ratio puts the boundary at 123.985. The nearest
+    # grid point is the answer and the one above shows it; rounding down probed 123 first.
+    def need(batch):
+        return int(1.09 * (50 + 7 * batch))
+
+    backend = function_backend(affine_two_phases, 1000, required=need, demand=need)
+    strategy = FastStrategy(step=1, capacity_bytes=1000, find_max=False)
+    assert best_fit(list(sweep(backend, strategy))).batch_size == 124
+    assert backend.tried == [2, 4, 135, 124, 125]
+
+
+def test_the_maximum_is_searched_between_the_ratio_and_the_live_bytes(function_backend):
+    # Past the recommended batch a step runs only after a cache flush, and the flushed need's
+    # ratio to live bytes falls as the batch grows: lo's ratio lands short, and probing there
+    # walked up one batch at a time (145, 146, 147, 149, 153, 150). Halfway to where live bytes
+    # alone reach the capacity (152.9) lands on the maximum.
+    def demand(batch):
+        return int(1.05 * (50 + 7 * batch))
+
+    def required(batch):
+        flushed = int((50 + 7 * batch) * (1 + 0.3 / batch**0.5))
+        return demand(batch) if demand(batch) <= 1120 else flushed
+
+    backend = function_backend(affine_two_phases, 1000, 1120, required=required, demand=demand)
+    strategy = FastStrategy(step=1, capacity_bytes=1000, run_capacity_bytes=1120)
+    measurements = list(sweep(backend, strategy))
+    fit, run = best_fit(measurements), best_fit(measurements, runs=True)
+    assert (fit.batch_size, run.batch_size) == (129, 149)
+    assert backend.tried == [2, 4, 135, 129, 130, 149, 150]
