@@ -7,7 +7,8 @@ Two strategies search the grid step, 2*step, 3*step, ... (never past `max_batch`
 - `fast`: trace two small batches, extrapolate the step's allocation timeline to predict the
   largest batch that fits, verify it, and show the next grid point does not fit. A missed
   prediction is corrected from the probe nearest the boundary (what it needed over its live
-  bytes), galloping away from it if estimates keep missing, never bisecting from the traces.
+  bytes), galloping away from it if estimates keep missing, never bisecting from the traces;
+  the maximum is sought halfway between where that ratio and live bytes alone put it.
 
 Every verdict is the backend's, by the one fit policy (memorymark/fit.py): a batch *runs* when
 its step completes with no OOM within the capacity, and *fits* when it also needs no allocation
