@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from memorymark import tracker as tracker_module
 from memorymark.measurement import CATEGORIES, Category
 from memorymark.tracker import MemoryTracker
 
@@ -109,6 +110,37 @@ def test_work_counter_sees_every_operator_but_device_queries():
         x = torch.zeros(4)
         _ = (x + 1).device
     assert seen == ["zeros.default", "add.Tensor"]
+
+
+def _fake_training_step() -> tuple:
+    """A tracked forward, backward and AdamW step on fake tensors: every figure it leaves."""
+    seen = []
+
+    class Counter:
+        def count(self, func, args, kwargs, out):
+            seen.append(func.__name__)
+
+    mode, tracker = FakeTensorMode(), MemoryTracker()
+    tracker.work_counter = Counter()
+    with mode:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    with mode, tracker:
+        model(torch.zeros(3, 8)).logsumexp(-1).mean().backward()
+        torch.optim.AdamW(model.parameters()).step()
+    figures = tracker.timeline, tracker.events, tracker.peak_bytes, tracker.peak_breakdown()
+    return figures, seen
+
+
+def test_above_a_fake_mode_it_counts_what_dispatching_each_operator_again_counts(monkeypatch):
+    # The fast path answers device queries itself and hands operators to the fake mode's
+    # dispatch directly; without either, each operator is dispatched again, as it used to be.
+    fast = _fake_training_step()
+    monkeypatch.setattr(tracker_module, "FakeTensor", type("NotAFakeTensor", (), {}))
+    monkeypatch.setattr(
+        tracker_module, "_fake_dispatch", lambda _, func, __, args, kw: func(*args, **kw)
+    )
+    assert _fake_training_step() == fast
+    assert len(fast[0][0]) == len(fast[1]) > 20  # one timeline entry per operator counted
 
 
 def test_categories_keep_their_names_for_the_ui_and_json():
