@@ -50,6 +50,19 @@ def test_a_convolution_on_fake_tensors():
     assert work.flops == 2 * 2 * 4 * 16 * 16 * 3 * 3 * 3
 
 
+def test_flops_kept_for_a_signature_are_those_of_its_own_shapes():
+    # Each signature's FLOPs are kept for the next probe: a repeat counts the same, and
+    # another shape or stride its own.
+    a, b, c = torch.zeros(16, 32), torch.zeros(32, 8), torch.zeros(32, 4)
+    assert count_work(lambda: (a @ b, a @ b, a @ c), RATES).flops == 2 * 16 * 32 * (8 + 8 + 4)
+    with FakeTensorMode():
+        conv = nn.Conv2d(3, 4, kernel_size=3, padding=1)
+        strided = nn.Conv2d(3, 4, kernel_size=3, padding=1, stride=2)
+        images = torch.zeros(2, 3, 16, 16)
+        work = count_work(lambda: (conv(images), strided(images), conv(images)), RATES)
+    assert work.flops == 2 * 2 * 4 * (16 * 16 + 8 * 8 + 16 * 16) * 3 * 3 * 3
+
+
 def test_memory_bound_operators_cost_their_bytes_and_views_cost_nothing():
     x = torch.zeros(1024)  # 4096 bytes
 
