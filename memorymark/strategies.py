@@ -90,7 +90,8 @@ class Strategy:
         the nearest measured step, not a bisection from the smallest), and never past the
         middle candidate once both ends are known. The first guess does not count: it reads
         live bytes alone, which never exceed the need, so it is expected to overshoot. Four
-        probes in a row that do not halve the range take the middle. So the worst case stays
+        probes in a row that do not halve the range take the middle, and failures with no
+        estimate at all (nothing passes yet, no traces) halve it. So the worst case stays
         logarithmic, and each probe is a new candidate strictly between lo and hi, so the
         search always ends.
         """
@@ -118,9 +119,14 @@ class Strategy:
                 if side:
                     guess = max(guess or 0, lo + stride)
                     guess = guess if hi is None else min(guess, middle)
+                elif guess is None:
+                    # Nothing measured runs yet, so nothing says the boundary is near the
+                    # last failure: halve (a model that trains at no length descends in
+                    # log2 probes, not a gallop from the top).
+                    guess = middle
                 else:
                     assert hi is not None
-                    guess = max(min(hi - stride if guess is None else guess, hi - stride), middle)
+                    guess = max(min(guess, hi - stride), middle)
             elif guess is None:
                 guess = lo + unit if hi is None else middle
             probe = min(last, max(first, guess // unit * unit))

@@ -112,6 +112,15 @@ def test_nothing_fits_gives_no_answer(function_backend):
     assert tried == [8, 4, 2, 1]
 
 
+def test_nothing_fits_from_a_large_first_probe_halves_down_to_one(function_backend):
+    # As `--find seq-len` starts at 1024 tokens: with nothing measured that fits there is no
+    # estimate, so each failure halves the range (log2 probes) rather than galloping down
+    # from the last failure (1024, 512, 256, 255, 253, 249, ... took 15).
+    best, tried, _ = run(function_backend, FastStrategy, lambda b: (2000 + b,), 1000, step=1024)
+    assert best is None
+    assert tried == [1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1]
+
+
 def test_the_cap_stops_the_search(function_backend):
     best, tried, _ = run(function_backend, FastStrategy, affine_two_phases, 10**9, max_batch=64)
     assert best == 64
