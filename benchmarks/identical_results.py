@@ -19,28 +19,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
-import tempfile
 from dataclasses import fields, replace
-from pathlib import Path
 
 from memorymark import Session, Settings
 from memorymark.measurement import Measurement
 
-# Two-layer Llama, as tests/config_samples.TINY_LLAMA (benchmarks do not import tests).
-TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "vocab_size": 8192,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-}
 FIXED_BATCHES = (4, 2, 16, 3)
 AUTOCAST = ("bf16-mixed", "16-mixed")
 """Under autocast the cast cache frees its copies in hash order, so the order of frees within
@@ -176,13 +159,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny models only")
     parser.add_argument("--only", nargs="*", help="names of the cases to run")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "tiny-llama.json"
-        path.write_text(json.dumps(TINY_LLAMA))
-        cases = settings_cases(f"file:{path}", args.quick)
-        for name, settings in cases.items():
-            if not args.only or name in args.only:
-                report(name, settings)
+    for name, settings in settings_cases("tiny-llama", args.quick).items():
+        if not args.only or name in args.only:
+            report(name, settings)
 
 
 if __name__ == "__main__":

@@ -205,6 +205,14 @@ CATALOG: tuple[ModelEntry, ...] = (
         max_positions=128,
     ),
     ModelEntry(
+        key="tiny-llama",
+        display_name="Tiny Llama (2 layers, for tests)",
+        config_file="tiny-llama.json",
+        tasks=DECODER_TASKS,
+        default_task=CAUSAL_LM,
+        max_positions=4096,
+    ),
+    ModelEntry(
         key="tiny-resnet",
         display_name="Tiny ResNet (2 stages, for tests)",
         config_file="tiny-resnet.json",

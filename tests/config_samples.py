@@ -3,6 +3,10 @@
 Not a test module: the config tests import it.
 """
 
+import json
+
+from memorymark.models import CONFIG_DIR
+
 # A one-layer BERT config.json, as a hub or an upload would hold it.
 TINY_BERT = {
     "model_type": "bert",
@@ -13,17 +17,10 @@ TINY_BERT = {
     "vocab_size": 100,
 }
 
-# A two-layer Llama with Llama 3's proportions of vocabulary to width (the logits dominate).
+# The catalog's two-layer Llama (Llama 3's proportions of vocabulary to width: the logits
+# dominate), as a hub or an upload would hold it.
 TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "vocab_size": 8192,
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
+    key: value
+    for key, value in json.loads((CONFIG_DIR / "tiny-llama.json").read_text()).items()
+    if not key.startswith("_")
 }
