@@ -48,7 +48,7 @@ def measurement_line(m: Measurement) -> str:
     return " ".join(parts)
 
 
-def settings_cases(llama: str, quick: bool) -> dict[str, Settings]:
+def settings_cases(quick: bool) -> dict[str, Settings]:
     """The settings compared: every optimizer family, precision, and step variant."""
     a10 = {"gpu": "A10", "backend": "sim"}
     # 1 GiB: a GPU small enough that each tiny model's sweep searches a boundary.
@@ -105,14 +105,14 @@ def settings_cases(llama: str, quick: bool) -> dict[str, Settings]:
             **a10,
         ),
         "tiny-llama-qlora-nf4": Settings(
-            model=llama,
+            model="tiny-llama",
             seq_len=16,
             precision="bf16-mixed",
             lora_rank=4,
             quantization="nf4",
             **small,
         ),
-        "tiny-llama-liger": Settings(model=llama, seq_len=16, kernels="liger", **small),
+        "tiny-llama-liger": Settings(model="tiny-llama", seq_len=16, kernels="liger", **small),
         "tiny-resnet-adamw-fused": Settings(
             model="tiny-resnet", image_size=96, optimizer="adamw-fused", **small
         ),
@@ -159,7 +159,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny models only")
     parser.add_argument("--only", nargs="*", help="names of the cases to run")
     args = parser.parse_args()
-    for name, settings in settings_cases("tiny-llama", args.quick).items():
+    for name, settings in settings_cases(args.quick).items():
         if not args.only or name in args.only:
             report(name, settings)
 
