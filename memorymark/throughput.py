@@ -135,12 +135,31 @@ def _flops(formula: Callable[..., int], args: tuple, kwargs: dict, out: Any) -> 
         pass
     except TypeError:
         key = None  # an argument that cannot be a key: count it every time
-    flops = int(inner(*shaped_args, out_shape=out_shape, **shaped))
+    try:
+        flops = int(inner(*shaped_args, out_shape=out_shape, **shaped))
+    except AssertionError:
+        # Before 2.13 the attention formulas assert as many key/value heads as query heads;
+        # grouped-query attention broadcasts them, which is how 2.13's formulas count it.
+        flops = int(inner(*_heads_expanded(shaped_args), out_shape=out_shape, **shaped))
     if key is not None:
         if len(_kept_flops) >= _FLOPS_KEPT:
             _kept_flops.clear()
         _kept_flops[key] = flops
     return flops
+
+
+def _heads_expanded(shapes: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`shapes` with every 4-D shape's head dimension (dim 1) raised to the most heads among
+    them, where it divides: key and value of grouped-query attention, counted as broadcast."""
+    four_d = [s for s in shapes if isinstance(s, torch.Size) and len(s) == 4]
+    heads = max((s[1] for s in four_d), default=0)
+
+    def expand(s: Any) -> Any:
+        if isinstance(s, torch.Size) and len(s) == 4 and s[1] and heads % s[1] == 0:
+            return torch.Size((s[0], heads, s[2], s[3]))
+        return s
+
+    return tuple(map(expand, shapes))
 
 
 class WorkCounter:

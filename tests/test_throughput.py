@@ -113,3 +113,34 @@ def test_time_step_warms_up_synchronizes_and_takes_the_median():
 def test_samples_per_second():
     assert samples_per_second(32, 0.5) == 64.0
     assert samples_per_second(32, None) is None
+
+
+def test_grouped_query_attention_counts_as_broadcast_where_torch_asserts_equal_heads():
+    """PyTorch 2.11's attention formula asserts as many key/value heads as query heads (a real
+    H100 run of Qwen2.5 failed on it); the count falls back to the heads broadcast, which is
+    what 2.13's formula counts for grouped-query attention."""
+    import functools
+
+    from torch.utils.flop_counter import flop_registry
+
+    from memorymark import throughput
+
+    formula = flop_registry[torch.ops.aten._scaled_dot_product_flash_attention]
+
+    def counts_equal_heads_only(q, k, v, *args, out_shape=None, **kwargs):
+        assert q[1] == k[1] == v[1], "sdpa_flop_count: query/key/value shapes are incompatible"
+        return formula.__wrapped__(q, k, v, *args, out_shape=out_shape, **kwargs)
+
+    @functools.wraps(counts_equal_heads_only)
+    def old_formula(*args, **kwargs):
+        raise AssertionError("only the unwrapped formula is called")
+
+    with FakeTensorMode():
+        q = torch.empty(2, 14, 64, 64)
+        kv = torch.empty(2, 2, 64, 64)
+        expanded = torch.empty(2, 14, 64, 64)
+    throughput._kept_flops.clear()
+    gqa = throughput._flops(old_formula, (q, kv, kv, 0.0, True), {}, None)
+    throughput._kept_flops.clear()
+    full = throughput._flops(formula, (q, expanded, expanded, 0.0, True), {}, None)
+    assert gqa == full == 2 * (2 * 2 * 14 * 64 * 64 * 64)
