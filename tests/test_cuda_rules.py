@@ -254,3 +254,21 @@ def test_the_simulated_gpu_decides_the_kernels():
     )
     assert t4.compute_capability == T4
     assert t4.measure(8).peak_bytes > a10.measure(8).peak_bytes
+
+
+def test_older_releases_named_overloads_follow_their_positional_twins():
+    """PyTorch 2.11 autocasts named-tensor overloads on CUDA that 2.13 no longer registers
+    (seen on an H100); each takes its positional twin's policy, so no warning fires there."""
+    twins = {
+        "softmax.Dimname": "softmax.int",
+        "log_softmax.Dimname": "log_softmax.int",
+        "prod.dim_Dimname": "prod.dim_int",
+        "cumprod.dimname": "cumprod",
+        "cumsum.dimname": "cumsum",
+        "sum.dim_DimnameList": "sum.dim_IntList",
+        "norm.names_ScalarOpt_dim": "norm.ScalarOpt_dim",
+    }
+    assert set(autocast_lists.OLDER_POLICIES) == set(twins)
+    for older, twin in twins.items():
+        assert autocast_lists.OLDER_POLICIES[older] == autocast_lists.POLICIES[twin]
+    assert not set(autocast_lists.OLDER_POLICIES) & set(autocast_lists.POLICIES)

@@ -38,6 +38,7 @@ from memorymark.cuda_rules.autocast_lists import (
     FP32,
     LOWER,
     NOT_EMULATED,
+    OLDER_POLICIES,
     POLICIES,
     PROMOTE,
     SET_OPT_DTYPE,
@@ -106,8 +107,12 @@ def _register() -> bool:
 
 
 def _register_kernels() -> tuple[torch.library.Library, tuple[str, ...]]:
-    known = set(POLICIES) | NOT_EMULATED
-    on_cuda = {r.removeprefix("aten::") for r in _registrations("AutocastCUDA")}
+    policies = {**OLDER_POLICIES, **POLICIES}
+    known = set(policies) | NOT_EMULATED
+    # Only aten's lists: an extension's ops (torchvision::nms...) register their own autocast
+    # kernels for CPU as for CUDA, and no catalog model calls them.
+    registered = _registrations("AutocastCUDA")
+    on_cuda = {r.removeprefix("aten::") for r in registered if r.startswith("aten::")}
     unknown = sorted(on_cuda - known)
     if unknown:
         warnings.warn(
@@ -118,7 +123,7 @@ def _register_kernels() -> tuple[torch.library.Library, tuple[str, ...]]:
         )
     library = torch.library.Library("aten", "IMPL")
     ops = []
-    for name, policy in POLICIES.items():
+    for name, policy in policies.items():
         if name not in on_cuda or _has_cpu_kernel(name):
             continue  # not autocast on CUDA in this PyTorch, or CPU's own kernel casts it
         kernel = _kernel(name, policy)

@@ -58,8 +58,29 @@ POLICIES: dict[str, str] = {
 APPEND_TARGET = {
     "norm.Scalar": "norm.ScalarOpt_dtype",
     "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype",
+    "norm.names_ScalarOpt_dim": "norm.names_ScalarOpt_dim_dtype",
 }
 # Registered for CUDA but never reached by a CPU tensor, or refused on CUDA (not emulated).
+# `_cudnn_rnn` has its own autocast kernel in CUDA builds (aten/src/ATen/cudnn/AutocastRNN.cpp);
+# a CPU tensor takes the native RNN path instead.
 NOT_EMULATED = frozenset(
-    {"cudnn_convolution", "cudnn_convolution_transpose", "binary_cross_entropy"}
+    {"cudnn_convolution", "cudnn_convolution_transpose", "binary_cross_entropy", "_cudnn_rnn"}
 )
+
+OLDER_POLICIES: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "softmax.Dimname",
+            "log_softmax.Dimname",
+            "prod.dim_Dimname",
+            "cumprod.dimname",
+            "cumsum.dimname",
+            "sum.dim_DimnameList",
+        ),
+        SET_OPT_DTYPE,
+    ),
+    "norm.names_ScalarOpt_dim": APPEND_DTYPE,
+}
+"""Overloads older releases autocast on CUDA and 2.13 no longer registers: the named-tensor
+overloads, with the policy of their positional twins (seen registered by PyTorch 2.11.0+cu130
+on an H100; autocast_mode.cpp of that release lists them beside those twins)."""
