@@ -180,3 +180,33 @@ def test_resident_requests_are_served_before_the_step_and_stay_allocated():
     assert with_ws.allocated_bytes - bare.allocated_bytes == workspace
     # An 8.125 MiB request gets a 20 MiB segment (kLargeBuffer), as on a GPU.
     assert with_ws.reserved_bytes - bare.reserved_bytes == 20 * mib
+
+
+# One step: 40 MiB (seq 0) freed, then 22 MiB (seq 1) kept past the step, then 2 MiB (seq 2)
+# freed. The kept 22 MiB is carved from the cached 40 MiB segment and pins it.
+PINNING_STEP = (0, [40 * MIB, ~0, 22 * MIB, 2 * MIB, ~2])
+
+
+def test_a_second_step_starts_from_the_segments_the_first_left_cached():
+    first = replay((0, []), PINNING_STEP, 40 * MIB)
+    assert first == Prediction(40 * MIB, 40 * MIB)
+    # Step 2 asks for 40 MiB again. The only segment holds the kept 22 MiB, so it is not a
+    # whole cached segment that a release could return, and a second one is past the budget.
+    second = replay((0, []), PINNING_STEP, 40 * MIB, steps=2)
+    assert second.out_of_memory
+    assert second.requested_bytes == 40 * MIB
+    assert second.reserved_bytes == 80 * MIB
+
+
+def test_a_repeated_step_does_not_remake_what_the_first_kept():
+    unlimited = replay((0, []), PINNING_STEP, steps=3)
+    # The kept 22 MiB is allocated once; each later step holds it beside its own 40 MiB.
+    assert unlimited.allocated_bytes == 62 * MIB
+    assert unlimited.reserved_bytes == 80 * MIB
+    assert replay((0, []), PINNING_STEP, steps=3) == replay((0, []), PINNING_STEP, steps=2)
+
+
+def test_a_step_that_frees_everything_replays_the_same_every_time():
+    step = (3, [30 * MIB, 12 * MIB, ~3, 4 * MIB, ~4, ~5])
+    setup = (0, [8 * MIB, 8 * MIB, 100, ~1])
+    assert replay(setup, step, 64 * MIB, steps=2) == replay(setup, step, 64 * MIB)
