@@ -1,18 +1,21 @@
-"""Prints the calibration accuracy table: every row of docs/calibration/*.csv as markdown.
+"""Prints the calibration accuracy tables from docs/calibration/*.csv, as markdown.
 
-For each row contributed from a real GPU (`memorymark calibrate --out docs/calibration`): the
-GPU (and the GPU it was capped to emulate), model, settings, batch (and which boundary it
-checks), measured against predicted reserved memory in GiB, the relative error, and whether the
-simulation and the GPU agreed on the step running. With no CSV there it says "no calibration
-data yet". Reads the files only: no torch, nothing is measured.
+`--summary` (what the README shows): per GPU (and the GPU it was capped to emulate), how many
+rows, the median and worst relative error of the predicted allocated and reserved peaks, and how
+often the simulation and the GPU agreed on the step running, with every disagreement listed.
+Without it, every row contributed from a real GPU (`memorymark calibrate --out
+docs/calibration`): GPU, model, settings, batch (and which boundary it checks), measured against
+predicted reserved memory in GiB, the relative error, and the verdicts. With no CSV there it
+says "no calibration data yet". Reads the files only: no torch, nothing is measured.
 
-    python benchmarks/calibration_table.py [--dir docs/calibration]
+    python benchmarks/calibration_table.py [--dir docs/calibration] [--summary]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import statistics
 from pathlib import Path
 
 from memorymark.units import gib
@@ -85,10 +88,55 @@ def table(folder: Path = DEFAULT_DIR) -> str:
     return "\n".join([*HEADER, *(table_row(r) for r in rows)])
 
 
+def _gpu(row: dict[str, str]) -> str:
+    return row["gpu_name"] + (f" as {row['emulated_gpu']}" if row["emulated_gpu"] else "")
+
+
+def _errors(rows: list[dict[str, str]], column: str) -> str:
+    """'median |error| / worst error' of the rows whose step ran, in percent."""
+    errors = [float(r[column]) for r in rows if r[column]]
+    if not errors:
+        return "n/a"
+    worst = max(errors, key=abs)
+    return f"{100 * statistics.median(map(abs, errors)):.1f}% / {100 * worst:+.1f}%"
+
+
+def summary(folder: Path = DEFAULT_DIR) -> str:
+    """Per-GPU accuracy (median and worst error, verdict agreement) and every disagreement."""
+    rows = load(folder)
+    if not rows:
+        return "no calibration data yet"
+    groups: dict[str, list[dict[str, str]]] = {}
+    for row in rows:
+        groups.setdefault(_gpu(row), []).append(row)
+    lines = [
+        "| GPU | rows | allocated error, median / worst | reserved error, median / worst "
+        "| verdicts agree |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for name, group in [*groups.items(), ("all", rows)]:
+        agree = sum(r["verdict_agrees"] == "true" for r in group)
+        lines.append(
+            f"| {name} | {len(group)} | {_errors(group, 'allocated_error')} "
+            f"| {_errors(group, 'reserved_error')} | {agree} of {len(group)} |"
+        )
+    disagreements = [r for r in rows if r["verdict_agrees"] != "true"]
+    lines += ["", f"Verdicts that disagree: {len(disagreements) or 'none'}"]
+    lines += [
+        f"- {_gpu(r)}, {r['model']}, {settings_label(r)}, batch {r['batch_size']}"
+        + (f" ({r['boundary_check']})" if r["boundary_check"] else "")
+        + f": {_verdict(r).removeprefix('DISAGREE: ')}"
+        for r in disagreements
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="folder of calibration CSVs")
-    print(table(parser.parse_args().dir))
+    parser.add_argument("--summary", action="store_true", help="per-GPU accuracy, not every row")
+    args = parser.parse_args()
+    print(summary(args.dir) if args.summary else table(args.dir))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,12 @@ import torch
 from memorymark import gpus, models
 from memorymark.backend import Backend
 from memorymark.calibration_env import Environment, environment
-from memorymark.calibration_record import BOUNDARY_MAX, BOUNDARY_PAST_MAX, CalibrationRow
+from memorymark.calibration_record import (
+    BOUNDARY_MAX,
+    BOUNDARY_PAST_MAX,
+    BOUNDARY_RECOMMENDED,
+    CalibrationRow,
+)
 from memorymark.devices import cuda_available, detect_cuda_gpu
 from memorymark.engine import Session
 from memorymark.measurement import Measurement
@@ -35,8 +40,11 @@ _COUNTERS = ("num_alloc_retries", "num_ooms")
 
 BackendFactory = Callable[[Settings, gpus.GPU], Backend]
 """Settings and the GPU whose capacity judges the verdicts -> a backend."""
-BoundaryPredictor = Callable[[Settings, gpus.GPU], tuple[int, int]]
-"""Settings and a catalog GPU -> (largest batch the simulation says runs, search step)."""
+BoundaryPredictor = Callable[[Settings, gpus.GPU], tuple[int, ...]]
+"""Settings and a catalog GPU -> (largest batch the simulation says runs, search step[, the
+batch it recommends])."""
+RECOMMENDED_MARGIN = "2%"
+"""The margin a recommendation keeps: the CLI's and the app's default (`Settings.margin`)."""
 
 
 class NoGpuError(RuntimeError):
@@ -85,6 +93,7 @@ def calibrate(
     simulated: BackendFactory | None = None,
     boundary: BoundaryPredictor | None = None,
     nvml: Any = None,
+    on_skip: Callable[[Settings, str], None] | None = None,
 ) -> Iterator[CalibrationRow]:
     """Yield one row per settings combination and batch size as each pair of measurements
     lands, then, with `emulate`, the two boundary rows of each combination.
@@ -92,7 +101,9 @@ def calibrate(
     `cuda` is torch.cuda (a fake in tests); `real` and `simulated` build the measured and the
     simulated backend for a combination and the GPU whose capacity judges them (this one, or
     `emulate`); `boundary` gives the simulated boundary (default: a simulated sweep);
-    `nvml` replaces pynvml for the driver stamp.
+    `nvml` replaces pynvml for the driver stamp. A combination the model cannot build (a
+    ValueError before its first step: checkpointing on ResNet, say) is passed to `on_skip`
+    with the reason and the grid goes on; without `on_skip` the error is raised.
     """
     if not cuda_available(cuda):
         raise NoGpuError("calibrate needs a CUDA GPU and PyTorch sees none")
@@ -106,39 +117,68 @@ def calibrate(
     batch_sizes = tuple(batch_sizes)
     with capped(cuda, emulate, device_gpu):
         for settings in grid:
-            # One backend per combination: model and optimizer state stay resident across
-            # batch sizes, as in training; the session frees them before the next combination.
-            with (
-                real(settings, target).session() as device,
-                simulated(settings, target).session() as sim,
-            ):
-                checks = [(batch, "") for batch in batch_sizes]
-                if emulate is not None:
-                    checks += boundary_checks(*boundary(settings, target))
-                for batch, label in checks:
-                    before = _counters(cuda) if device.measured else None
-                    measured, predicted = device.measure(batch), sim.measure(batch)
-                    yield _row(env, settings, target, measured, predicted, before, label)
+            try:
+                yield from _combination(settings, target, batch_sizes, emulate, cuda, env,
+                                        real, simulated, boundary)  # fmt: skip
+            except ValueError as exc:
+                if on_skip is None:
+                    raise
+                on_skip(settings, str(exc))
+
+
+def _combination(
+    settings: Settings,
+    target: gpus.GPU,
+    batch_sizes: tuple[int, ...],
+    emulate: gpus.GPU | None,
+    cuda: Any,
+    env: Environment,
+    real: BackendFactory,
+    simulated: BackendFactory,
+    boundary: BoundaryPredictor,
+) -> Iterator[CalibrationRow]:
+    # One backend per combination: model and optimizer state stay resident across batch
+    # sizes, as in training; the session frees them before the next combination.
+    with (
+        real(settings, target).session() as device,
+        simulated(settings, target).session() as sim,
+    ):
+        checks = [(batch, "") for batch in batch_sizes]
+        if emulate is not None:
+            checks += boundary_checks(*boundary(settings, target))
+        for batch, label in checks:
+            before = _counters(cuda) if device.measured else None
+            measured, predicted = device.measure(batch), sim.measure(batch)
+            yield _row(env, settings, target, measured, predicted, before, label)
 
 
 def _session(settings: Settings, gpu: gpus.GPU, backend: str, cuda: Any = None) -> Session:
     return Session(replace(settings, backend=backend), gpu=gpu, cuda=cuda)
 
 
-def predicted_boundary(settings: Settings, gpu: gpus.GPU) -> tuple[int, int]:
-    """The largest batch a simulated sweep on catalog GPU `gpu` (no margin) says runs, 0 when
-    none does, and the sweep's step."""
-    session = Session(replace(settings, backend="sim", gpu=gpu.name, margin="0%"))
-    best = session.analyze(fixes=False, plan=False).max_fit
-    return (best.batch_size if best is not None else 0), settings.step
+def predicted_boundary(settings: Settings, gpu: gpus.GPU) -> tuple[int, int, int]:
+    """What simulated sweeps on catalog GPU `gpu` say: the largest batch that runs (no margin),
+    the sweep's step, and the batch MemoryMark recommends (the default margin, no allocation
+    retry); 0 for a batch when there is none."""
+    runs = Session(replace(settings, backend="sim", gpu=gpu.name, margin="0%"))
+    best = runs.analyze(fixes=False, plan=False).max_fit
+    advised = Session(replace(settings, backend="sim", gpu=gpu.name, margin=RECOMMENDED_MARGIN))
+    optimal = advised.analyze(fixes=False, plan=False).optimal
+    return (
+        best.batch_size if best is not None else 0,
+        settings.step,
+        optimal.batch_size if optimal is not None else 0,
+    )
 
 
-def boundary_checks(max_batch: int, step: int) -> list[tuple[int, str]]:
-    """(batch, boundary_check) pairs to measure: the predicted maximum must run and one step
-    past it must not; when nothing is predicted to run, batch 1 must not."""
+def boundary_checks(max_batch: int, step: int, recommended: int = 0) -> list[tuple[int, str]]:
+    """(batch, boundary_check) pairs to measure: the recommended batch must fit, the predicted
+    maximum must run and one step past it must not; when nothing is predicted to run, batch 1
+    must not."""
     if max_batch < 1:
         return [(1, BOUNDARY_PAST_MAX)]
-    return [(max_batch, BOUNDARY_MAX), (max_batch + step, BOUNDARY_PAST_MAX)]
+    checks = [(recommended, BOUNDARY_RECOMMENDED)] if 0 < recommended < max_batch else []
+    return [*checks, (max_batch, BOUNDARY_MAX), (max_batch + step, BOUNDARY_PAST_MAX)]
 
 
 @contextlib.contextmanager

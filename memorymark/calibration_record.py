@@ -18,6 +18,9 @@ from typing import Any
 
 from memorymark.calibration_env import Environment
 
+BOUNDARY_RECOMMENDED = "recommended"
+"""`boundary_check` of the row at the batch MemoryMark recommends (default margin, no
+allocation retry), which must fit."""
 BOUNDARY_MAX = "max fits"
 """`boundary_check` of the row at the largest batch the simulation says runs."""
 BOUNDARY_PAST_MAX = "max+step OOM"
@@ -44,7 +47,8 @@ class CalibrationRow:
     batch_size: int
     grad_accum: int
     boundary_check: str = ""
-    """BOUNDARY_MAX or BOUNDARY_PAST_MAX for the --emulate-gpu boundary rows, else empty."""
+    """BOUNDARY_RECOMMENDED, BOUNDARY_MAX or BOUNDARY_PAST_MAX for the --emulate-gpu boundary
+    rows, else empty."""
     capacity_bytes: int
     """What the verdicts were judged against: the caching allocator's capacity (total less the
     CUDA context) of the emulated GPU, else of this one."""

@@ -407,7 +407,11 @@ def _calibrate(args: argparse.Namespace) -> int:
     )
     emulate = gpus.find_gpu(args.emulate_gpu) if args.emulate_gpu else None
     rows = []
-    for row in calibration.calibrate(grid, args.batch_sizes, emulate=emulate):
+
+    def skipped(settings: Settings, reason: str) -> None:
+        print(f"skipped {settings.model} ({settings.precision}): {reason}", file=sys.stderr)
+
+    for row in calibration.calibrate(grid, args.batch_sizes, emulate=emulate, on_skip=skipped):
         rows.append(row)
         if not args.json:
             _print_calibration_row(row)

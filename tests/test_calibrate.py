@@ -17,15 +17,22 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from benchmarks.calibration_table import table
+from benchmarks.calibration_table import summary, table
 from memorymark import calibrate as calibration
-from memorymark.calibrate import calibrate, cap_fraction, settings_grid
+from memorymark.calibrate import (
+    RECOMMENDED_MARGIN,
+    boundary_checks,
+    calibrate,
+    cap_fraction,
+    settings_grid,
+)
 from memorymark.calibration_env import Environment, driver_version, git_commit
 from memorymark.calibration_record import COLUMNS, CalibrationRow, file_stem, write
 from memorymark.cli import build_parser, main
 from memorymark.devices import CpuBackend, DeviceBackend
 from memorymark.gpus import find_gpu
 from memorymark.measurement import Measurement
+from memorymark.settings import Settings
 from memorymark.sim import SimBackend
 from memorymark.stamp import memorymark_version
 from memorymark.workload import Workload
@@ -300,8 +307,10 @@ class CappedDevice:
 
 
 def test_emulation_caps_the_allocator_at_the_gpus_capacity_and_checks_the_predicted_boundary():
-    # GPT-2 at seq 128 on a T4: the simulation says 64 runs (after a cache flush) and 72 does
-    # not (step 8).
+    # GPT-2 at seq 128 on a T4 (step 8): the simulation recommends 48, says 56 runs (its first
+    # step after a cache flush, its second too) and 64 does not (its first step squeezes
+    # through after a flush, its second runs out of memory, as GPT-2 and BERT did on a capped
+    # H100).
     cuda = FakeCuda()
     t4 = find_gpu("T4")
     rows = list(
@@ -310,7 +319,7 @@ def test_emulation_caps_the_allocator_at_the_gpus_capacity_and_checks_the_predic
             (8,),
             emulate=t4,
             cuda=cuda,
-            real=lambda settings, gpu: CappedDevice(cuda, full_at=68),
+            real=lambda settings, gpu: CappedDevice(cuda, full_at=60),
             nvml=NVML,
         )
     )
@@ -318,16 +327,18 @@ def test_emulation_caps_the_allocator_at_the_gpus_capacity_and_checks_the_predic
     assert cuda.fractions == [(t4.usable_bytes / A10_TOTAL, 0), (1.0, 0)]
     assert [(r.batch_size, r.boundary_check) for r in rows] == [
         (8, ""),
-        (64, "max fits"),
-        (72, "max+step OOM"),
+        (48, "recommended"),
+        (56, "max fits"),
+        (64, "max+step OOM"),
     ]
     assert {(r.environment.emulated_gpu, r.capacity_bytes) for r in rows} == {
         ("T4", t4.usable_bytes)
     }
-    _, at_max, past_max = rows
+    _, recommended, at_max, past_max = rows
+    assert (recommended.measured_fits, recommended.predicted_fits) == (True, True)
     assert (at_max.measured_fits, at_max.predicted_fits, at_max.verdict_agrees) == (True,) * 3
     capped_bytes = int(cuda.fractions[0][0] * A10_TOTAL)
-    assert at_max.measured_reserved_bytes == int(capped_bytes * 64 / 68)
+    assert at_max.measured_reserved_bytes == int(capped_bytes * 56 / 60)
     assert at_max.predicted_reserved_bytes <= t4.usable_bytes
     assert (past_max.measured_fits, past_max.predicted_fits, past_max.verdict_agrees) == (
         False,
@@ -469,7 +480,7 @@ def test_memorymark_version_matches_the_project_metadata():
 
 # -- the README accuracy table -----------------------------------------------------------------
 def test_the_accuracy_table_says_so_when_there_is_no_data(tmp_path):
-    assert table(tmp_path) == "no calibration data yet"
+    assert table(tmp_path) == summary(tmp_path) == "no calibration data yet"
 
 
 def test_the_accuracy_table_reads_every_csv(tmp_path):
@@ -519,6 +530,18 @@ def test_the_accuracy_table_reads_every_csv(tmp_path):
         }
     )
     write([oom], tmp_path, DAY)
+    assert summary(tmp_path).splitlines() == [
+        "| GPU | rows | allocated error, median / worst | reserved error, median / worst "
+        "| verdicts agree |",
+        "| --- | ---: | ---: | ---: | ---: |",
+        "| NVIDIA A10 | 1 | 2.2% / +2.2% | 5.0% / +5.0% | 1 of 1 |",
+        "| NVIDIA A10 as T4 | 1 | n/a | n/a | 0 of 1 |",
+        "| all | 2 | 2.2% / +2.2% | 5.0% / +5.0% | 1 of 2 |",
+        "",
+        "Verdicts that disagree: 1",
+        "- NVIDIA A10 as T4, bert, full bf16-mixed adamw, checkpointing, seq 128, batch 72 "
+        "(max+step OOM): measured OOM, predicted runs",
+    ]
     assert table(tmp_path).splitlines() == [
         "| GPU | model | settings | batch | measured reserved GiB | predicted reserved GiB "
         "| error | verdict |",
@@ -528,3 +551,39 @@ def test_the_accuracy_table_reads_every_csv(tmp_path):
         "| NVIDIA A10 as T4 | bert | full bf16-mixed adamw, checkpointing, seq 128 "
         "| 72 (max+step OOM) | OOM | 10.500 | n/a | DISAGREE: measured OOM, predicted runs |",
     ]
+
+
+def test_a_combination_the_model_cannot_build_is_skipped_with_its_reason():
+    cuda = FakeCuda()
+    skipped = []
+    grid = settings_grid(
+        ["tiny-resnet", "tiny-bert"], grad_checkpointing=[True], protocols=["full"]
+    )
+    rows = list(
+        calibrate(
+            grid,
+            (2,),
+            cuda=cuda,
+            nvml=NVML,
+            real=lambda settings, gpu: CappedDevice(cuda, full_at=1000),
+            on_skip=lambda s, why: skipped.append((s.model, why)),
+        )
+    )
+    assert [r.model for r in rows] == ["tiny-bert"]
+    assert [(model, "gradient checkpointing" in why) for model, why in skipped] == [
+        ("tiny-resnet", True)
+    ]
+
+
+def test_the_recommended_batch_is_checked_below_the_maximum_only():
+    assert boundary_checks(56, 8, 48) == [
+        (48, "recommended"),
+        (56, "max fits"),
+        (64, "max+step OOM"),
+    ]
+    assert boundary_checks(56, 8, 56) == [(56, "max fits"), (64, "max+step OOM")]
+    assert boundary_checks(0, 8, 0) == [(1, "max+step OOM")]
+
+
+def test_recommendations_are_checked_at_the_apps_default_margin():
+    assert Settings(model="bert").margin == RECOMMENDED_MARGIN
