@@ -28,26 +28,28 @@ chunk() {  # chunk NAME LIMIT_S ARGS...: one calibrate run, skipped when the bud
     grep -v -e 'RuntimeWarning' -e 'return next(self.gen)' | tee "$out/$name.log"
 }
 
-# 1. Every small catalog model at the three precisions, small and mid batches.
-chunk 01-small 150 --models bert gpt2 resnet vit t5-small \
-  --precisions 32-true bf16-mixed bf16-true --protocols full --batch-sizes 8 64
-# 2. The two small LLMs at the three precisions.
-chunk 02-llm 120 --models qwen2.5-0.5b llama-3.2-1b \
+# 1-3. Smaller GPUs on this one: the recommended batch must fit, the predicted maximum must
+# run and one step past it must not.
+chunk 01-as-a10 120 --emulate-gpu A10 --models bert gpt2 resnet \
+  --precisions 32-true bf16-mixed --protocols full --batch-sizes 16
+chunk 02-as-t4 80 --emulate-gpu T4 --models bert gpt2 --precisions 16-mixed \
+  --protocols full --batch-sizes 16
+chunk 03-as-l4 80 --emulate-gpu L4 --models gpt2 resnet --precisions bf16-mixed \
+  --protocols full --batch-sizes 16
+# 4. The two small LLMs at the three precisions.
+chunk 04-llm 120 --models qwen2.5-0.5b llama-3.2-1b \
   --precisions 32-true bf16-mixed bf16-true --protocols full --batch-sizes 2 16
-# 3. Optimizers, checkpointing and the inference-style protocol.
-chunk 03-variants 110 --models bert gpt2 resnet --precisions bf16-mixed \
+# 5. Every small catalog model at the three precisions, small and mid batches.
+chunk 05-small 150 --models bert gpt2 resnet vit t5-small \
+  --precisions 32-true bf16-mixed bf16-true --protocols full --batch-sizes 8 64
+# 6. LoRA on both LLMs.
+chunk 06-lora 100 --models qwen2.5-0.5b llama-3.2-1b --precisions bf16-true bf16-mixed \
+  --lora-rank 16 --grad-checkpointing off on --protocols full --batch-sizes 8
+# 7. Optimizers, checkpointing and the inference-style protocol.
+chunk 07-variants 110 --models bert gpt2 resnet --precisions bf16-mixed \
   --optimizers adamw sgd --grad-checkpointing off on --protocols full inference-style \
   --batch-sizes 32
-# 4. LoRA on both LLMs.
-chunk 04-lora 90 --models qwen2.5-0.5b llama-3.2-1b --precisions bf16-true bf16-mixed \
-  --lora-rank 16 --grad-checkpointing off on --protocols full --batch-sizes 8
-# 5-8. Smaller GPUs on this one: the predicted maximum must run, one step past it must not.
-chunk 05-as-a10 80 --emulate-gpu A10 --models bert gpt2 resnet \
-  --precisions 32-true bf16-mixed --protocols full --batch-sizes 16
-chunk 06-as-t4 60 --emulate-gpu T4 --models bert gpt2 --precisions 16-mixed \
-  --protocols full --batch-sizes 16
-chunk 07-as-l4 60 --emulate-gpu L4 --models gpt2 resnet --precisions bf16-mixed \
-  --protocols full --batch-sizes 16
-chunk 08-as-a100-40gb 60 --emulate-gpu "A100 40GB" --models bert qwen2.5-0.5b \
+# 8. An LLM on an A100 40GB.
+chunk 08-as-a100-40gb 80 --emulate-gpu "A100 40GB" --models bert qwen2.5-0.5b \
   --precisions bf16-mixed --protocols full --batch-sizes 8
 echo "done at $((SECONDS - start))s"
