@@ -211,7 +211,7 @@ class Backend:
         optimizer = self._build_optimizer(model)
         tracker.phase_category = Category.OPTIMIZER_STATE
         with self._step_context(), tracker:
-            self.workload.prime_optimizer(model, optimizer)
+            self._prime(model, optimizer, tracker)
         self._failed_tracker = None
         if optimizer is not None:
             tracker.track_all(list(optimizer.state.values()), Category.OPTIMIZER_STATE)
@@ -223,6 +223,12 @@ class Backend:
         if self.workload.settings.quantization != "none":
             self._quantized_bytes = quantization.quantized_bytes(model)
         return tracker
+
+    def _prime(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, tracker: MemoryTracker
+    ) -> None:
+        """Create the optimizer's state before the first probe, as a first step would."""
+        self.workload.prime_optimizer(model, optimizer)
 
     def _label_gradient(self, param: torch.Tensor) -> None:
         if self._tracker is not None and param.grad is not None and not self._timing:

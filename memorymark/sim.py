@@ -32,12 +32,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.amp.grad_scaler import OptState
 
 from memorymark import cuda_rules, gpus, liger
-from memorymark.backend import Backend
+from memorymark.backend import PHASE_CATEGORY, Backend
 from memorymark.scoped_patch import ScopedPatch
 from memorymark.settings import Settings
-from memorymark.throughput import WorkCounter
-from memorymark.tracker import Segment
-from memorymark.workload import Workload
+from memorymark.throughput import Roofline, WorkCounter
+from memorymark.tracker import MemoryTracker, Segment
+from memorymark.workload import Phase, Workload
 
 
 def to_fake(module: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
@@ -124,6 +124,24 @@ class _WorkRecorder:
             add_work(self.counter, self.ops[-1:])
 
 
+class _OpLog:
+    """What each operator adds to a WorkCounter, zeros included, one entry per operator (as
+    the tracker logs one operator end each), so a stretch of operators can be cut out."""
+
+    def __init__(self, roofline: Roofline) -> None:
+        self.roofline = roofline
+        self.ops: list[tuple[int, int, float]] = []
+
+    def count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        one = WorkCounter(self.roofline)
+        one.count(func, args, kwargs, out)
+        self.ops.append((one.flops, one.bytes_moved, one.roofline_seconds))
+
+
+_STATE_FIRST = (torch.optim.Adam, torch.optim.AdamW)
+"""Optimizers whose first step creates all their state before the update (`_state_first`)."""
+
+
 def add_work(counter: WorkCounter, ops: list[tuple[int, int, float]]) -> None:
     """Add recorded operators' FLOPs, bytes and roofline seconds to `counter`, one by one as
     `WorkCounter.count` adds them (a float sum depends on its order)."""
@@ -203,6 +221,46 @@ class SimBackend(Backend):
         if self.workload.settings.kernels == "liger":
             self._kernel_patches = liger.rope_patches(model)
         return to_fake(model, self._fake_mode)
+
+    def _prime(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, tracker: MemoryTracker
+    ) -> None:
+        if not self._state_first(optimizer):
+            super()._prime(model, optimizer, tracker)
+            return
+
+        def record(first_step: Callable[[], None]) -> None:
+            # The first step creates the state, then runs the update every later step runs:
+            # keep the update as the optimizer phase's record, so no probe has to run it.
+            ops = _OpLog(self.roofline) if self.roofline is not None else None
+            tracker.work_counter = ops
+            tracker.start_segment()
+            try:
+                first_step()
+            finally:
+                tracker.work_counter = None
+            later = tracker.finish_state_segment(PHASE_CATEGORY[Phase.OPTIMIZER])
+            if later is not None:
+                segment, cut = later
+                kept = ops.ops[: cut.start] + ops.ops[cut.stop :] if ops else []
+                work = [op for op in kept if any(op)] if ops else None
+                self._optimizer_record = segment, work
+
+        self.workload.prime_optimizer(model, optimizer, record)
+
+    def _state_first(self, optimizer: torch.optim.Optimizer | None) -> bool:
+        """Whether this optimizer's first step makes all its state before its update, the
+        update being what every later step runs: Adam and AdamW (torch/optim/adam.py
+        `_init_group` creates `step`, `exp_avg` and `exp_avg_sq` before any arithmetic, for the
+        foreach, fused and for-loop kernels alike). Not SGD (momentum is cloned inside the
+        update), nor a GradScaler's or clipping's extra work around the step."""
+        s = self.workload.settings
+        return (
+            self.reuse_optimizer_step
+            and type(optimizer) in _STATE_FIRST
+            and s.max_grad_norm is None
+            and not cuda_rules.uses_grad_scaler(s.precision)
+        )
 
     def _run_optimizer(self, optimizer_phase: Callable[[], None]) -> None:
         tracker = self._tracker

@@ -289,6 +289,53 @@ class MemoryTracker(TorchDispatchMode):
         )
         return segment if standalone and periodic else None
 
+    def finish_state_segment(self, category: Category) -> tuple[Segment, range] | None:
+        """Stop recording a first optimizer step that creates all its state in one stretch
+        before its update, and return the step as a later one runs it: without the operators
+        from the one that made the first allocation still alive at the end (the state) to the
+        one that made the last, its allocations relabelled `category`; with the range of
+        operators cut out. None when no state was made, when the stretch cut out or what
+        follows frees or relabels what it should not, or when an allocation outside the
+        stretch is left alive (state made inside the update, as SGD's momentum: the cut would
+        not be what a later step runs)."""
+        log, self._log = self._log or [], None
+        first, end = self._log_first_seq, self._next_seq
+        self._previous = None
+        freed = {seq - first for kind, _, _, seq in log if kind == _FREE_RAW}
+        op_starts = [0]  # the item each operator's items begin at, in order
+        state_ops: list[int] = []  # the operators that made state
+        seq = 0
+        for i, (kind, *_) in enumerate(log):
+            if kind == _ALLOC:
+                if seq not in freed and (not state_ops or state_ops[-1] != len(op_starts) - 1):
+                    state_ops.append(len(op_starts) - 1)
+                seq += 1
+            elif kind == _OP_END:
+                op_starts.append(i + 1)
+        if not state_ops or state_ops[-1] >= len(op_starts) - 1:
+            return None
+        cut = range(state_ops[0], state_ops[-1] + 1)
+        head, tail = log[: op_starts[cut.start]], log[op_starts[cut.stop] :]
+        head_allocs = sum(1 for kind, *_ in head if kind == _ALLOC)
+        cut_allocs = sum(1 for kind, *_ in log[op_starts[cut.start] : op_starts[cut.stop]]
+                         if kind == _ALLOC)  # fmt: skip
+        items = []
+        for kind, nbytes, _, seq in (*head, *tail):
+            if kind == _ALLOC:
+                items.append((_ALLOC, nbytes, category, 0))
+            elif kind == _FREE_RAW and first <= seq < first + head_allocs:
+                items.append((_FREE_OWN, nbytes, category, seq - first))
+            elif kind == _FREE_RAW and first + head_allocs + cut_allocs <= seq < end:
+                items.append((_FREE_OWN, nbytes, category, seq - first - cut_allocs))
+            elif kind == _OP_END:
+                items.append(_OP_END_ITEM)
+            else:
+                return None  # a free of the state or of something older, or a relabel
+        allocations = end - first - cut_allocs
+        if sum(1 for item in items if item[0] == _FREE_OWN) != allocations:
+            return None  # something outside the cut stays alive: a later step would differ
+        return Segment(tuple(items), allocations, frozenset()), cut
+
     def splice(self, segment: Segment) -> None:
         """Count `segment` as if the stretch it recorded ran again now: its allocations and
         frees (numbered as they would be) into the event log, its operators into the timeline

@@ -143,10 +143,17 @@ class Workload:
                 batch["labels"] = torch.zeros(batch_size, dtype=torch.long, device=device)
         return batch
 
-    def prime_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    def prime_optimizer(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        run_step: RunOptimizer = _run_now,
+    ) -> None:
         """Create the optimizer's state (AdamW's moments, SGD's momentum) with zero gradients.
 
         Every real step after the first carries this state, so each measured step must too.
+        `run_step` runs the optimizer's first step (without a GradScaler), as `run_step`'s
+        `run_optimizer` runs later ones: the simulation records it.
         """
         if optimizer is None:
             return
@@ -161,7 +168,7 @@ class Workload:
             scaler.step(optimizer)
             scaler.update()
         else:
-            optimizer.step()
+            run_step(optimizer.step)
         optimizer.zero_grad(set_to_none=True)
 
     def run_step(
