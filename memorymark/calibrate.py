@@ -31,7 +31,7 @@ from memorymark.calibration_record import (
 from memorymark.devices import cuda_available, detect_cuda_gpu
 from memorymark.engine import Session
 from memorymark.measurement import Measurement
-from memorymark.settings import PROTOCOLS, Settings
+from memorymark.settings import PROTOCOLS, Search, Settings
 
 DEFAULT_MODELS = ("bert", "gpt2", "resnet")
 DEFAULT_BATCH_SIZES = (4, 8, 16)
@@ -43,8 +43,8 @@ BackendFactory = Callable[[Settings, gpus.GPU], Backend]
 BoundaryPredictor = Callable[[Settings, gpus.GPU], tuple[int, ...]]
 """Settings and a catalog GPU -> (largest batch the simulation says runs, search step[, the
 batch it recommends])."""
-RECOMMENDED_MARGIN = "2%"
-"""The margin a recommendation keeps: the CLI's and the app's default (`Settings.margin`)."""
+RECOMMENDED_MARGIN = Search().margin
+"""The margin a recommendation keeps: the CLI's and the app's default."""
 
 
 class NoGpuError(RuntimeError):
@@ -118,38 +118,23 @@ def calibrate(
     with capped(cuda, emulate, device_gpu):
         for settings in grid:
             try:
-                yield from _combination(settings, target, batch_sizes, emulate, cuda, env,
-                                        real, simulated, boundary)  # fmt: skip
+                # One backend per combination: model and optimizer state stay resident across
+                # batch sizes, as in training; the session frees them before the next one.
+                with (
+                    real(settings, target).session() as device,
+                    simulated(settings, target).session() as sim,
+                ):
+                    checks = [(batch, "") for batch in batch_sizes]
+                    if emulate is not None:
+                        checks += boundary_checks(*boundary(settings, target))
+                    for batch, label in checks:
+                        before = _counters(cuda) if device.measured else None
+                        measured, predicted = device.measure(batch), sim.measure(batch)
+                        yield _row(env, settings, target, measured, predicted, before, label)
             except ValueError as exc:
                 if on_skip is None:
                     raise
                 on_skip(settings, str(exc))
-
-
-def _combination(
-    settings: Settings,
-    target: gpus.GPU,
-    batch_sizes: tuple[int, ...],
-    emulate: gpus.GPU | None,
-    cuda: Any,
-    env: Environment,
-    real: BackendFactory,
-    simulated: BackendFactory,
-    boundary: BoundaryPredictor,
-) -> Iterator[CalibrationRow]:
-    # One backend per combination: model and optimizer state stay resident across batch
-    # sizes, as in training; the session frees them before the next combination.
-    with (
-        real(settings, target).session() as device,
-        simulated(settings, target).session() as sim,
-    ):
-        checks = [(batch, "") for batch in batch_sizes]
-        if emulate is not None:
-            checks += boundary_checks(*boundary(settings, target))
-        for batch, label in checks:
-            before = _counters(cuda) if device.measured else None
-            measured, predicted = device.measure(batch), sim.measure(batch)
-            yield _row(env, settings, target, measured, predicted, before, label)
 
 
 def _session(settings: Settings, gpu: gpus.GPU, backend: str, cuda: Any = None) -> Session:
@@ -157,13 +142,13 @@ def _session(settings: Settings, gpu: gpus.GPU, backend: str, cuda: Any = None) 
 
 
 def predicted_boundary(settings: Settings, gpu: gpus.GPU) -> tuple[int, int, int]:
-    """What simulated sweeps on catalog GPU `gpu` say: the largest batch that runs (no margin),
-    the sweep's step, and the batch MemoryMark recommends (the default margin, no allocation
-    retry); 0 for a batch when there is none."""
-    runs = Session(replace(settings, backend="sim", gpu=gpu.name, margin="0%"))
-    best = runs.analyze(fixes=False, plan=False).max_fit
-    advised = Session(replace(settings, backend="sim", gpu=gpu.name, margin=RECOMMENDED_MARGIN))
-    optimal = advised.analyze(fixes=False, plan=False).optimal
+    """What a simulated sweep on catalog GPU `gpu` says: the largest batch that runs (judged
+    against the whole capacity, whatever the margin), the sweep's step, and the batch
+    MemoryMark recommends (the default margin, no allocation retry); 0 for a batch when there
+    is none."""
+    session = Session(replace(settings, backend="sim", gpu=gpu.name, margin=RECOMMENDED_MARGIN))
+    report = session.analyze(fixes=False, plan=False)
+    best, optimal = report.max_fit, report.optimal
     return (
         best.batch_size if best is not None else 0,
         settings.step,
