@@ -109,33 +109,22 @@ def _reuse_by_default() -> bool:
 
 
 class _WorkRecorder:
-    """Counts each operator into `counter` and keeps what each one added, in order, so a
-    later step adds the very same floats in the very same order."""
+    """Keeps what each operator adds to a WorkCounter, in order, one entry per operator (zeros
+    too, as the tracker logs one operator end each, so a stretch of operators can be cut out),
+    and counts it into `counter` when given: a later step adds the very same floats in the
+    very same order (adding a zero leaves a sum as it was)."""
 
-    def __init__(self, counter: WorkCounter) -> None:
-        self.counter = counter
-        self.ops: list[tuple[int, int, float]] = []
-
-    def count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        one = WorkCounter(self.counter.roofline)
-        one.count(func, args, kwargs, out)
-        if one.flops or one.bytes_moved or one.roofline_seconds:
-            self.ops.append((one.flops, one.bytes_moved, one.roofline_seconds))
-            add_work(self.counter, self.ops[-1:])
-
-
-class _OpLog:
-    """What each operator adds to a WorkCounter, zeros included, one entry per operator (as
-    the tracker logs one operator end each), so a stretch of operators can be cut out."""
-
-    def __init__(self, roofline: Roofline) -> None:
+    def __init__(self, roofline: Roofline, counter: WorkCounter | None = None) -> None:
         self.roofline = roofline
+        self.counter = counter
         self.ops: list[tuple[int, int, float]] = []
 
     def count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         one = WorkCounter(self.roofline)
         one.count(func, args, kwargs, out)
         self.ops.append((one.flops, one.bytes_moved, one.roofline_seconds))
+        if self.counter is not None:
+            add_work(self.counter, self.ops[-1:])
 
 
 _STATE_FIRST = (torch.optim.Adam, torch.optim.AdamW)
@@ -232,8 +221,8 @@ class SimBackend(Backend):
         def record(first_step: Callable[[], None]) -> None:
             # The first step creates the state, then runs the update every later step runs:
             # keep the update as the optimizer phase's record, so no probe has to run it.
-            ops = _OpLog(self.roofline) if self.roofline is not None else None
-            tracker.work_counter = ops
+            recorder = _WorkRecorder(self.roofline) if self.roofline is not None else None
+            tracker.work_counter = recorder
             tracker.start_segment()
             try:
                 first_step()
@@ -242,8 +231,7 @@ class SimBackend(Backend):
             later = tracker.finish_state_segment(PHASE_CATEGORY[Phase.OPTIMIZER])
             if later is not None:
                 segment, cut = later
-                kept = ops.ops[: cut.start] + ops.ops[cut.stop :] if ops else []
-                work = [op for op in kept if any(op)] if ops else None
+                work = recorder.ops[: cut.start] + recorder.ops[cut.stop :] if recorder else None
                 self._optimizer_record = segment, work
 
         self.workload.prime_optimizer(model, optimizer, record)
@@ -279,7 +267,9 @@ class SimBackend(Backend):
             # after the first probe): record again. (State spliced as replaced, Adafactor's
             # RMS, would then be counted freed twice; no caller sets a roofline that late.)
             self._optimizer_record = None
-        recorder = _WorkRecorder(counter) if isinstance(counter, WorkCounter) else None
+        recorder = (
+            _WorkRecorder(counter.roofline, counter) if isinstance(counter, WorkCounter) else None
+        )
         tracker.work_counter = recorder or counter
         tracker.start_segment()
         completed = False

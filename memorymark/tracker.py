@@ -302,7 +302,8 @@ class MemoryTracker(TorchDispatchMode):
         first, end = self._log_first_seq, self._next_seq
         self._previous = None
         freed = {seq - first for kind, _, _, seq in log if kind == _FREE_RAW}
-        op_starts = [0]  # the item each operator's items begin at, in order
+        # Where each operator's items begin, and how many allocations come before it.
+        op_starts, allocs_before = [0], [0]
         state_ops: list[int] = []  # the operators that made state
         seq = 0
         for i, (kind, *_) in enumerate(log):
@@ -312,13 +313,13 @@ class MemoryTracker(TorchDispatchMode):
                 seq += 1
             elif kind == _OP_END:
                 op_starts.append(i + 1)
+                allocs_before.append(seq)
         if not state_ops or state_ops[-1] >= len(op_starts) - 1:
             return None
         cut = range(state_ops[0], state_ops[-1] + 1)
         head, tail = log[: op_starts[cut.start]], log[op_starts[cut.stop] :]
-        head_allocs = sum(1 for kind, *_ in head if kind == _ALLOC)
-        cut_allocs = sum(1 for kind, *_ in log[op_starts[cut.start] : op_starts[cut.stop]]
-                         if kind == _ALLOC)  # fmt: skip
+        head_allocs = allocs_before[cut.start]
+        cut_allocs = allocs_before[cut.stop] - head_allocs
         items = []
         for kind, nbytes, _, seq in (*head, *tail):
             if kind == _ALLOC:
