@@ -19,7 +19,8 @@ from dataclasses import replace
 
 from memorymark import Session, Settings
 from memorymark.cuda_rules import sdpa
-from memorymark.gpus import GIB, find_gpu
+from memorymark.gpus import find_gpu
+from memorymark.units import GIB
 
 CASES = (
     ("BERT-base seq 128", Settings(model="bert", seq_len=128)),

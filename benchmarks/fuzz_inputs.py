@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/fuzz_inputs.py [--cases 300] [--seed 0]
 
 Entry points: URL query parameters (`Settings.from_query`, `Costs.from_query`), the command line
-(`memorymark.cli.main`, with the engine stubbed so a case costs parsing and validation; a few
+(`memorymark.cli.parser.main`, with the engine stubbed so a case costs parsing and validation; a few
 tiny real runs too), config.json contents (`file:` specs, and every accepted one built on the
 meta device), paths that are not regular files, and model specs (`hf:`, `timm:`,
 `torchvision:`, `file:`, catalog names). A failure is an exception other than ValueError (a
@@ -31,7 +31,10 @@ from pathlib import Path
 
 import huggingface_hub
 
-from memorymark import cli, commands, model_sources, models
+from memorymark import models
+from memorymark.cli import commands
+from memorymark.cli import parser as cli
+from memorymark.models import catalog, sources
 from memorymark.settings import COST_NAMES, FIELD_NAMES, Costs, Settings
 
 CASE_SECONDS = 20  # per case; the slowest accepted config build takes a few seconds
@@ -198,8 +201,8 @@ TINY_BERT = {"model_type": "bert", "hidden_size": 32, "num_attention_heads": 2,
 def config_case(path: Path, content: bytes) -> Callable[[], str | None]:
     def case() -> None:
         path.write_bytes(content)
-        model_sources.from_config_file.cache_clear()
-        models._config_dict.cache_clear()
+        sources.from_config_file.cache_clear()
+        catalog._config_dict.cache_clear()
         entry = models.find_model(f"file:{path}")
         for task in entry.tasks:  # an accepted config is built too (meta device: no memory)
             models.parameter_count(entry, task)

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from memorymark.engine import Session
-from memorymark.gpus import GIB, MIB, find_gpu
+from memorymark.gpus import find_gpu
 from memorymark.settings import Settings
+from memorymark.units import GIB, MIB
 
 QUANTITIES = ("allocated", "reserved", "device-used")
 CONFIGS = Path(__file__).resolve().parent / "configs"

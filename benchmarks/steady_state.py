@@ -21,9 +21,9 @@ from dataclasses import replace
 import torch
 
 from memorymark import Session, Settings, gpus
-from memorymark.calibrate import capped
-from memorymark.devices import detect_cuda_gpu
-from memorymark.oom import is_oom
+from memorymark.backends.oom import is_oom
+from memorymark.backends.resolve import detect_cuda_gpu
+from memorymark.calibration.run import capped
 
 
 def real_steps(settings: Settings, gpu: gpus.GPU, batch: int, steps: int) -> list[dict]:

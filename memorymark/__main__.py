@@ -1,11 +1,12 @@
-"""`python -m memorymark` and the `memorymark` console script: see memorymark/cli.py.
+"""`python -m memorymark` and the `memorymark` console script: see memorymark/cli/parser.py.
 
 `run()` runs the command, flushes what it printed, and leaves the process without the
 interpreter's teardown: unloading torch and transformers takes about a second and does nothing
 for a finished command. Output cut short by a closed pipe (`... --json | head`) ends the command
 quietly, with status 1 as Python's own docs suggest for EPIPE. Tests call `cli.main()` instead,
 which returns the status and leaves the process alone.
-Must not know any command's work: that is memorymark/cli.py's and memorymark/commands.py's.
+Must not know any command's work: that is memorymark/cli/parser.py's and
+memorymark/cli/commands.py's.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 
 def run() -> None:
     """Run one command from `sys.argv` and exit with its status, skipping teardown."""
-    from memorymark.cli import main
+    from memorymark.cli.parser import main
 
     try:
         status = main()

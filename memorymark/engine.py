@@ -29,22 +29,22 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from memorymark import models
+from memorymark.environment import stamp
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
-from memorymark.plan import TrainingPlan, plan_for_target
 from memorymark.report import Report
+from memorymark.search.plan import TrainingPlan, plan_for_target
 from memorymark.settings import Costs, Settings, check_model
-from memorymark.stamp import stamp
 from memorymark.units import memory_source
 
 if TYPE_CHECKING:
-    from memorymark.backend import Backend
-    from memorymark.compare import GpuFit
+    from memorymark.analyses.compare import GpuFit
+    from memorymark.analyses.fixes import FitAnswer
+    from memorymark.analyses.proof import BackwardProof, ProtocolResult
+    from memorymark.analyses.scale_out import GpuSearch, ScaleOutRow
+    from memorymark.backends.base import Backend
     from memorymark.fit import FitPolicy
-    from memorymark.fixes import FitAnswer
-    from memorymark.proof import BackwardProof, ProtocolResult
-    from memorymark.scale_out import GpuSearch, ScaleOutRow
-    from memorymark.seq_search import SeqLenAnswer
+    from memorymark.search.seq_len import SeqLenAnswer
 
 
 class Session:
@@ -59,20 +59,22 @@ class Session:
         # The model is resolved first (a `file:` config or the hub is read here, as Settings
         # validate with no I/O), so a model that cannot be read fails before torch loads.
         check_model(settings)
-        from memorymark import devices  # torch loads here, not when the front door is imported
+        from memorymark.backends import (
+            resolve,  # torch loads here, not when the front door is imported
+        )
 
         self.settings = settings
         self._cuda = cuda
-        self.backend_name = devices.resolve_backend_name(settings, cuda)
+        self.backend_name = resolve.resolve_backend_name(settings, cuda)
         """cuda, mps, sim or cpu."""
-        self.gpu: GPU = devices.rank_gpu(
-            settings, gpu or devices.resolve_gpu(settings, self.backend_name, cuda)
+        self.gpu: GPU = resolve.rank_gpu(
+            settings, gpu or resolve.resolve_gpu(settings, self.backend_name, cuda)
         )
         """The GPU every figure answers for: detected on this machine, or from the catalog;
         on many GPUs, one rank's view of it (NCCL's buffers taken out of usable memory)."""
         self.gpu.check_precision(settings.precision)
         self.gpu.check_attention(settings.attention)
-        self.policy: FitPolicy = devices.fit_policy(settings, self.gpu)
+        self.policy: FitPolicy = resolve.fit_policy(settings, self.gpu)
         """Capacity and margin: what every verdict of this session is judged against."""
         self.gpu_search: GpuSearch | None = None
         """How `--gpus auto` chose this session's GPU count (set by `with_min_gpus`)."""
@@ -98,13 +100,13 @@ class Session:
 
     def open_backend(self, settings: Settings | None = None) -> Backend:
         """A fresh backend for `settings` (this session's by default) on this session's GPU."""
-        from memorymark import devices
+        from memorymark.backends import resolve
 
         s = settings or self.settings
         if self.backend_name in ("sim", "cpu"):
-            return devices.simulated_backend(s, self.gpu, self.backend_name)
+            return resolve.simulated_backend(s, self.gpu, self.backend_name)
         module = self._cuda if self.backend_name == "cuda" else None
-        return devices.device_backend(s, self.gpu, self.backend_name, module)
+        return resolve.device_backend(s, self.gpu, self.backend_name, module)
 
     # -- one batch, a sweep, its report -----------------------------------------------------------
     def measure(self, batch_size: int) -> Measurement:
@@ -125,8 +127,8 @@ class Session:
         The settings' time and probe limits end it early (`stopped_by` says which); a simulated
         model whose shortest sweep is estimated to outlast the time limit is refused
         (ValueError) before the first probe."""
-        from memorymark.strategies import STRATEGIES
-        from memorymark.sweep import SweepLimits, sweep
+        from memorymark.search.strategies import STRATEGIES
+        from memorymark.search.sweep import SweepLimits, sweep
 
         s = self.settings
         self.check_time_limit()
@@ -150,8 +152,8 @@ class Session:
 
     def check_time_limit(self) -> None:
         """Refuse (ValueError, one line) a simulated model whose shortest sweep is estimated to
-        outlast the settings' time limit (memorymark/sweep_estimate.py)."""
-        from memorymark.sweep_estimate import check_time_limit
+        outlast the settings' time limit (memorymark/search/estimate.py)."""
+        from memorymark.search.estimate import check_time_limit
 
         if self.backend_name == "sim":
             check_time_limit(self.settings)
@@ -169,9 +171,9 @@ class Session:
         """Yield (sequence length, measurement) for each length a sequence-length search tries
         at batch `settings.current_batch`, on one backend whose model and optimizer state stay
         resident; the grid is `settings.seq_step` tokens up to the model's positions."""
-        from memorymark.seq_search import SeqLenMeasurer, search_cap
-        from memorymark.strategies import STRATEGIES
-        from memorymark.sweep import sweep
+        from memorymark.search.seq_len import SeqLenMeasurer, search_cap
+        from memorymark.search.strategies import STRATEGIES
+        from memorymark.search.sweep import sweep
 
         s = self.settings
         cap = search_cap(s, models.find_model(s.model).max_positions)
@@ -192,7 +194,7 @@ class Session:
 
     def seq_len_answer(self) -> SeqLenAnswer:
         """The answer over every sequence length probed so far."""
-        from memorymark.seq_search import SeqLenAnswer, search_cap
+        from memorymark.search.seq_len import SeqLenAnswer, search_cap
 
         s = self.settings
         return SeqLenAnswer(
@@ -265,7 +267,7 @@ class Session:
 
     def fixes(self) -> FitAnswer:
         """When nothing fits: batch 1 as configured, and each change (or GPU) that might fit."""
-        from memorymark.fixes import what_would_fit
+        from memorymark.analyses.fixes import what_would_fit
 
         if self._fixes is None:
             batch_1 = next((m for m in self.measurements if m.batch_size == 1), None)
@@ -307,17 +309,17 @@ class Session:
     def min_gpus(self, counts: tuple[int, ...] | None = None) -> GpuSearch:
         """The smallest GPU count (of `counts`, a cluster's by default: 1-8, then whole 8-GPU
         nodes up to 1024) on which batch 1 trains under these settings' strategy."""
-        from memorymark.scale_out import min_gpus
+        from memorymark.analyses.scale_out import min_gpus
 
         if self.settings.dist == "none":
             raise ValueError("--gpus auto needs a distributed strategy (--dist)")
-        from memorymark import devices
-        from memorymark.scale_out import with_gpus
+        from memorymark.analyses.scale_out import with_gpus
+        from memorymark.backends import resolve
 
         gpu = self.gpu
 
         def capacity(n: int) -> int:
-            return devices.fit_policy(with_gpus(self.settings, n), gpu).capacity_bytes
+            return resolve.fit_policy(with_gpus(self.settings, n), gpu).capacity_bytes
 
         def measure(s: Settings) -> Measurement:
             return Session(s, cuda=self._cuda).measure(1)
@@ -327,7 +329,7 @@ class Session:
     def with_min_gpus(self, counts: tuple[int, ...] | None = None) -> Session:
         """A session on the smallest count that trains (the largest tried when none does),
         carrying the search for its report."""
-        from memorymark.scale_out import with_gpus
+        from memorymark.analyses.scale_out import with_gpus
 
         search = self.min_gpus(counts)
         chosen = search.min_gpus or max(n for n, _ in search.tried)
@@ -341,7 +343,7 @@ class Session:
         """Each GPU count's sweep as a row (per-rank memory, per-GPU batch, estimated time and
         cost of a run of `samples_per_run` samples), as it finishes."""
         from memorymark import models
-        from memorymark.scale_out import scale_out
+        from memorymark.analyses.scale_out import scale_out
 
         if self.settings.dist == "none":
             raise ValueError("scaling out needs a distributed strategy (--dist)")
@@ -360,7 +362,8 @@ class Session:
     ) -> tuple[list[GpuFit], list[Measurement]]:
         """Each catalog GPU's answer for these settings (simulated), priced against this
         session's GPU, and every measurement it took."""
-        from memorymark import compare, gpus
+        from memorymark import gpus
+        from memorymark.analyses import compare
 
         return compare.compare_gpus(
             self.settings, costs, catalog or gpus.CATALOG, reference=self.gpu
@@ -369,7 +372,7 @@ class Session:
     def proof(self, batch_size: int, *, sweeps: bool = False) -> Iterator[ProtocolResult]:
         """Forward-only, forward+backward, and the full step (eval and train) at `batch_size`,
         each as it lands (for live progress); with `sweeps`, each one's max batch too."""
-        from memorymark.proof import PROTOCOLS, ProtocolResult, protocol_settings
+        from memorymark.analyses.proof import PROTOCOLS, ProtocolResult, protocol_settings
 
         for key, label, _ in PROTOCOLS:
             variant = protocol_settings(self.settings, key)
@@ -390,7 +393,7 @@ class Session:
 
     def prove_backward(self, batch_size: int, *, sweeps: bool = False) -> BackwardProof:
         """The four protocols at `batch_size`, with the prototype's verdict."""
-        from memorymark.proof import BackwardProof
+        from memorymark.analyses.proof import BackwardProof
 
         return BackwardProof(
             batch_size=batch_size, results=tuple(self.proof(batch_size, sweeps=sweeps))
@@ -399,6 +402,6 @@ class Session:
 
 def local_gpu() -> GPU | None:
     """The CUDA GPU in this machine, or None (the app offers it as the "measured" choice)."""
-    from memorymark import devices
+    from memorymark.backends import resolve
 
-    return devices.local_gpu()
+    return resolve.local_gpu()

@@ -122,7 +122,7 @@ class Measurement:
     None when the weights are not quantized."""
     paged_bytes: int | None = None
     """Optimizer state in CUDA unified memory (bitsandbytes' paged optimizers): outside the
-    peak, the breakdown and the fit verdict (memorymark/paging.py); None when not paged."""
+    peak, the breakdown and the fit verdict (memorymark/step/paging.py); None when not paged."""
     pages_to_host: bool | None = None
     """True when the step and the paged state do not fit the GPU together: the step runs, its
     optimizer state paging to host memory (slower). None when not paged."""

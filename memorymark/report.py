@@ -19,17 +19,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from memorymark.fixes import Fix
+from memorymark.analyses.fixes import Fix
+from memorymark.environment import Stamp
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
-from memorymark.plan import TrainingPlan
+from memorymark.search.plan import TrainingPlan
+from memorymark.search.sweep import best_fit
 from memorymark.settings import Costs, Settings
-from memorymark.stamp import Stamp
-from memorymark.sweep import best_fit
 from memorymark.units import gib, memory_source
 
 if TYPE_CHECKING:
-    from memorymark.scale_out import GpuSearch
+    from memorymark.analyses.scale_out import GpuSearch
 
 # "Where larger batches stop paying off": the smallest batch within 5% of the best throughput.
 KNEE_FRACTION = 0.95
@@ -68,7 +68,7 @@ class Report:
     unverified_rules: tuple[str, ...] = ()
     """Simulation rules whose verified torch releases do not include `torch_version`."""
     stamp: Stamp | None = None
-    """Versions, backend, device and the time the analysis ended (memorymark/stamp.py)."""
+    """Versions, backend, device and the time the analysis ended (memorymark/environment.py)."""
     gpu_search: GpuSearch | None = None
     """`--gpus auto`: the smallest GPU count that trains batch 1, and the counts tried."""
 
@@ -357,7 +357,7 @@ class Report:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The `analyze --json` object (see memorymark/report_json.py)."""
-        from memorymark.report_json import report_to_dict
+        """The `analyze --json` object (see memorymark/reporting/json_form.py)."""
+        from memorymark.reporting.json_form import report_to_dict
 
         return report_to_dict(self)

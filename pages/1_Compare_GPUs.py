@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import streamlit as st
 
-from memorymark.compare import without_precision
-from memorymark.jobs import compare_gpus
+from memorymark.analyses.compare import without_precision
+from memorymark.service.jobs import compare_gpus
 from memorymark.settings import Costs
 from memorymark.ui import page_charts, page_runs, sidebar, tables, views
 

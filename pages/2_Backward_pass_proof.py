@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from memorymark.jobs import backward_proof
-from memorymark.proof import PROTOCOLS, BackwardProof
+from memorymark.analyses.proof import PROTOCOLS, BackwardProof
+from memorymark.service.jobs import backward_proof
 from memorymark.ui import charts, page_charts, page_runs, sidebar, tables, views
 
 st.set_page_config(page_title="Backward-pass proof · MemoryMark", layout="wide")

@@ -12,7 +12,7 @@ from dataclasses import replace
 import streamlit as st
 
 from memorymark import models
-from memorymark.jobs import longest_sequence
+from memorymark.service.jobs import longest_sequence
 from memorymark.ui import charts, page_runs, sidebar, tables, views
 
 st.set_page_config(page_title="Longest sequence · MemoryMark", layout="wide")

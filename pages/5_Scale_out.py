@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import streamlit as st
 
-from memorymark.jobs import scale_out
+from memorymark.service.jobs import scale_out
 from memorymark.ui import page_runs, scale_out_view, sidebar, views
 
 st.set_page_config(page_title="Scale out · MemoryMark", layout="wide")

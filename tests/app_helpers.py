@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator
 from streamlit.testing.v1 import AppTest
 
 from memorymark import gpus
-from memorymark.fixes import Fix
+from memorymark.analyses.fixes import Fix
 from memorymark.measurement import Breakdown, Measurement
-from memorymark.plan import TrainingPlan, plan_for_target
 from memorymark.report import Report
+from memorymark.search.plan import TrainingPlan, plan_for_target
 from memorymark.settings import Costs, Settings
 from memorymark.ui import sweep_runner
 from memorymark.units import GIB

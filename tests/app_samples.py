@@ -6,9 +6,9 @@ Not a test module: `test_app_charts.py` and `test_app_parts.py` import it.
 from __future__ import annotations
 
 from memorymark import gpus
-from memorymark.compare import GpuFit
+from memorymark.analyses.compare import GpuFit
+from memorymark.analyses.proof import BackwardProof, ProtocolResult
 from memorymark.measurement import Breakdown, Measurement
-from memorymark.proof import BackwardProof, ProtocolResult
 from memorymark.report import Report
 from memorymark.settings import Costs, Settings
 from memorymark.units import GIB

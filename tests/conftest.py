@@ -88,12 +88,12 @@ def function_backend() -> type[FunctionBackend]:
 def any_config_path() -> Iterator[None]:
     """Config files from anywhere: the app limits them to its upload folder once imported,
     and the config tests read tmp_path."""
-    from memorymark import model_sources
+    from memorymark.models import sources
 
-    before = model_sources._config_root
-    model_sources.restrict_config_files(None)
+    before = sources._config_root
+    sources.restrict_config_files(None)
     yield
-    model_sources.restrict_config_files(before)
+    sources.restrict_config_files(before)
 
 
 # The app tests' fixtures: imported lazily so engine-only test runs never load Streamlit.
@@ -119,9 +119,9 @@ class DeviceLock:
 def fresh_caches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> DeviceLock:
     """An app test's own result cache, device lock file and server (process-wide in the app):
     the server allows the cpu backend, and sweeps run on threads of the test process."""
-    from memorymark import jobs
-    from memorymark.executors import thread_service
-    from memorymark.server_config import ServerConfig
+    from memorymark.service import jobs
+    from memorymark.service.executors import thread_service
+    from memorymark.service.server_config import ServerConfig
     from memorymark.ui import sweep_runner
 
     cache, service = sweep_runner.ResultCache(), thread_service()
@@ -139,8 +139,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[type]:
     threads of the test process (a worker process would not see the patch)."""
     from app_helpers import FakeSession
 
-    from memorymark import jobs
-    from memorymark.executors import thread_service
+    from memorymark.service import jobs
+    from memorymark.service.executors import thread_service
     from memorymark.ui import sweep_runner
 
     class Fake(FakeSession):

@@ -1,12 +1,12 @@
 """The caching-allocator model: rounding, pools, segments, caching and OOM on hand-made events.
 
 Every expected number is worked out from the rules in c10/cuda/CUDACachingAllocator.cpp that
-memorymark/allocator.py cites.
+memorymark/accounting/allocator.py cites.
 """
 
 import pytest
 
-from memorymark.allocator import (
+from memorymark.accounting.allocator import (
     CachingAllocator,
     Prediction,
     replay,

@@ -12,9 +12,9 @@ from app_samples import sample_report
 from streamlit.testing.v1 import AppTest
 
 from memorymark import gpus
+from memorymark.environment import stamp
 from memorymark.history import History
 from memorymark.settings import Settings
-from memorymark.stamp import stamp
 
 PAGE = "../pages/3_History.py"  # AppTest resolves paths against this file
 

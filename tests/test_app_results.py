@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from app_helpers import A10, app, chart, metrics, trace
 
-from memorymark import gpus, model_sources, models
-from memorymark.fixes import Fix
+from memorymark import gpus, models
+from memorymark.analyses.fixes import Fix
+from memorymark.models import sources
 from memorymark.settings import Settings
 from memorymark.ui import model_inputs
 from memorymark.ui.state_keys import SETTING_FIELDS
@@ -187,7 +188,7 @@ def test_a_bad_value_is_an_error_with_a_next_step_never_a_traceback() -> None:
 
 def test_an_uploaded_config_becomes_a_file_model(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(model_inputs, "UPLOAD_DIR", tmp_path)
-    monkeypatch.setattr(model_sources, "_config_root", tmp_path.resolve())
+    monkeypatch.setattr(sources, "_config_root", tmp_path.resolve())
     data = Path(models.CONFIG_DIR, "tiny-bert.json").read_bytes()
     at = app()
     at.file_uploader(key="mm_upload").set_value(("my bert.json", data, "application/json")).run()

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from app_helpers import GATE_SECONDS
 
-from memorymark import gpus, jobs
-from memorymark.executors import thread_service
-from memorymark.jobs import SweepJob, SweepRequest
+from memorymark import gpus
 from memorymark.measurement import Measurement
 from memorymark.report import Report
+from memorymark.service import jobs
+from memorymark.service.executors import thread_service
+from memorymark.service.jobs import SweepJob, SweepRequest
 from memorymark.settings import Costs, Settings
 from memorymark.ui import sweep_runner
 from memorymark.ui.sweep_runner import ResultCache, sweep_progress

@@ -23,15 +23,16 @@ def _modules_after(code: str) -> set[str]:
 
 def test_the_engine_never_imports_streamlit():
     loaded = _modules_after(
-        "import memorymark.engine, memorymark.devices, memorymark.compare, memorymark.proof, "
-        "memorymark.calibrate, memorymark.commands"
+        "import memorymark.engine, memorymark.backends.resolve, memorymark.analyses.compare, "
+        "memorymark.analyses.proof, "
+        "memorymark.calibration.run, memorymark.cli.commands"
     )
     assert "torch" in loaded
     assert not any(name == "streamlit" or name.startswith("streamlit.") for name in loaded)
 
 
 def test_cli_help_and_catalogs_import_no_torch():
-    loaded = _modules_after("import memorymark.cli, memorymark.gpus, memorymark.report")
+    loaded = _modules_after("import memorymark.cli.parser, memorymark.gpus, memorymark.report")
     assert "torch" not in loaded
 
 
@@ -64,19 +65,24 @@ def test_the_ui_and_every_page_import_with_torch_blocked():
     modules = ["memorymark.ui", *_page_imports()]
     ui_modules = [p.stem for p in (ROOT / "memorymark" / "ui").glob("*.py") if p.stem != "__init__"]
     modules += [f"memorymark.ui.{name}" for name in sorted(ui_modules)]
-    # The pages reach the engine through its front door, on the workers (memorymark.jobs).
-    assert "memorymark.jobs" in modules
+    # The pages reach the engine through its front door, on the workers (memorymark.service.jobs).
+    assert "memorymark.service.jobs" in modules
     assert "memorymark.history" in modules  # the History page reads the database itself
     loaded = _modules_after(_NO_TORCH + "\n".join(f"import {m}" for m in modules))
     assert "torch" not in loaded
-    front = {"memorymark.engine", "memorymark.jobs", "memorymark.ui.sweep_runner", "streamlit"}
+    front = {
+        "memorymark.engine",
+        "memorymark.service.jobs",
+        "memorymark.ui.sweep_runner",
+        "streamlit",
+    }
     assert front <= loaded
     assert {"memorymark.history", "memorymark.ui.history_views", "sqlite3"} <= loaded
 
 
 def test_the_blocker_really_blocks_torch():
     result = subprocess.run(
-        [sys.executable, "-c", _NO_TORCH + "import memorymark.devices"],
+        [sys.executable, "-c", _NO_TORCH + "import memorymark.backends.resolve"],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
     )  # fmt: skip
     assert result.returncode != 0 and "torch is blocked" in result.stderr

@@ -18,24 +18,24 @@ import pytest
 import torch
 
 from benchmarks.calibration_table import summary, table
-from memorymark import calibrate as calibration
-from memorymark.calibrate import (
+from memorymark.backends.device import CpuBackend, DeviceBackend
+from memorymark.backends.sim import SimBackend
+from memorymark.calibration import run as calibration
+from memorymark.calibration.environment import Environment, driver_version, git_commit
+from memorymark.calibration.record import COLUMNS, CalibrationRow, file_stem, write
+from memorymark.calibration.run import (
     RECOMMENDED_MARGIN,
     boundary_checks,
     calibrate,
     cap_fraction,
     settings_grid,
 )
-from memorymark.calibration_env import Environment, driver_version, git_commit
-from memorymark.calibration_record import COLUMNS, CalibrationRow, file_stem, write
-from memorymark.cli import build_parser, main
-from memorymark.devices import CpuBackend, DeviceBackend
+from memorymark.cli.parser import build_parser, main
+from memorymark.environment import memorymark_version
 from memorymark.gpus import find_gpu
 from memorymark.measurement import Measurement
 from memorymark.settings import Settings
-from memorymark.sim import SimBackend
-from memorymark.stamp import memorymark_version
-from memorymark.workload import Workload
+from memorymark.step.catalog import CatalogStep
 
 ROOT = Path(__file__).resolve().parents[1]
 BIG = 8 * 2**30
@@ -138,11 +138,11 @@ class FakeCuda:
 
 def cpu_stand_in(settings, gpu):
     """Real CPU kernels under the tracker: with the CUDA rules off, the simulation must match."""
-    return CpuBackend(Workload(settings), capacity_bytes=BIG)
+    return CpuBackend(CatalogStep(settings), capacity_bytes=BIG)
 
 
 def cpu_sim(settings, gpu):
-    return SimBackend(Workload(settings), capacity_bytes=BIG, cuda_rules=False)
+    return SimBackend(CatalogStep(settings), capacity_bytes=BIG, cuda_rules=False)
 
 
 def test_the_grid_has_each_combination_once_inference_style_without_an_optimizer():
@@ -185,7 +185,7 @@ def test_a_cuda_row_reads_the_first_steps_memory_stats_and_counts_its_own_retrie
     cuda = FakeCuda()
     cuda.counters["num_ooms"] = 3  # earlier in the process: not this probe's
 
-    class Step(Workload):
+    class Step(CatalogStep):
         def run_step(self, model, optimizer, batch_size, *args, **kwargs):
             if batch_size >= 64:
                 cuda.counters["num_ooms"] += 1

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from memorymark import cli
-from memorymark.cli import build_parser, main
+from memorymark.cli import parser as cli
+from memorymark.cli.parser import build_parser, main
 from memorymark.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]

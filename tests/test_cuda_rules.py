@@ -10,16 +10,16 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memorymark import cuda_rules, gpus
+from memorymark.accounting.tracker import MemoryTracker
+from memorymark.backends.resolve import simulated_backend
+from memorymark.backends.sim import SimBackend
 from memorymark.cuda_rules import autocast_emulation, autocast_lists
 from memorymark.cuda_rules.dropout import fused_dropout
 from memorymark.cuda_rules.sdpa_choice import CUDNN, EFFICIENT, FLASH, MATH, SdpaCall
 from memorymark.cuda_rules.sdpa_choice import select_backend as choose
-from memorymark.devices import simulated_backend
 from memorymark.engine import Session
 from memorymark.settings import Settings
-from memorymark.sim import SimBackend
-from memorymark.tracker import MemoryTracker
-from memorymark.workload import Workload
+from memorymark.step.catalog import CatalogStep
 
 BIG = 1024 * 2**30
 T4, V100, A10, A100, H100 = (7, 5), (7, 0), (8, 6), (8, 0), (9, 0)
@@ -111,8 +111,8 @@ def test_math_attention_on_cuda_keeps_fp32_scores_and_a_bool_dropout_mask():
 
 def test_real_size_bert_peaks_far_lower_under_cuda_rules():
     settings = Settings(model="bert", seq_len=512, gpu="a10")
-    cpu = SimBackend(Workload(settings), capacity_bytes=BIG, cuda_rules=False).measure(4)
-    cuda = SimBackend(Workload(settings), capacity_bytes=BIG).measure(4)
+    cpu = SimBackend(CatalogStep(settings), capacity_bytes=BIG, cuda_rules=False).measure(4)
+    cuda = SimBackend(CatalogStep(settings), capacity_bytes=BIG).measure(4)
     # Each layer's 12 x 512 x 512 fp32 attention matrix and its mask are gone; BERT-base's
     # weights and AdamW state (~1.3 GB) stay.
     assert cuda.peak_bytes < 0.6 * cpu.peak_bytes

@@ -9,10 +9,11 @@ from dataclasses import replace
 import pytest
 import torch.distributed as dist
 
-from memorymark import Session, Settings, distribution
-from memorymark.cli import main
+from memorymark import Session, Settings
+from memorymark.analyses.scale_out import min_gpus
+from memorymark.cli.parser import main
+from memorymark.distributed import topology
 from memorymark.measurement import Measurement
-from memorymark.scale_out import min_gpus
 from memorymark.units import MIB
 
 # A 2-layer GPT-2 whose every dimension divides by 4, so FSDP2's shards carry no padding.
@@ -127,16 +128,16 @@ def test_min_gpus_is_none_when_no_count_trains():
 
 
 def test_cluster_counts_are_one_node_then_whole_nodes():
-    counts = distribution.cluster_counts()
+    counts = topology.cluster_counts()
     assert counts[:9] == (1, 2, 3, 4, 5, 6, 7, 8, 16)
     assert counts[-1] == 1024 and len(counts) == 8 + 127
 
 
 def test_traffic_follows_ring_collectives():
     # fsdp: two all-gathers of bf16 parameters and a reduce-scatter of fp32 gradients.
-    t = distribution.step_traffic("fsdp", 4, 1, 1000, 2, 4)
+    t = topology.step_traffic("fsdp", 4, 1, 1000, 2, 4)
     assert t.intra_node_bytes == pytest.approx((2 * 2000 + 4000) * 3 / 4)
-    t = distribution.step_traffic("ddp", 16, 2, 1000, 4, 4)
+    t = topology.step_traffic("ddp", 16, 2, 1000, 4, 4)
     assert t.inter_node_bytes == pytest.approx(2 * 15 / 16 * 4000) and t.intra_node_bytes == 0
 
 

@@ -9,11 +9,11 @@ import json
 
 from app_samples import sample_report
 
-from memorymark import exports
-from memorymark.plan import TrainingPlan
-from memorymark.report_markdown import escape
+from memorymark.environment import stamp
+from memorymark.reporting import exports
+from memorymark.reporting.markdown import escape
+from memorymark.search.plan import TrainingPlan
 from memorymark.settings import Settings
-from memorymark.stamp import stamp
 
 WHEN = "2026-01-02T03:04:05Z"
 
@@ -88,7 +88,7 @@ def test_markdown_shows_user_text_as_typed_never_as_a_link() -> None:
 
 
 def test_a_command_line_with_backticks_cannot_close_its_code_block() -> None:
-    from memorymark.report_markdown import _fence
+    from memorymark.reporting.markdown import _fence
 
     fenced = _fence("echo ````")
     assert fenced.startswith("`````sh\n") and fenced.endswith("\n`````")

@@ -3,8 +3,8 @@
 from dataclasses import replace
 
 from memorymark import gpus
+from memorymark.analyses.fixes import simulated_step, what_would_fit
 from memorymark.fit import FitPolicy
-from memorymark.fixes import simulated_step, what_would_fit
 from memorymark.settings import Settings
 
 
@@ -36,7 +36,7 @@ def test_the_bigger_gpu_is_the_smallest_catalog_gpu_that_fits():
 
 def test_no_bf16_fix_is_offered_on_a_gpu_without_bf16():
     from memorymark import gpus
-    from memorymark.fixes import _variants
+    from memorymark.analyses.fixes import _variants
 
     s = Settings(model="tiny-bert", gpu="t4")
     labels = [label for label, _ in _variants(s, gpus.find_gpu("t4"))]
@@ -60,7 +60,7 @@ def test_qlora_and_8bit_adamw_are_offered_and_simulated():
 
 
 def test_what_the_states_alone_decide_is_not_stepped(monkeypatch):
-    from memorymark import fixes
+    from memorymark.analyses import fixes
 
     settings = Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1, margin="49%")
     states = fixes.state_bytes(settings)
@@ -79,7 +79,7 @@ def test_what_the_states_alone_decide_is_not_stepped(monkeypatch):
     monkeypatch.setattr(fixes, "_variants", lambda s, gpu: [("checkpointing", s)])
     tiny = gpus.custom_gpu(1)
     monkeypatch.setattr(
-        "memorymark.devices.fit_policy",
+        "memorymark.backends.resolve.fit_policy",
         lambda s, gpu: FitPolicy(capacity_bytes=states, margin_bytes=states // 2),
     )
     answer = fixes.what_would_fit(settings)
@@ -91,7 +91,7 @@ def test_what_the_states_alone_decide_is_not_stepped(monkeypatch):
 
 
 def test_the_sweep_s_batch_1_is_not_stepped_again(monkeypatch):
-    from memorymark import fixes
+    from memorymark.analyses import fixes
 
     settings = Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1, margin="49%")
     custom = gpus.custom_gpu(1)
@@ -110,7 +110,7 @@ def test_the_sweep_s_batch_1_is_not_stepped_again(monkeypatch):
 
 
 def test_a_change_that_needs_no_less_is_not_offered(monkeypatch):
-    from memorymark import fixes
+    from memorymark.analyses import fixes
 
     settings = Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1, margin="49%")
     # "Checkpointing" that changes nothing: the same settings under another label.

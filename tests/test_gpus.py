@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from memorymark import gpus
-from memorymark.gpus import GIB, MIB, UnknownGPUError, custom_gpu, detected_gpu, find_gpu
+from memorymark.gpus import UnknownGPUError, custom_gpu, detected_gpu, find_gpu
+from memorymark.units import GIB, MIB
 
 
 @pytest.mark.parametrize(
@@ -240,7 +241,7 @@ def test_bf16_needs_ampere_and_the_error_names_the_fp16_way(name, ok):
 
 
 def test_bf16_on_a_t4_is_refused_before_any_step_and_compare_leaves_it_out():
-    from memorymark.compare import without_precision
+    from memorymark.analyses.compare import without_precision
     from memorymark.engine import Session
     from memorymark.settings import Settings
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from app_samples import probe, sample_report
 
-from memorymark import gpus, history, history_file
-from memorymark.fixes import Fix
-from memorymark.history import History, HistoryError, HistoryWarning
-from memorymark.plan import TrainingPlan
-from memorymark.report_record import record_to_report, report_to_record
+from memorymark import gpus, history
+from memorymark.analyses.fixes import Fix
+from memorymark.environment import Stamp, stamp
+from memorymark.history import History, HistoryError, HistoryWarning, db_file, store
+from memorymark.reporting.record import record_to_report, report_to_record
+from memorymark.search.plan import TrainingPlan
 from memorymark.settings import Costs, Settings
-from memorymark.stamp import Stamp, stamp
 
 
 def stamped(report, when: str = "2026-01-02T03:04:05Z"):
@@ -116,24 +116,24 @@ def test_saving_can_be_turned_off_for_a_whole_server(monkeypatch: pytest.MonkeyP
 
 def test_the_default_path_is_per_user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("MEMORYMARK_DB")
-    monkeypatch.setattr(history_file.sys, "platform", "linux")
+    monkeypatch.setattr(db_file.sys, "platform", "linux")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
-    assert history_file.db_path() == tmp_path / "memorymark" / "history.sqlite3"
+    assert db_file.db_path() == tmp_path / "memorymark" / "history.sqlite3"
     monkeypatch.delenv("XDG_DATA_HOME")
     expected = Path.home() / ".local" / "share" / "memorymark" / "history.sqlite3"
-    assert history_file.db_path() == expected
-    monkeypatch.setattr(history_file.sys, "platform", "darwin")
-    assert "Application Support" in str(history_file.default_path())
+    assert db_file.db_path() == expected
+    monkeypatch.setattr(db_file.sys, "platform", "darwin")
+    assert "Application Support" in str(db_file.default_path())
     monkeypatch.setenv("MEMORYMARK_DB", str(tmp_path / "x.db"))
-    assert history_file.db_path() == tmp_path / "x.db"
+    assert db_file.db_path() == tmp_path / "x.db"
 
 
 def test_the_database_uses_wal_and_a_busy_timeout(history_db: Path) -> None:
     with History() as h:
         h.save(sample_report())
         assert h.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert h.conn.execute("PRAGMA busy_timeout").fetchone()[0] == history_file.BUSY_TIMEOUT_MS
-        assert h.conn.execute("PRAGMA user_version").fetchone()[0] == len(history.MIGRATIONS)
+        assert h.conn.execute("PRAGMA busy_timeout").fetchone()[0] == db_file.BUSY_TIMEOUT_MS
+        assert h.conn.execute("PRAGMA user_version").fetchone()[0] == len(store.MIGRATIONS)
 
 
 # -- a damaged file ---------------------------------------------------------------------------
@@ -159,7 +159,7 @@ def test_a_damaged_page_is_found_and_moved_aside(history_db: Path) -> None:
     page = 4096
     data[2 * page : 4 * page] = b"\xff" * (2 * page)  # two pages of the tables overwritten
     history_db.write_bytes(bytes(data))
-    history_file._CHECKED.clear()  # a new process: it checks the file once
+    db_file._CHECKED.clear()  # a new process: it checks the file once
     messages: list[str] = []
     with History(warn=messages.append) as h:
         assert h.count() == 0
@@ -172,7 +172,7 @@ def test_a_damaged_page_is_found_and_moved_aside(history_db: Path) -> None:
 def test_an_unreadable_file_is_moved_aside(history_db: Path) -> None:
     history.save(sample_report())
     history_db.chmod(0)
-    history_file._CHECKED.clear()
+    db_file._CHECKED.clear()
     messages: list[str] = []
     with History(warn=messages.append) as h:
         assert h.count() == 0
@@ -197,7 +197,7 @@ def test_an_older_database_is_migrated_forward_keeping_its_runs(
     old_id = history.save(stamped(sample_report()))
     assert old_id is not None
     step_2 = ("ALTER TABLE runs ADD COLUMN note TEXT NOT NULL DEFAULT ''",)
-    monkeypatch.setattr(history, "MIGRATIONS", [*history.MIGRATIONS, step_2])
+    monkeypatch.setattr(store, "MIGRATIONS", [*store.MIGRATIONS, step_2])
     with History() as h:
         assert h.conn.execute("PRAGMA user_version").fetchone()[0] == 2
         assert h.get(old_id).report().optimal.batch_size == 192

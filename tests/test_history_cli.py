@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from app_samples import sample_report
 
-from memorymark import gpus, history, model_sources
-from memorymark.cli import main
+from memorymark import gpus, history
+from memorymark.cli.parser import main
+from memorymark.environment import stamp
 from memorymark.history import History
+from memorymark.models import sources
 from memorymark.settings import Settings
-from memorymark.stamp import stamp
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["tiny-bert", "--seq-len", "32", "--gpu", "a10", "--backend", "sim", "--max-batch", "64"]
@@ -160,7 +161,8 @@ def test_bad_history_input_is_one_line_with_status_2(argv, message, capsys) -> N
 def test_history_list_loads_no_torch_and_a_damaged_file_warns_once(history_db: Path) -> None:
     history_db.write_bytes(b"garbage" * 1000)
     code = (
-        "import sys\nfrom memorymark.cli import main\nstatus = main(['history', 'list', '--json'])"
+        "import sys\nfrom memorymark.cli.parser import main\n"
+        "status = main(['history', 'list', '--json'])"
         "\nprint('torch' in sys.modules, status)"
     )
     proc = subprocess.run(
@@ -194,7 +196,7 @@ def test_a_run_whose_config_file_is_gone_still_shows_as_json(capsys, tmp_path: P
     report = dataclasses.replace(sample_report(), settings=Settings(model=f"file:{config}"))
     run_id = history.save(report)
     config.unlink()
-    model_sources.from_config_file.cache_clear()  # as a new process would find it: gone
+    sources.from_config_file.cache_clear()  # as a new process would find it: gone
     status, _, err = run_cli(capsys, "history", "show", str(run_id))
     assert status == 2 and len(err.strip().splitlines()) == 1
     assert "cannot be read back" in err and f"history show {run_id} --json" in err

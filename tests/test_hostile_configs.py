@@ -8,7 +8,9 @@ import threading
 import pytest
 from config_samples import TINY_BERT
 
-from memorymark import cli, config_checks, model_sources, models
+from memorymark import models
+from memorymark.cli import parser
+from memorymark.models import config_checks, sources
 from memorymark.settings import Settings, check_model
 
 pytestmark = pytest.mark.usefixtures("any_config_path")
@@ -156,10 +158,10 @@ def test_the_hub_cache_is_not_an_upload_but_is_read(tmp_path, monkeypatch):
     path.write_text(json.dumps(TINY_BERT))
     monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda url, **kw: None)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **kw: str(path))
-    model_sources.from_hub.cache_clear()
-    model_sources.restrict_config_files(tmp_path / "uploads")
+    sources.from_hub.cache_clear()
+    sources.restrict_config_files(tmp_path / "uploads")
     assert models.find_model("hf:org/tiny").key == "hf:org/tiny"
-    model_sources.from_hub.cache_clear()
+    sources.from_hub.cache_clear()
 
 
 @pytest.mark.parametrize(
@@ -178,6 +180,6 @@ def test_the_hub_cache_is_not_an_upload_but_is_read(tmp_path, monkeypatch):
     ],
 )
 def test_the_cli_refuses_each_in_one_line_with_status_2(argv, capsys):
-    assert cli.main(argv) == 2
+    assert parser.main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.startswith("memorymark: error: ")

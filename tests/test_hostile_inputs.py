@@ -104,10 +104,10 @@ def test_a_ceiling_itself_is_accepted():
     ],
 )
 def test_cli_numbers_are_refused_in_one_short_line_with_status_2(argv, message, capsys):
-    from memorymark import cli
+    from memorymark.cli import parser
 
     try:
-        status = cli.main(argv)
+        status = parser.main(argv)
     except SystemExit as done:  # argparse's refusals exit from inside main
         status = done.code
     assert status == 2

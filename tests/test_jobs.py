@@ -8,12 +8,12 @@ from collections.abc import Callable
 
 import pytest
 
-from memorymark import jobs
-from memorymark.channels import ThreadChannel
-from memorymark.executors import dask_service, local_service
-from memorymark.jobs import SweepJob, SweepRequest
+from memorymark.service import jobs
+from memorymark.service.channels import ThreadChannel
+from memorymark.service.executors import dask_service, local_service
+from memorymark.service.jobs import SweepJob, SweepRequest
+from memorymark.service.worker_pool import WorkerDied, WorkerPool, default_workers
 from memorymark.settings import Settings
-from memorymark.worker_pool import WorkerDied, WorkerPool, default_workers
 
 TINY = Settings(model="tiny-bert", seq_len=16, gpu="a10", strategy="linear", step=8, max_batch=32)
 
@@ -108,7 +108,7 @@ def test_a_worker_past_its_memory_ceiling_fails_alone() -> None:
 
 
 def allocate_after_lifting(n_bytes: int) -> int:
-    from memorymark.worker_pool import lift_memory_limit
+    from memorymark.service.worker_pool import lift_memory_limit
 
     lift_memory_limit()  # what a job on a real GPU does once its Session says so
     return allocate(n_bytes)

@@ -11,9 +11,13 @@ import torch
 import torch.nn.functional as F
 from config_samples import TINY_LLAMA
 
-from memorymark import Session, Settings, cli, fixes, fused_loss, liger, snippets
+from memorymark import Session, Settings
+from memorymark.analyses import fixes
+from memorymark.cli import parser
 from memorymark.cuda_rules import flash_attn2
-from memorymark.plan import TrainingPlan
+from memorymark.reporting import snippets
+from memorymark.search.plan import TrainingPlan
+from memorymark.step import fused_loss, liger
 
 # Config files from tmp_path: the app limits them to its upload folder once it is imported.
 pytestmark = pytest.mark.usefixtures("any_config_path")
@@ -100,7 +104,7 @@ def test_the_cli_refuses_flash_attention_2_on_a_t4_in_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     argv = ["measure", "llama-3.2-1b", "--batch-size", "1", "--attention", "flash_attention_2"]
-    assert cli.main([*argv, "--precision", "16-mixed", "--gpu", "t4", "--backend", "sim"]) == 2
+    assert parser.main([*argv, "--precision", "16-mixed", "--gpu", "t4", "--backend", "sim"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Ampere or newer" in err
 
@@ -146,10 +150,10 @@ def test_fused_losses_shrink_the_logits_line(tiny_llama: str) -> None:
 
 
 def test_liger_patches_norms_mlps_and_rope(tiny_llama: str) -> None:
-    from memorymark.workload import Workload
+    from memorymark.step.catalog import CatalogStep
 
     with torch.device("meta"):
-        model = Workload(
+        model = CatalogStep(
             Settings(model=tiny_llama, precision="bf16-true", backend="sim")
         ).build_model()
     # Two norms and one MLP per layer, plus the final norm.

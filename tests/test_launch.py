@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from memorymark.cli import main
+from memorymark.cli.parser import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,15 +44,15 @@ def test_two_cpu_ranks_sweep_in_lock_step_and_rank_0_prints_one_json():
 AGREE = textwrap.dedent(
     """
     import torch.distributed as dist
-    from memorymark import launch
+    from memorymark.backends import torchrun
     from memorymark.measurement import Measurement
 
-    launch.ensure_process_group("cpu")
-    me = launch.rank()
+    torchrun.ensure_process_group("cpu")
+    me = torchrun.rank()
     # Rank 1 runs out of memory at this batch; rank 0 fits with fewer bytes.
     m = Measurement(batch_size=4, fits=me == 0, runs=me == 0, peak_bytes=100 + me,
                     required_bytes=1000 * (me + 1), backend="cpu", measured=False)
-    agreed = launch.agree(m, "cpu")
+    agreed = torchrun.agree(m, "cpu")
     # One file per rank: two processes printing to one pipe can interleave their lines.
     with open(f"{{OUT}}/{me}.txt", "w") as out:
         print(me, agreed.runs, agreed.fits, agreed.peak_bytes, agreed.required_bytes, file=out)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from memorymark import __main__ as entry
-from memorymark import cli
+from memorymark.cli import parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ def exits(monkeypatch):
 
 
 def _run(monkeypatch, main) -> int:
-    monkeypatch.setattr(cli, "main", main)
+    monkeypatch.setattr(parser, "main", main)
     with pytest.raises(_Exited) as info:
         entry.run()
     return info.value.status

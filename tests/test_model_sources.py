@@ -8,11 +8,12 @@ import pytest
 from config_samples import TINY_BERT
 from torch import nn
 
-from memorymark import model_sources, models
+from memorymark import models
+from memorymark.backends.sim import SimBackend
 from memorymark.engine import Session
+from memorymark.models import sources
 from memorymark.settings import Settings
-from memorymark.sim import SimBackend
-from memorymark.workload import Workload
+from memorymark.step.catalog import CatalogStep
 
 BIG = 8 * 2**30
 
@@ -43,7 +44,7 @@ def test_a_config_file_trains_with_the_task_its_architecture_names(tmp_path):
     assert entry.default_task == models.CAUSAL_LM
     assert set(entry.tasks) >= {models.CAUSAL_LM, models.SEQUENCE_CLASSIFICATION}
     assert entry.max_positions == 64
-    m = SimBackend(Workload(Settings(model=f"file:{path}", seq_len=16)), capacity_bytes=BIG)
+    m = SimBackend(CatalogStep(Settings(model=f"file:{path}", seq_len=16)), capacity_bytes=BIG)
     assert m.measure(2).fits
     with pytest.raises(ValueError, match="seq_len 65 exceeds"):
         Session(Settings(model=f"file:{path}", seq_len=65))
@@ -78,7 +79,7 @@ def test_the_hub_unreachable_says_how_to_pass_a_config_file(monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", offline)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
-    model_sources.from_hub.cache_clear()
+    sources.from_hub.cache_clear()
     settings = Settings(model="hf:org/model")  # validating reads nothing
     with pytest.raises(ValueError, match="could not fetch org/model's config.json") as info:
         Session(settings)
@@ -93,7 +94,7 @@ def test_a_hub_config_is_read_like_a_file(monkeypatch, tmp_path):
     )
     monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda url, **kw: None)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name, **kw: path)
-    model_sources.from_hub.cache_clear()
+    sources.from_hub.cache_clear()
     entry = models.find_model("hf:someone/tiny-bert")
     assert entry.key == "hf:someone/tiny-bert"
     assert entry.default_task == models.SEQUENCE_CLASSIFICATION
@@ -125,7 +126,7 @@ def fake_timm(monkeypatch):
 
 def test_timm_models_are_built_without_pretrained_weights_and_trained(fake_timm):
     settings = Settings(model="timm:convnext_tiny", image_size=32)
-    m = SimBackend(Workload(settings), capacity_bytes=BIG).measure(4)
+    m = SimBackend(CatalogStep(settings), capacity_bytes=BIG).measure(4)
     assert m.fits and m.breakdown.optimizer_state > 0
     assert fake_timm[0] == ("convnext_tiny", False, 1000)
     with pytest.raises(ValueError, match="timm has no model 'nope'"):
@@ -142,7 +143,7 @@ def test_torchvision_models_use_get_model_without_weights(monkeypatch):
     fake = types.SimpleNamespace(models=types.SimpleNamespace(get_model=get_model))
     monkeypatch.setitem(sys.modules, "torchvision", fake)
     m = SimBackend(
-        Workload(Settings(model="torchvision:resnet18", image_size=32)), capacity_bytes=BIG
+        CatalogStep(Settings(model="torchvision:resnet18", image_size=32)), capacity_bytes=BIG
     ).measure(2)
     assert m.fits
     assert seen == {"name": "resnet18", "weights": None}
@@ -161,7 +162,7 @@ def test_config_files_can_be_limited_to_one_folder(tmp_path):
     inside.mkdir()
     allowed = write_config(inside, **TINY_BERT)
     outside = write_config(tmp_path, model_type="gpt2")
-    model_sources.restrict_config_files(inside)
+    sources.restrict_config_files(inside)
     try:
         assert models.find_model(f"file:{allowed}").source == "config"
         with pytest.raises(ValueError, match="reads config files only from its uploads"):
@@ -169,7 +170,7 @@ def test_config_files_can_be_limited_to_one_folder(tmp_path):
         with pytest.raises(ValueError, match="only from its uploads"):
             models.find_model(f"file:{inside}/../config.json")
     finally:
-        model_sources.restrict_config_files(None)
+        sources.restrict_config_files(None)
     assert models.find_model(f"file:{outside}").source == "config"
 
 
@@ -179,8 +180,8 @@ def test_settings_validate_a_spec_s_form_and_read_nothing(monkeypatch, tmp_path)
 
     no_io.cache_clear = lambda: None  # restrict_config_files clears the real one's cache
 
-    monkeypatch.setattr(model_sources, "from_hub", no_io)
-    monkeypatch.setattr(model_sources, "from_config_file", no_io)
+    monkeypatch.setattr(sources, "from_hub", no_io)
+    monkeypatch.setattr(sources, "from_config_file", no_io)
     Settings(model="hf:org/model", task="causal-lm", seq_len=100_000)
     Settings(model=f"file:{tmp_path / 'nope.json'}")
     with pytest.raises(ValueError, match="is not a hf model name"):

@@ -6,11 +6,12 @@ from dataclasses import fields
 
 import pytest
 
-from memorymark import devices, gpus
-from memorymark.devices import CpuBackend
+from memorymark import gpus
+from memorymark.backends import resolve
+from memorymark.backends.device import CpuBackend
+from memorymark.backends.sim import SimBackend
 from memorymark.settings import Settings
-from memorymark.sim import SimBackend
-from memorymark.workload import Workload
+from memorymark.step.catalog import CatalogStep
 
 BATCHES = (4, 2, 16, 3)  # up, down, and an odd one: the record must not depend on the order
 
@@ -45,7 +46,7 @@ CASES = {
 def _probes(settings, reuse):
     """Each probe's Measurement, the tracker's event log after it, and how many times the
     optimizer phase really ran."""
-    backend = devices.simulated_backend(settings, gpus.find_gpu("a10"))  # with a roofline
+    backend = resolve.simulated_backend(settings, gpus.find_gpu("a10"))  # with a roofline
     backend.reuse_optimizer_step = reuse
     ran = []
     run_optimizer = backend._run_optimizer
@@ -86,17 +87,17 @@ def test_a_spliced_optimizer_phase_gives_every_figure_running_it_gives(settings)
 
 
 def test_the_switch_and_the_environment_turn_reuse_off(monkeypatch):
-    workload = Workload(CASES["bert-adamw"])
-    assert SimBackend(workload, capacity_bytes=2**33).reuse_optimizer_step
+    step = CatalogStep(CASES["bert-adamw"])
+    assert SimBackend(step, capacity_bytes=2**33).reuse_optimizer_step
     assert not SimBackend(
-        workload, capacity_bytes=2**33, reuse_optimizer_step=False
+        step, capacity_bytes=2**33, reuse_optimizer_step=False
     ).reuse_optimizer_step
     monkeypatch.setenv("MEMORYMARK_REUSE_OPTIMIZER_STEP", "0")
-    assert not SimBackend(workload, capacity_bytes=2**33).reuse_optimizer_step
+    assert not SimBackend(step, capacity_bytes=2**33).reuse_optimizer_step
 
 
 def test_real_tensors_run_the_optimizer_at_every_probe():
-    backend = CpuBackend(Workload(CASES["bert-adamw"]), capacity_bytes=2**33)
+    backend = CpuBackend(CatalogStep(CASES["bert-adamw"]), capacity_bytes=2**33)
     ran = []
     run_optimizer = backend._run_optimizer
     backend._run_optimizer = lambda phase: run_optimizer(lambda: (ran.append(1), phase()))

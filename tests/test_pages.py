@@ -7,7 +7,7 @@ import json
 import pytest
 from streamlit.testing.v1 import AppTest
 
-import memorymark.compare
+import memorymark.analyses.compare
 from memorymark import gpus
 from memorymark.ui import sweep_runner
 
@@ -62,13 +62,13 @@ def test_compare_shows_every_catalog_gpu_from_one_set_of_probes() -> None:
 
 def test_compare_rescales_hours_without_running_the_probes_again(monkeypatch) -> None:
     calls = []
-    real = memorymark.compare.compare_gpus
+    real = memorymark.analyses.compare.compare_gpus
 
     def counting(*args, **kwargs):
         calls.append(args)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(memorymark.compare, "compare_gpus", counting)
+    monkeypatch.setattr(memorymark.analyses.compare, "compare_gpus", counting)
     at = click(page(COMPARE, model="tiny-bert", max_batch="32"), "Compare every GPU")
     at.slider(key="mm_hours_per_run").set_value(10.0).run()
     table = at.dataframe[0].value
@@ -82,7 +82,7 @@ def test_a_compare_failure_is_an_st_error_with_a_next_step(monkeypatch) -> None:
     def broken(*args, **kwargs):
         raise RuntimeError("could not build the model")
 
-    monkeypatch.setattr(memorymark.compare, "compare_gpus", broken)
+    monkeypatch.setattr(memorymark.analyses.compare, "compare_gpus", broken)
     at = click(page(COMPARE, model="tiny-bert"), "Compare every GPU")
     assert not at.exception
     assert "could not build the model" in at.error[0].value and "Next step" in at.error[0].value

@@ -3,7 +3,7 @@ accumulating, and checking as few micro-batches as bisection needs."""
 
 import pytest
 
-from memorymark.plan import divisors_up_to, plan_for_target
+from memorymark.search.plan import divisors_up_to, plan_for_target
 
 
 def test_divisors_up_to():

@@ -5,24 +5,24 @@ from dataclasses import replace
 import pytest
 import torch
 
-from memorymark.devices import CpuBackend
+from memorymark.backends.device import CpuBackend
+from memorymark.backends.sim import SimBackend
 from memorymark.settings import Settings
-from memorymark.sim import SimBackend
-from memorymark.workload import Workload
+from memorymark.step.catalog import CatalogStep
 
 BIG = 8 * 2**30
 TINY_BERT = Settings(model="tiny-bert", seq_len=32)
 
 
 def breakdown(settings, batch=4, **kwargs):
-    m = SimBackend(Workload(settings), capacity_bytes=BIG, **kwargs).measure(batch)
+    m = SimBackend(CatalogStep(settings), capacity_bytes=BIG, **kwargs).measure(batch)
     assert m.fits
     return m.breakdown
 
 
 def _integer_buffer_bytes(settings):
     # position and token-type ids: integer buffers, which no precision converts
-    model = Workload(settings).build_model()
+    model = CatalogStep(settings).build_model()
     return sum(b.numel() * b.element_size() for b in model.buffers() if not b.is_floating_point())
 
 
@@ -33,18 +33,18 @@ def test_bf16_true_halves_weights_and_optimizer_state_exactly(optimizer):
     ints = _integer_buffer_bytes(fp32)
     assert half.parameters - ints == (full.parameters - ints) / 2
     # AdamW's per-tensor step counter is an fp32 scalar whatever the weights' dtype.
-    n_tensors = len(list(Workload(fp32).build_model().parameters()))
+    n_tensors = len(list(CatalogStep(fp32).build_model().parameters()))
     counters = 4 * n_tensors if optimizer == "adamw" else 0
     assert half.optimizer_state - counters == (full.optimizer_state - counters) / 2
 
 
 def test_bf16_true_converts_every_floating_parameter_and_buffer_and_image_inputs():
     settings = Settings(model="tiny-resnet", image_size=32, precision="bf16-true")
-    model = Workload(settings).build_model()
+    model = CatalogStep(settings).build_model()
     floating = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
     assert {t.dtype for t in floating} == {torch.bfloat16}
-    assert Workload(settings).make_batch(2, "cpu")["pixel_values"].dtype == torch.bfloat16
-    assert SimBackend(Workload(settings), capacity_bytes=BIG).measure(2).fits
+    assert CatalogStep(settings).make_batch(2, "cpu")["pixel_values"].dtype == torch.bfloat16
+    assert SimBackend(CatalogStep(settings), capacity_bytes=BIG).measure(2).fits
 
 
 @pytest.mark.parametrize(
@@ -73,8 +73,8 @@ def test_16_mixed_keeps_a_grad_scaler_whose_state_counts():
 
 def test_16_mixed_steps_through_a_real_grad_scaler_on_real_tensors():
     settings = replace(TINY_BERT, precision="16-mixed")
-    cpu = CpuBackend(Workload(settings), capacity_bytes=BIG).measure(2)
-    sim = SimBackend(Workload(settings), capacity_bytes=BIG, cuda_rules=False).measure(2)
+    cpu = CpuBackend(CatalogStep(settings), capacity_bytes=BIG).measure(2)
+    sim = SimBackend(CatalogStep(settings), capacity_bytes=BIG, cuda_rules=False).measure(2)
     assert cpu.fits and sim.peak_bytes == cpu.peak_bytes
 
 
@@ -82,8 +82,8 @@ def test_16_mixed_steps_through_a_real_grad_scaler_on_real_tensors():
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-gpt2"])
 def test_simulation_with_cpu_rules_equals_real_cpu_execution(model, precision):
     settings = Settings(model=model, seq_len=32, precision=precision)
-    sim = SimBackend(Workload(settings), capacity_bytes=BIG, cuda_rules=False).measure(4)
-    cpu = CpuBackend(Workload(settings), capacity_bytes=BIG).measure(4)
+    sim = SimBackend(CatalogStep(settings), capacity_bytes=BIG, cuda_rules=False).measure(4)
+    cpu = CpuBackend(CatalogStep(settings), capacity_bytes=BIG).measure(4)
     assert sim.peak_bytes == cpu.peak_bytes and sim.breakdown == cpu.breakdown
 
 
@@ -95,8 +95,8 @@ def test_mixed_precision_with_checkpointing_recomputes_under_the_same_rules():
 
 
 def test_attention_setting_picks_the_implementation():
-    sdpa = Workload(TINY_BERT).build_model()
-    eager = Workload(replace(TINY_BERT, attention="eager")).build_model()
+    sdpa = CatalogStep(TINY_BERT).build_model()
+    eager = CatalogStep(replace(TINY_BERT, attention="eager")).build_model()
     assert (sdpa.config._attn_implementation, eager.config._attn_implementation) == (
         "sdpa",
         "eager",

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
-from memorymark import cli, commands, model_sources
+from memorymark.cli import commands, parser
+from memorymark.models import sources
 from memorymark.settings import COST_NAMES, FIELD_NAMES, Costs, Settings, check_model
 from memorymark.ui.user_text import plain
 
@@ -44,10 +45,10 @@ def no_hub_and_any_path():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(huggingface_hub, "get_hf_file_metadata", offline)
         mp.setattr(huggingface_hub, "hf_hub_download", offline)
-        before = model_sources._config_root
-        model_sources.restrict_config_files(None)
+        before = sources._config_root
+        sources.restrict_config_files(None)
         yield
-        model_sources.restrict_config_files(before)
+        sources.restrict_config_files(before)
 
 
 def one_line_refusal(exc: ValueError) -> None:
@@ -128,7 +129,7 @@ def test_the_cli_answers_any_flag_value_with_0_1_or_2(engine_stub, case):
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr):
         try:
-            status = cli.main(argv)
+            status = parser.main(argv)
         except SystemExit as done:  # argparse's refusals
             status = done.code
     err = stderr.getvalue()
@@ -165,7 +166,7 @@ def config_dir(tmp_path_factory):
 def test_any_json_in_a_configs_known_keys_is_accepted_or_one_line(config_dir, changes, model_type):
     path = config_dir / "config.json"
     path.write_text(json.dumps({**TINY_BERT, **changes, "model_type": model_type}))
-    model_sources.from_config_file.cache_clear()
+    sources.from_config_file.cache_clear()
     try:
         check_model(Settings(model=f"file:{path}"))  # reads the file, as a Session does
     except ValueError as exc:

@@ -7,20 +7,21 @@ import pytest
 
 from benchmarks import published
 from benchmarks.published import ROWS, PublishedRow, predict
-from memorymark import model_sources
-from memorymark.gpus import MIB, find_gpu
+from memorymark.gpus import find_gpu
 from memorymark.measurement import Measurement
+from memorymark.models import sources
 from memorymark.settings import Settings
+from memorymark.units import MIB
 
 
 @pytest.fixture(autouse=True)
 def any_config_path():
     """The app limits config files to its upload folder once imported; the ViT rows read
     benchmarks/configs/."""
-    before = model_sources._config_root
-    model_sources.restrict_config_files(None)
+    before = sources._config_root
+    sources.restrict_config_files(None)
     yield
-    model_sources.restrict_config_files(before)
+    sources.restrict_config_files(before)
 
 
 def _printed_figure(row: PublishedRow) -> str:

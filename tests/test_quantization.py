@@ -8,14 +8,15 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memorymark import cuda_rules, paging, quantization
+from memorymark import cuda_rules
+from memorymark.accounting.tracker import MemoryTracker
+from memorymark.backends.sim import to_fake
 from memorymark.cuda_rules import bnb_gemm
 from memorymark.engine import Session
 from memorymark.measurement import Category
 from memorymark.settings import Settings
-from memorymark.sim import to_fake
-from memorymark.tracker import MemoryTracker
-from memorymark.workload import Workload
+from memorymark.step import paging, quantization
+from memorymark.step.catalog import CatalogStep
 
 HIDDEN, FFN, VOCAB, LAYERS = 128, 256, 1000, 2
 # Linear weights per layer: q, o (128x128), k, v (64x128: 2 of 4 heads), gate, up, down.
@@ -60,7 +61,7 @@ def qlora(model: str, **changes) -> Settings:
 
 def build(settings: Settings) -> torch.nn.Module:
     with torch.device("meta"):
-        return Workload(settings).build_model()
+        return CatalogStep(settings).build_model()
 
 
 def quantized_layers(model):
@@ -171,8 +172,8 @@ def test_a_long_input_holds_the_dequantized_weight_beside_the_output(nested):
 
 
 def test_the_fused_4bit_and_int8_matmuls_count_their_flops():
+    from memorymark.accounting.throughput import Roofline, WorkCounter
     from memorymark.gpus import find_gpu
-    from memorymark.throughput import Roofline, WorkCounter
 
     four_bit, eight_bit = quantization.quantized_classes()
     for make, dtype in ((lambda lin: four_bit(lin, "nf4", True, torch.bfloat16), torch.bfloat16),
@@ -197,7 +198,7 @@ def full_finetune(model: str, optimizer: str) -> Settings:
 
 def param_numels(model: str) -> list[int]:
     with torch.device("meta"):
-        built = Workload(full_finetune(model, "adamw")).build_model()
+        built = CatalogStep(full_finetune(model, "adamw")).build_model()
     return [p.numel() for p in built.parameters()]
 
 
@@ -274,7 +275,7 @@ def test_the_command_line_round_trips_quantization():
 
 # -- end to end ------------------------------------------------------------------------------
 def test_the_cli_measures_qlora_with_a_paged_optimizer(capsys):
-    from memorymark.cli import main
+    from memorymark.cli.parser import main
 
     argv = ["measure", "tiny-gpt2", "--batch-size", "2", "--backend", "sim", "--gpu", "A10"]
     argv += ["--quantization", "nf4", "--double-quant", "--lora-rank", "4"]
@@ -288,7 +289,7 @@ def test_the_cli_measures_qlora_with_a_paged_optimizer(capsys):
 
 
 def test_the_cli_refuses_quantization_without_lora_in_one_line(capsys):
-    from memorymark.cli import main
+    from memorymark.cli.parser import main
 
     assert main(["measure", "tiny-gpt2", "--batch-size", "1", "--quantization", "int8"]) == 2
     err = capsys.readouterr().err.strip()
@@ -298,8 +299,8 @@ def test_the_cli_refuses_quantization_without_lora_in_one_line(capsys):
 # peft reads transformers' deprecated is_gradient_checkpointing (as in test_snippets.py).
 @pytest.mark.filterwarnings("ignore:`(is_)?gradient_checkpointing.*deprecated:FutureWarning")
 def test_the_snippets_load_the_measured_quantization_and_optimizer():
-    from memorymark.plan import TrainingPlan
-    from memorymark.snippets import snippet
+    from memorymark.reporting.snippets import snippet
+    from memorymark.search.plan import TrainingPlan
 
     settings = qlora("tiny-gpt2", double_quant=True, optimizer="paged-adamw-8bit")
     plan = TrainingPlan(micro_batch=1, accumulation_steps=1, target_batch=1)

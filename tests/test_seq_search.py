@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from config_samples import TINY_LLAMA
 
-from memorymark import Session, Settings, cli
+from memorymark import Session, Settings
+from memorymark.cli import parser
 from memorymark.measurement import Measurement
-from memorymark.seq_search import SeqLenAnswer, SeqLenMeasurer, search_cap
-from memorymark.strategies import FastStrategy, LinearStrategy
-from memorymark.sweep import sweep
+from memorymark.search.seq_len import SeqLenAnswer, SeqLenMeasurer, search_cap
+from memorymark.search.strategies import FastStrategy, LinearStrategy
+from memorymark.search.sweep import sweep
 
 
 class LengthBackend:
@@ -23,12 +24,12 @@ class LengthBackend:
     def __init__(self, capacity_bytes: int, base: int = 1000, per_token: int = 10) -> None:
         self.capacity_bytes = capacity_bytes
         self.base, self.per_token = base, per_token
-        self.workload = None
+        self.training_step = None
         self.tried: list[tuple[int, int]] = []
         self.released = False
 
     def measure(self, batch_size: int) -> Measurement:
-        seq_len = self.workload.settings.seq_len  # set by the measurer before each probe
+        seq_len = self.training_step.settings.seq_len  # set by the measurer before each probe
         self.tried.append((seq_len, batch_size))
         peak = self.base + self.per_token * batch_size * seq_len
         return Measurement(
@@ -108,7 +109,7 @@ def test_find_seq_len_on_a_tiny_llama_is_bounded_by_memory(tmp_path: Path) -> No
 def test_cli_prints_optimal_seq_len_as_json(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["analyze", "tiny-gpt2", "--find", "seq-len", "--batch-size", "2"]
     argv += ["--seq-step", "32", "--gpu", "a10", "--backend", "sim", "--json"]
-    assert cli.main(argv) == 0
+    assert parser.main(argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["optimal_seq_len"] == 128 and data["capped_by_positions"] is True
     assert data["batch_size"] == 2
@@ -133,6 +134,6 @@ def test_settings_round_trip_the_new_flags() -> None:
     )
     line = s.to_command_line()
     assert "--find seq-len" in line and "--kernels liger" in line and "--seq-step 512" in line
-    args = cli.build_parser().parse_args(line.split()[1:])
-    assert cli.settings_from_args(args) == s
+    args = parser.build_parser().parse_args(line.split()[1:])
+    assert parser.settings_from_args(args) == s
     assert Settings.from_query(s.to_query()) == s

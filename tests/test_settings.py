@@ -119,14 +119,14 @@ EVERY_FIELD_CHANGED = (
 def test_every_field_round_trips_through_the_url_and_the_command_line(changed):
     import shlex
 
-    from memorymark import cli
+    from memorymark.cli import parser
 
     assert set().union(*EVERY_FIELD_CHANGED) == set(FIELD_NAMES)
     s = Settings(**changed)
     assert s.to_query().keys() == changed.keys()
     assert Settings.from_query(s.to_query()) == s
     argv = shlex.split(s.to_command_line())[1:]
-    assert cli.settings_from_args(cli.build_parser().parse_args(argv)) == s
+    assert parser.settings_from_args(parser.build_parser().parse_args(argv)) == s
 
 
 def test_settings_are_sections_that_validate_themselves():

@@ -13,10 +13,11 @@ import torch
 import transformers
 from peft import LoraConfig, PeftModel, get_peft_model
 
-from memorymark.plan import TrainingPlan
-from memorymark.settings import OPTIMIZERS, PRECISIONS, Settings
-from memorymark.snippets import FORMATS, snippet
-from memorymark.workload import Workload
+from memorymark.reporting.snippets import FORMATS, snippet
+from memorymark.search.plan import TrainingPlan
+from memorymark.settings import Settings
+from memorymark.settings.choices import OPTIMIZERS, PRECISIONS
+from memorymark.step.catalog import CatalogStep
 
 # The snippets use the checkpointing names every supported transformers (4.46 to 5.x) reads;
 # transformers 5 deprecates them for activation_checkpointing*, and peft reads the old property.
@@ -77,7 +78,7 @@ TINY_PLAN = TrainingPlan(micro_batch=2, accumulation_steps=2, target_batch=4)
 
 def tiny_model() -> torch.nn.Module:
     """A plain 2-layer BERT classifier, as a user would load it: no LoRA, no checkpointing."""
-    return Workload(TINY).build_model()
+    return CatalogStep(TINY).build_model()
 
 
 def tiny_dataset() -> list[dict[str, torch.Tensor]]:
@@ -131,8 +132,8 @@ def test_the_snippets_lora_model_is_the_one_memorymark_measured(settings):
     code = snippet("torch", settings, PLAN)
     lora_config = run(statement(code, "lora_config"), LoraConfig=LoraConfig)["lora_config"]
     assert lora_config.r == settings.lora_rank
-    pasted = get_peft_model(Workload(replace(settings, lora_rank=0)).build_model(), lora_config)
-    measured = Workload(settings).build_model()
+    pasted = get_peft_model(CatalogStep(replace(settings, lora_rank=0)).build_model(), lora_config)
+    measured = CatalogStep(settings).build_model()
     fields = ("target_modules", "lora_alpha", "lora_dropout", "task_type", "fan_in_fan_out")
     fields += ("modules_to_save",)  # as peft fills it in: the task's head, or ours
     pasted_config, measured_config = pasted.peft_config["default"], measured.peft_config["default"]
@@ -148,7 +149,11 @@ def trainable(model: torch.nn.Module) -> dict[str, int]:
 
 def test_importing_the_snippets_loads_no_torch():
     out = subprocess.run(
-        [sys.executable, "-c", "import sys, memorymark.snippets; print('torch' in sys.modules)"],
+        [
+            sys.executable,
+            "-c",
+            "import sys, memorymark.reporting.snippets; print('torch' in sys.modules)",
+        ],
         capture_output=True,
         text=True,
         cwd=Path(__file__).resolve().parents[1],

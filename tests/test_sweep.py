@@ -5,9 +5,9 @@ import contextlib
 import pytest
 
 from memorymark.measurement import Measurement
+from memorymark.search.strategies import FastStrategy, LinearStrategy, predict_max_batch
+from memorymark.search.sweep import best_fit, sweep
 from memorymark.settings import Settings
-from memorymark.strategies import FastStrategy, LinearStrategy, predict_max_batch
-from memorymark.sweep import best_fit, sweep
 
 
 def affine_two_phases(batch):
@@ -188,14 +188,14 @@ def test_max_batch_below_step_is_rejected():
 def test_fast_and_linear_agree_on_the_simulation_where_reserved_bytes_decide(tiny_bert):
     # The simulated verdict is the allocator model's reserved bytes, not the live-bytes timeline
     # the fast strategy extrapolates; verification still lands both on the same answer.
-    from memorymark.sim import SimBackend
-    from memorymark.workload import Workload
+    from memorymark.backends.sim import SimBackend
+    from memorymark.step.catalog import CatalogStep
 
-    unbounded = SimBackend(Workload(tiny_bert), capacity_bytes=2**40)
+    unbounded = SimBackend(CatalogStep(tiny_bert), capacity_bytes=2**40)
     capacity = unbounded.measure(60).required_bytes
     answers = []
     for strategy_cls in (FastStrategy, LinearStrategy):
-        backend = SimBackend(Workload(tiny_bert), capacity_bytes=capacity)
+        backend = SimBackend(CatalogStep(tiny_bert), capacity_bytes=capacity)
         strategy = strategy_cls(step=8, max_batch=512, capacity_bytes=capacity)
         answers.append(best_fit(list(sweep(backend, strategy))).batch_size)
     assert answers[0] == answers[1]
@@ -266,15 +266,15 @@ def test_at_step_one_fast_finds_what_walking_every_batch_finds():
     # flush. Fast must land on both boundaries exactly, in fewer probes than a walk. (Tiny
     # models' needs are staircases of 2 MiB segments, the estimate's worst case; real models'
     # probe counts are in benchmarks/sweep_cost.py.)
-    from memorymark.sim import SimBackend
-    from memorymark.workload import Workload
+    from memorymark.backends.sim import SimBackend
+    from memorymark.step.catalog import CatalogStep
 
     settings = Settings(model="tiny-bert", seq_len=32, gpu="a10", backend="sim")
-    capacity = SimBackend(Workload(settings), capacity_bytes=2**40).measure(23).demand_bytes
+    capacity = SimBackend(CatalogStep(settings), capacity_bytes=2**40).measure(23).demand_bytes
     margin = capacity // 50
     answers, probes = [], []
     for strategy_cls in (FastStrategy, LinearStrategy):
-        backend = SimBackend(Workload(settings), capacity_bytes=capacity, margin_bytes=margin)
+        backend = SimBackend(CatalogStep(settings), capacity_bytes=capacity, margin_bytes=margin)
         strategy = strategy_cls(
             step=1, max_batch=48, capacity_bytes=capacity - margin, run_capacity_bytes=capacity
         )

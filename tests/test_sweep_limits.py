@@ -9,13 +9,13 @@ import time
 import pytest
 from app_helpers import app
 
-from memorymark import sweep_estimate
-from memorymark.cli import main
+from memorymark.cli.parser import main
 from memorymark.engine import Session
-from memorymark.server_config import ServerConfig
+from memorymark.search import estimate
+from memorymark.search.strategies import LinearStrategy
+from memorymark.search.sweep import SweepLimits, sweep
+from memorymark.service.server_config import ServerConfig
 from memorymark.settings import Settings
-from memorymark.strategies import LinearStrategy
-from memorymark.sweep import SweepLimits, sweep
 from memorymark.ui import sweep_runner
 
 
@@ -96,8 +96,8 @@ def test_a_config_too_slow_for_the_time_limit_is_refused_before_any_probe() -> N
         next(Session(settings).stream())
     # The estimate grows with layers and labels, not with widths (fake tensors do no arithmetic).
     small, deep = {"num_hidden_layers": 2}, {"num_hidden_layers": 200}
-    assert sweep_estimate.sweep_seconds(deep, 2, 3) > 50 * sweep_estimate.sweep_seconds(small, 2, 3)
-    assert sweep_estimate.layer_count({"encoder_layers": 6, "decoder_layers": 6}) == 12
+    assert estimate.sweep_seconds(deep, 2, 3) > 50 * estimate.sweep_seconds(small, 2, 3)
+    assert estimate.layer_count({"encoder_layers": 6, "decoder_layers": 6}) == 12
 
 
 def test_the_server_reads_its_ceilings_from_the_environment_before_secrets() -> None:

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memorymark.measurement import Measurement
-from memorymark.strategies import FastStrategy, LinearStrategy
-from memorymark.sweep import best_fit, sweep
+from memorymark.search.strategies import FastStrategy, LinearStrategy
+from memorymark.search.sweep import best_fit, sweep
 
 # Modest example counts: the file runs in seconds on 2 cores.
 FEW = settings(

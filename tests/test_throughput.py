@@ -6,7 +6,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memorymark import gpus
-from memorymark.throughput import (
+from memorymark.accounting.throughput import (
     EFFICIENCY,
     Roofline,
     count_work,
@@ -123,7 +123,7 @@ def test_grouped_query_attention_counts_as_broadcast_where_torch_asserts_equal_h
 
     from torch.utils.flop_counter import flop_registry
 
-    from memorymark import throughput
+    from memorymark.accounting import throughput
 
     formula = flop_registry[torch.ops.aten._scaled_dot_product_flash_attention]
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memorymark import tracker as tracker_module
+from memorymark.accounting import tracker as tracker_module
+from memorymark.accounting.tracker import MemoryTracker
 from memorymark.measurement import CATEGORIES, Category
-from memorymark.tracker import MemoryTracker
 
 
 def test_counts_new_storage_once_and_not_views():

@@ -4,21 +4,21 @@ from dataclasses import replace
 
 import pytest
 
+from memorymark.backends.sim import SimBackend
 from memorymark.settings import Settings
-from memorymark.sim import SimBackend
-from memorymark.workload import Workload
+from memorymark.step.catalog import CatalogStep
 
 BIG = 8 * 2**30
 
 
 def measure(settings, batch=16):
-    m = SimBackend(Workload(settings), capacity_bytes=BIG).measure(batch)
+    m = SimBackend(CatalogStep(settings), capacity_bytes=BIG).measure(batch)
     assert m.fits
     return m
 
 
 def _trainable_bytes(settings):
-    model = Workload(settings).build_model()
+    model = CatalogStep(settings).build_model()
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 

@@ -21,6 +21,11 @@ its steps; the CUDA backend never does (its kernels are the rules). The `cpu` ba
 rules: the fused attention kernels have no CPU implementation, so real CPU tensors can't follow
 them, and a partly applied set would match neither device. A simulation with `cuda_rules=False`
 reproduces the `cpu` backend byte for byte, which is how the tests check the fake-tensor machinery.
+`scoped_patch` is how a rule replaces a library function for the threads that ask, and only while
+they ask.
+
+Must not know: how memory is counted, which batch sizes are tried, or which model is trained
+beyond the operators it calls.
 """
 
 from __future__ import annotations

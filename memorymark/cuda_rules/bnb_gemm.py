@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from memorymark import quantization
-from memorymark.scoped_patch import ScopedPatch
+from memorymark.cuda_rules.scoped_patch import ScopedPatch
+from memorymark.step import quantization
 
 CUSTOM_KERNEL_MAX_ROWS = 1536
 """bitsandbytes/backends/cuda/ops.py `_gemm_4bit_custom_max_m` (CUDA; ROCm's is 256)."""

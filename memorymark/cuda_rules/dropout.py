@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import has_torch_function_unary
 
-from memorymark.scoped_patch import ScopedPatch
+from memorymark.cuda_rules.scoped_patch import ScopedPatch
 
 
 def fused_dropout(

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from memorymark.scoped_patch import ScopedPatch
+from memorymark.cuda_rules.scoped_patch import ScopedPatch
 
 NAME = "flash_attention_2"
 """transformers' `attn_implementation` value this rule answers."""

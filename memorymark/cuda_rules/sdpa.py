@@ -22,6 +22,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from memorymark.cuda_rules.scoped_patch import ScopedPatch
 from memorymark.cuda_rules.sdpa_choice import (
     CUDNN,
     EFFICIENT,
@@ -30,7 +31,6 @@ from memorymark.cuda_rules.sdpa_choice import (
     SdpaCall,
     select_backend,
 )
-from memorymark.scoped_patch import ScopedPatch
 
 _aten = torch.ops.aten
 Tensor = torch.Tensor

@@ -1,11 +1,12 @@
 """Which PyTorch releases each CUDA rule was read from, and which rules the installed one is past.
 
 The simulation copies specific releases' kernels and dispatch (`cuda_rules`), the caching
-allocator (`memorymark/allocator.py`) and the cuBLAS workspaces (`memorymark/gpus.py`). Each rule
-here names the source it was read from and the releases it was checked against; a report run on a
-torch outside that range says which rules it touches, so an answer never silently rests on code
-that may have moved. The test suite runs on the release every rule was verified with (2.13).
-This module knows nothing of how a rule is applied.
+allocator (`memorymark/accounting/allocator.py`) and the cuBLAS workspaces
+(`memorymark/gpus/workspaces.py`). Each rule here names the source it was read from and the
+releases it was checked against; a report run on a torch outside that range says which rules
+it touches, so an answer never silently rests on code that may have moved. The test suite runs
+on the release every rule was verified with (2.13). This module knows nothing of how a rule is
+applied.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from typing import Any
 
 import streamlit as st
 
-from memorymark import distribution
+from memorymark.distributed import topology
 from memorymark.ui.state_keys import key
 
 DIST_HELP = (
@@ -25,7 +25,7 @@ def distribution_inputs(sb: Any) -> dict[str, Any]:
     """Draw the many-GPU widgets; return values that override their state."""
     with sb.expander("Many GPUs", expanded=st.session_state.get(key("dist"), "none") != "none"):
         chosen = st.selectbox(
-            "Distributed strategy", distribution.DIST_STRATEGIES, key=key("dist"), help=DIST_HELP
+            "Distributed strategy", topology.DIST_STRATEGIES, key=key("dist"), help=DIST_HELP
         )
         if chosen == "none":
             return {"gpus": "1", "nodes": None, "offload": "none"}
@@ -38,18 +38,18 @@ def distribution_inputs(sb: Any) -> dict[str, Any]:
         st.number_input(
             "Nodes (optional)",
             min_value=1,
-            max_value=distribution.MAX_NODES,
+            max_value=topology.MAX_NODES,
             value=None,
             key=key("nodes"),
             placeholder="8 GPUs a node",
         )
-        if chosen in distribution.SHARDED:
+        if chosen in topology.SHARDED:
             st.selectbox(
-                "Offload", distribution.OFFLOADS, key=key("offload"),
+                "Offload", topology.OFFLOADS, key=key("offload"),
                 help="cpu: FSDP2's CPUOffloadPolicy (states in host memory)",
             )  # fmt: skip
             st.selectbox(
-                "Mixed-precision policy", distribution.MP_POLICIES, key=key("mp_policy"),
+                "Mixed-precision policy", topology.MP_POLICIES, key=key("mp_policy"),
                 help="auto: compute in the precision's dtype, reduce gradients in fp32",
             )  # fmt: skip
             return {}

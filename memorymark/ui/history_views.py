@@ -3,7 +3,7 @@
 Owns when the main page saves (once per finished sweep, unless the user or the server turned
 saving off), the run table's columns (each memory figure says measured or simulated), the
 labels runs are picked by, and reopening saved runs as Reports. Reading and writing the
-database is memorymark/history.py's; drawing a reopened report is `views` and `results`'.
+database is memorymark/history/store.py's; drawing a reopened report is `views` and `results`'.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ from typing import Any
 
 import streamlit as st
 
-from memorymark import model_sources, models
+from memorymark import models
+from memorymark.models import sources
 from memorymark.settings import Settings
 from memorymark.ui.state_keys import key
 
@@ -27,7 +28,7 @@ SPEC_HELP = (
     "torchvision:NAME (random weights); for a config.json, use the upload below"
 )
 # Links and text boxes must not make a hosted app read arbitrary server paths.
-model_sources.restrict_config_files(UPLOAD_DIR)
+sources.restrict_config_files(UPLOAD_DIR)
 
 
 @st.cache_resource(show_spinner=False)
@@ -54,7 +55,7 @@ def applicable(entry: models.ModelEntry) -> dict[str, bool]:
         "attention": text,
         "kernels": entry.default_task == models.CAUSAL_LM,
         "grad_checkpointing": entry.source != "torchvision",
-        # bitsandbytes quantizes transformers' linear layers (memorymark/quantization.py).
+        # bitsandbytes quantizes transformers' linear layers (memorymark/step/quantization.py).
         "quantization": entry.source not in ("timm", "torchvision"),
         "double_quant": entry.source not in ("timm", "torchvision"),
     }

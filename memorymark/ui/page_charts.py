@@ -11,9 +11,9 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from memorymark.compare import GpuFit
+from memorymark.analyses.compare import GpuFit
+from memorymark.analyses.proof import BackwardProof
 from memorymark.gpus import GPU
-from memorymark.proof import BackwardProof
 from memorymark.ui.charts import AMBER, GREEN, GREY, LAYOUT
 from memorymark.units import GIB, gib_text
 

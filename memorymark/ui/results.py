@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from memorymark import paging
 from memorymark.measurement import Measurement
 from memorymark.report import KNEE_FRACTION, Report
+from memorymark.step import paging
 from memorymark.ui import charts, downloads, tables, takeaway
 from memorymark.ui.throughput_chart import source_words
 from memorymark.units import GIB, gib_text
@@ -187,7 +187,7 @@ def _charts(report: Report) -> None:
 
 def weights_and_paging_lines(m: Measurement, memory_source: str) -> list[str]:
     """Captions under the breakdown: the quantized weights' bytes and the paged optimizer state
-    (memorymark/paging.py), when the settings have them."""
+    (memorymark/step/paging.py), when the settings have them."""
     lines = []
     if m.quantized_weight_bytes is not None:
         lines.append(

@@ -12,7 +12,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from memorymark.scale_out import ScaleOutRow
+from memorymark.analyses.scale_out import ScaleOutRow
 from memorymark.ui.charts import AMBER, GREEN
 from memorymark.units import GIB
 

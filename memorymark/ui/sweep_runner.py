@@ -23,14 +23,14 @@ from typing import Any
 
 import streamlit as st
 
-from memorymark import jobs
-from memorymark.channels import ThreadChannel
 from memorymark.engine import Session
-from memorymark.executors import SweepService, service_for, thread_service
-from memorymark.jobs import RUNNING_STATES, SweepJob, SweepRequest
 from memorymark.measurement import Measurement
 from memorymark.report import Report
-from memorymark.server_config import ServerConfig
+from memorymark.service import jobs
+from memorymark.service.channels import ThreadChannel
+from memorymark.service.executors import SweepService, service_for, thread_service
+from memorymark.service.jobs import RUNNING_STATES, SweepJob, SweepRequest
+from memorymark.service.server_config import ServerConfig
 from memorymark.settings import Settings
 
 __all__ = ["RUNNING_STATES", "SweepJob"]

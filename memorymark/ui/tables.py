@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from memorymark.compare import GpuFit
+from memorymark.analyses.compare import GpuFit
+from memorymark.analyses.proof import BackwardProof, ProtocolResult
 from memorymark.measurement import Measurement
-from memorymark.proof import BackwardProof, ProtocolResult
 from memorymark.report import Report
-from memorymark.seq_search import SeqLenAnswer
+from memorymark.search.seq_len import SeqLenAnswer
 from memorymark.units import gib, memory_source
 
 

@@ -2,17 +2,17 @@
 when nothing fits even at batch 1, the changes that would, each applicable in one click.
 
 Owns the layout of the snippets (Hugging Face, Lightning, PyTorch tabs, each with st.code's copy
-button) and of the fixes. The snippets' text comes from `memorymark.snippets`, the fixes from
-the report; must not run anything itself.
+button) and of the fixes. The snippets' text comes from `memorymark.reporting.snippets`, the fixes
+from the report; must not run anything itself.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from memorymark.plan import TrainingPlan
 from memorymark.report import Report
-from memorymark.snippets import snippet
+from memorymark.reporting.snippets import snippet
+from memorymark.search.plan import TrainingPlan
 from memorymark.ui import sidebar, tables
 
 DIALECTS = (("Hugging Face", "hf"), ("Lightning", "lightning"), ("PyTorch", "torch"))

@@ -14,8 +14,7 @@ from typing import Any
 import streamlit as st
 
 from memorymark import models
-from memorymark import settings as settings_mod
-from memorymark.settings import Settings
+from memorymark.settings import Settings, choices
 from memorymark.ui.model_inputs import applicable
 from memorymark.ui.state_keys import key
 
@@ -42,7 +41,7 @@ def _quantization_inputs(sb: Any, use: dict[str, bool]) -> dict[str, Any]:
         return {}
     method = sb.selectbox(
         "Quantized base weights",
-        settings_mod.QUANTIZATIONS,
+        choices.QUANTIZATIONS,
         key=key("quantization"),
         help=QUANTIZATION_HELP,
     )
@@ -113,7 +112,7 @@ def _batch_inputs(sb: Any, use: dict[str, bool]) -> None:
     if use.get("seq_len", True):
         sb.radio(
             "Search for",
-            settings_mod.FINDS,
+            choices.FINDS,
             key=key("find"),
             horizontal=True,
             help="batch: the largest batch at this sequence length (Analyze). seq-len: the "
@@ -133,7 +132,7 @@ def _batch_inputs(sb: Any, use: dict[str, bool]) -> None:
     )
     sb.radio(
         "Search strategy",
-        settings_mod.STRATEGIES,
+        choices.STRATEGIES,
         key=key("strategy"),
         horizontal=True,
         help="fast: trace two batches, predict, verify, bisect. linear: 8, 16, 24, ... "
@@ -146,12 +145,12 @@ def training_inputs(sb: Any, entry: models.ModelEntry | None) -> dict[str, Any]:
     use = applicable(entry) if entry is not None else {}
     sb.selectbox(
         "Precision",
-        settings_mod.PRECISIONS,
+        choices.PRECISIONS,
         key=key("precision"),
         help="Lightning's names: autocast (-mixed; 16-mixed adds a GradScaler) or weights and "
         "optimizer state in bf16 (bf16-true)",
     )
-    sb.selectbox("Optimizer", settings_mod.OPTIMIZERS, key=key("optimizer"), help=OPTIMIZER_HELP)
+    sb.selectbox("Optimizer", choices.OPTIMIZERS, key=key("optimizer"), help=OPTIMIZER_HELP)
     if use.get("grad_checkpointing", True):
         sb.checkbox(
             "Gradient checkpointing",
@@ -162,7 +161,7 @@ def training_inputs(sb: Any, entry: models.ModelEntry | None) -> dict[str, Any]:
     overrides = _lora_inputs(sb)
     overrides |= _quantization_inputs(sb, use)
     _loop_inputs(sb)
-    sb.radio("Mode", settings_mod.MODES, key=key("mode"), horizontal=True)
+    sb.radio("Mode", choices.MODES, key=key("mode"), horizontal=True)
     _batch_inputs(sb, use)
     with sb.expander("Advanced"):
         _advanced_inputs(use)
@@ -173,7 +172,7 @@ def _advanced_inputs(use: dict[str, bool]) -> None:
     if use.get("attention", True):
         st.selectbox(
             "Attention",
-            settings_mod.ATTENTIONS,
+            choices.ATTENTIONS,
             key=key("attention"),
             help="sdpa: as CUDA dispatches scaled_dot_product_attention; eager: matmuls; "
             "flash_attention_2: the flash-attn package (Ampere or newer, fp16/bf16)",
@@ -181,7 +180,7 @@ def _advanced_inputs(use: dict[str, bool]) -> None:
     if use.get("kernels", True):
         st.selectbox(
             "Kernels",
-            settings_mod.KERNELS,
+            choices.KERNELS,
             key=key("kernels"),
             help="liger: Liger's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy, which "
             "never holds the whole logits (HF Trainer: use_liger_kernel=True); causal LMs",
@@ -189,7 +188,7 @@ def _advanced_inputs(use: dict[str, bool]) -> None:
         st.number_input(
             "Loss chunks (0: one loss over all logits)",
             min_value=0,
-            max_value=settings_mod.MAX_LOSS_CHUNKS,
+            max_value=choices.MAX_LOSS_CHUNKS,
             key=key("loss_chunks"),
             help="The output layer and cross-entropy in N sequence chunks, each upcast to fp32 "
             "alone (torchtune's CEWithChunkedOutputLoss); causal LMs",
@@ -202,17 +201,17 @@ def _advanced_inputs(use: dict[str, bool]) -> None:
             help="Granularity, in tokens, of the search for the longest sequence that trains",
         )
     st.selectbox(
-        "Loss", settings_mod.LOSSES, key=key("loss"),
+        "Loss", choices.LOSSES, key=key("loss"),
         help="logits-mean is what inference-style tools measure",
     )  # fmt: skip
     st.session_state[PROTOCOL_KEY] = _protocol_of_state()
     st.radio(
-        "Protocol", settings_mod.PROTOCOLS, key=PROTOCOL_KEY, on_change=_apply_protocol,
+        "Protocol", choices.PROTOCOLS, key=PROTOCOL_KEY, on_change=_apply_protocol,
         horizontal=True, help="A shortcut for mode, loss and optimizer, as the CLI's --protocol: "
         "inference-style = eval + logits.mean() + no optimizer; full = train + task loss + adamw",
     )  # fmt: skip
     st.selectbox(
-        "Backend", settings_mod.BACKENDS, key=key("backend"),
+        "Backend", choices.BACKENDS, key=key("backend"),
         help="auto: this machine's GPU when it is the one chosen, else simulated",
     )  # fmt: skip
     st.number_input("Batch step", min_value=1, key=key("step"))

@@ -1,0 +1,133 @@
+"""One model across the whole GPU catalog, without a full sweep per GPU.
+
+Each GPU's answer must be the one `analyze --gpu` gives, and two things make a step GPU-specific:
+the attention kernels CUDA picks (by compute capability) and what the caching allocator reserves
+(it hands cached segments back only when the GPU's own limit is near). So two batches are traced
+once per compute capability, and their timeline extrapolation predicts every GPU of that
+capability; each prediction is then verified on that GPU's own simulated backend by the same
+sweep and fast strategy `analyze` uses, handed the borrowed traces: about two probes per GPU
+instead of a sweep. This module composes the engine; it knows nothing about how a step is
+measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from memorymark import gpus
+from memorymark.gpus import GPU
+from memorymark.measurement import Measurement
+from memorymark.search.strategies import FastStrategy
+from memorymark.search.sweep import best_fit, sweep
+from memorymark.settings import Costs, Settings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuFit:
+    """The largest batch that trains on one GPU, and the estimated cost of a run there."""
+
+    gpu: GPU
+    max_batch: int | None
+    """Largest grid batch measured as fitting (None: not even the smallest probe fits)."""
+    peak_bytes: int | None
+    """Peak at max_batch (simulated)."""
+    usd_per_hour: float
+    relative_speed: float
+    """Estimated, with the model Analyze's speedup uses (each operator's FLOPs and bytes on the
+    GPU's roofline): samples/s at this GPU's max batch over samples/s at the user's current
+    batch on the chosen GPU. Where either is unknown (nothing fits), the ratio of peak TFLOP/s
+    at the run's precision."""
+    est_hours_per_run: float
+    """Estimated: the user's hours per run (on the chosen GPU) divided by relative_speed."""
+
+    @property
+    def est_cost_per_run_usd(self) -> float:
+        """Estimated cost of one training run on this GPU."""
+        return round(self.usd_per_hour * self.est_hours_per_run, 2)
+
+    def with_hours(self, hours_per_run: float) -> GpuFit:
+        """The same fit priced for another run length on the chosen GPU (no new probes)."""
+        return replace(self, est_hours_per_run=hours_per_run / self.relative_speed)
+
+
+def peak_tflops(gpu: GPU, precision: str) -> float:
+    """The peak rate a run at `precision` can use: tensor-core bf16/fp16, else plain FP32
+    (PyTorch keeps TF32 off for matmuls by default, so fp32 training runs at the FP32 rate)."""
+    return gpu.fp32_tflops if precision == "32-true" else gpu.bf16_tflops
+
+
+def without_precision(settings: Settings, catalog: tuple[GPU, ...] = gpus.CATALOG) -> list[GPU]:
+    """The GPUs of `catalog` that cannot train at the settings' precision (bf16 before Ampere)."""
+    if settings.precision not in gpus.BF16_PRECISIONS:
+        return []
+    return [g for g in catalog if not g.supports_bf16]
+
+
+def compare_gpus(
+    settings: Settings,
+    costs: Costs | None = None,
+    catalog: tuple[GPU, ...] = gpus.CATALOG,
+    *,
+    reference: GPU,
+) -> tuple[list[GpuFit], list[Measurement]]:
+    """Each catalog GPU's max batch for `settings`, and every measurement it took; run times
+    are scaled against `reference`, the GPU the user chose (their hours-per-run are for it).
+    Called through `engine.Session.compare`."""
+    from memorymark.backends.resolve import (  # torch: only when comparing
+        fit_policy,
+        simulated_backend,
+    )
+
+    costs = costs or Costs()
+    kind = "cpu" if settings.backend == "cpu" else "sim"
+    # What the user's hours per run are for: their current batch on the GPU they chose.
+    with simulated_backend(settings, reference, kind).session() as on_reference:
+        baseline = on_reference.measure(settings.current_batch).samples_per_second
+    traces: dict[tuple[int, int], tuple[Measurement, Measurement]] = {}
+    measured: list[Measurement] = []
+    rows = []
+    # A GPU that cannot run the precision (bf16 before Ampere) has no answer to give.
+    catalog = tuple(g for g in catalog if g not in without_precision(settings, catalog))
+    # Largest first, so each capability's traces come from the GPU most likely to fit them.
+    for gpu in sorted(catalog, key=lambda g: -g.usable_bytes):
+        backend = simulated_backend(settings, gpu, kind)
+        policy = fit_policy(settings, gpu)
+        strategy = FastStrategy(
+            step=settings.step,
+            max_batch=settings.max_batch,
+            capacity_bytes=policy.limit_bytes,
+            run_capacity_bytes=policy.capacity_bytes,
+            traces=traces.get(gpu.compute_capability),
+            find_max=False,
+        )
+        probes = list(sweep(backend, strategy))
+        measured += probes
+        if strategy.traces is not None:
+            traces.setdefault(gpu.compute_capability, strategy.traces)
+        best = best_fit(probes)
+        speed = _relative_speed(best, gpu, reference, settings, baseline)
+        rows.append(
+            GpuFit(
+                gpu=gpu,
+                max_batch=best.batch_size if best else None,
+                peak_bytes=best.peak_bytes if best else None,
+                usd_per_hour=gpu.usd_per_hour,
+                relative_speed=round(speed, 4),
+                est_hours_per_run=costs.hours_per_run / speed,
+            )
+        )
+    order = {g.name: i for i, g in enumerate(catalog)}
+    rows.sort(key=lambda r: order[r.gpu.name])
+    return rows, measured
+
+
+def _relative_speed(
+    best: Measurement | None,
+    gpu: GPU,
+    reference: GPU,
+    settings: Settings,
+    baseline_samples_per_second: float | None,
+) -> float:
+    if best is not None and best.samples_per_second and baseline_samples_per_second:
+        return best.samples_per_second / baseline_samples_per_second
+    return peak_tflops(gpu, settings.precision) / peak_tflops(reference, settings.precision)

@@ -1,0 +1,240 @@
+"""Scaling out: the same step on N GPUs for several N, the smallest N that trains, and its cost.
+
+`min_gpus` searches the counts a cluster offers (memorymark/distributed/topology.py) for the
+smallest that trains batch 1: a bisection over them, one simulated batch-1 step per count
+tried, since per-rank memory only falls as ranks are added (for DDP it stays, so one count
+answers).
+`scale_out` sweeps each count in full and turns its report into a `ScaleOutRow`: per-rank
+memory, the largest per-GPU batch, the global batch, and the step's time and cost, estimated
+(compute from the simulated step's FLOPs and bytes on the GPU's roofline, communication from
+the bytes the strategy moves over the catalog's NVLink/PCIe and network bandwidths, assumed
+to overlap with compute as FSDP2's prefetching and DDP's bucketing aim for).
+
+Reaches the engine through `Session` only; imports no torch, so the app's pages can import it.
+Must not know how anything is displayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from memorymark.distributed import topology
+from memorymark.settings import Settings
+from memorymark.units import gib
+
+if TYPE_CHECKING:
+    from memorymark.measurement import Measurement
+    from memorymark.report import Report
+
+
+def with_gpus(settings: Settings, gpus: int) -> Settings:
+    """`settings` on `gpus` GPUs, spanning as few nodes as hold them."""
+    return replace(settings, gpus=str(gpus), nodes=None)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSearch:
+    """What `min_gpus` found: the smallest count that trains batch 1, or None."""
+
+    min_gpus: int | None
+    tried: tuple[tuple[int, Measurement], ...]
+    """(count, its batch-1 step) for each count simulated, in the order tried."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able: the count and each probe's count, verdict and reserved GiB."""
+        return {
+            "min_gpus": self.min_gpus,
+            "searched_counts": [
+                {
+                    "gpus": n,
+                    "runs": m.runs,
+                    "required_gb": None if m.required_bytes is None else gib(m.required_bytes),
+                }
+                for n, m in self.tried
+            ],
+        }
+
+
+def min_gpus(
+    settings: Settings,
+    measure: Callable[[Settings], Measurement],
+    counts: tuple[int, ...] | None = None,
+    capacity: Callable[[int], int] | None = None,
+) -> GpuSearch:
+    """The smallest of `counts` (a cluster's, by default) on which batch 1 runs, with
+    `measure(settings)` simulating batch 1 of the settings on a count.
+
+    Both ends are measured first. With `capacity(n)` (the bytes a rank of n may reserve), what
+    batch 1 needs is then fitted as a + b/n through them (sharded states fall as 1/n, the rest
+    stays), the first count predicted to fit is checked with the count before it, and the search
+    bisects from there only when the prediction missed: about four traces instead of nine."""
+    counts = counts or topology.cluster_counts()
+    tried: list[tuple[int, Measurement]] = []
+
+    def runs(i: int) -> bool:
+        m = measure(with_gpus(settings, counts[i]))
+        tried.append((counts[i], m))
+        return m.runs
+
+    if runs(0):
+        return GpuSearch(counts[0], tuple(tried))
+    last = len(counts) - 1
+    if last == 0 or not runs(last):
+        return GpuSearch(None, tuple(tried))
+    low, high = 0, last  # counts[low] fails, counts[high] runs
+    guess = _predicted(counts, tried, capacity)
+    if guess is not None and low < guess < high:
+        if runs(guess):
+            high = guess
+            if guess - 1 > low:
+                if runs(guess - 1):
+                    high = guess - 1
+                else:
+                    low = guess - 1
+        else:
+            low = guess
+    while high - low > 1:
+        mid = (low + high) // 2
+        if runs(mid):
+            high = mid
+        else:
+            low = mid
+    return GpuSearch(counts[high], tuple(tried))
+
+
+def _predicted(
+    counts: tuple[int, ...],
+    tried: list[tuple[int, Measurement]],
+    capacity: Callable[[int], int] | None,
+) -> int | None:
+    """Index of the first count that a + b/n, through the two ends tried, says fits."""
+    (n1, m1), (n2, m2) = tried[0], tried[-1]
+    if capacity is None or m1.required_bytes is None or m2.required_bytes is None:
+        return None
+    b = (m1.required_bytes - m2.required_bytes) / (1 / n1 - 1 / n2)
+    a = m1.required_bytes - b / n1
+    return next((i for i, n in enumerate(counts) if a + b / n <= capacity(n)), None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScaleOutRow:
+    """One GPU count's answer (memory simulated; time and cost estimated)."""
+
+    gpus: int
+    nodes: int
+    per_gpu_batch: int | None
+    """The largest per-GPU batch that fits (recommended); None when batch 1 does not."""
+    global_batch: int | None
+    """Samples per optimizer step over every rank: per-GPU batch x GPUs x accumulation."""
+    peak_bytes: int | None
+    """Rank 0's peak live bytes at that batch (or what batch 1 needs when nothing fits)."""
+    states_bytes: int | None
+    """Rank 0's parameters, gradients and optimizer state at that peak."""
+    nccl_bytes: int
+    """NCCL's buffers per rank (estimated), outside the caching allocator."""
+    compute_seconds: float | None
+    comm_seconds: float | None
+    step_seconds: float | None
+    """max(compute, communication): the two overlap."""
+    samples_per_second: float | None
+    usd_per_run: float | None
+    """GPUs x price x hours for `samples_per_run` samples."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able, memory in GiB."""
+        return {
+            "gpus": self.gpus,
+            "nodes": self.nodes,
+            "per_gpu_batch": self.per_gpu_batch,
+            "global_batch": self.global_batch,
+            "peak_gb": None if self.peak_bytes is None else gib(self.peak_bytes),
+            "states_gb": None if self.states_bytes is None else gib(self.states_bytes),
+            "nccl_gb": gib(self.nccl_bytes),
+            "compute_seconds": _round(self.compute_seconds),
+            "comm_seconds": _round(self.comm_seconds),
+            "step_seconds": _round(self.step_seconds),
+            "samples_per_second": _round(self.samples_per_second),
+            "usd_per_run": _round(self.usd_per_run),
+            "time_source": "estimated",
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def states_bytes(m: Measurement | None) -> int | None:
+    """Parameters, gradients and optimizer state in a measurement's peak breakdown."""
+    if m is None or m.breakdown is None:
+        return None
+    b = m.breakdown
+    return b.parameters + b.gradients + b.optimizer_state
+
+
+def row_from_report(
+    report: Report, param_count: int, samples_per_run: float, usd_per_hour: float
+) -> ScaleOutRow:
+    """A count's row from its sweep's report (`param_count`: the model's parameters)."""
+    s = report.settings
+    gpus, nodes = s.gpu_count or 1, s.node_count if s.gpu_count else 1
+    best = report.optimal
+    shown = best or next((m for m in report.measurements if m.batch_size == 1), None)
+    nccl = topology.nccl_bytes(s.dist, gpus, nodes)
+    if best is None or best.samples_per_second is None:
+        return ScaleOutRow(
+            gpus=gpus, nodes=nodes, per_gpu_batch=None, global_batch=None,
+            peak_bytes=shown.required_bytes if shown else None,
+            states_bytes=states_bytes(shown), nccl_bytes=nccl, compute_seconds=None,
+            comm_seconds=None, step_seconds=None, samples_per_second=None, usd_per_run=None,
+        )  # fmt: skip
+    samples = best.batch_size * s.grad_accum
+    compute = samples / best.samples_per_second
+    traffic = topology.step_traffic(
+        s.dist, gpus, nodes, param_count, _bytes(s, compute=True), _bytes(s, compute=False)
+    )
+    comm = topology.comm_seconds(
+        traffic, report.gpu.intra_node_bytes_per_s, report.gpu.inter_node_bytes_per_s
+    )
+    step = max(compute, comm)
+    throughput = samples * gpus / step
+    hours = samples_per_run / throughput / 3600
+    return ScaleOutRow(
+        gpus=gpus,
+        nodes=nodes,
+        per_gpu_batch=best.batch_size,
+        global_batch=samples * gpus,
+        peak_bytes=best.peak_bytes,
+        states_bytes=states_bytes(best),
+        nccl_bytes=nccl,
+        compute_seconds=compute,
+        comm_seconds=comm,
+        step_seconds=step,
+        samples_per_second=throughput,
+        usd_per_run=gpus * usd_per_hour * hours,
+    )
+
+
+def _bytes(settings: Settings, *, compute: bool) -> int:
+    """Bytes per element gathered (compute dtype) or reduced (fp32 under the default policy)."""
+    if settings.precision == "bf16-true":
+        return 2
+    lower = settings.precision in ("bf16-mixed", "16-mixed") and settings.mp_policy == "auto"
+    if compute and lower and settings.dist in topology.SHARDED:
+        return 2
+    return 4
+
+
+def scale_out(
+    settings: Settings,
+    analyze: Callable[[Settings], Report],
+    counts: tuple[int, ...],
+    param_count: int,
+    samples_per_run: float,
+    usd_per_hour: float,
+) -> Iterator[ScaleOutRow]:
+    """One row per GPU count, as each count's sweep (`analyze(settings)`) finishes."""
+    for n in counts:
+        report = analyze(with_gpus(settings, n))
+        yield row_from_report(report, param_count, samples_per_run, usd_per_hour)

@@ -1,0 +1,387 @@
+"""The measurement every backend shares: one step at one batch size, tracked, OOM-safe.
+
+`Backend.measure(batch_size)` builds the model and optimizer state once (they stay resident between
+probes, as in training), runs one step under the memory tracker, catches an OOM, cleans up so the
+next probe starts from the same baseline, and returns a `Measurement` judged by the one fit policy
+(memorymark/fit.py). A simulated step traces to its end whatever its size: its allocations are
+replayed through the caching-allocator model against the capacity (what the GPU would reserve
+decides), and, past it, with no limit to say what the step would need; its operators are costed for
+an estimated throughput. A real device reports its own peak, reserved bytes and allocation retries,
+read right after the first step, and then times further steps. Subclasses say only where tensors
+live and how the device reports its own peak and time. This module knows nothing about which batch
+sizes are tried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+from memorymark.accounting import allocator, throughput
+from memorymark.accounting.throughput import Roofline, WorkCounter
+from memorymark.accounting.tracker import MemoryTracker
+from memorymark.backends.oom import StepError, is_oom, one_line
+from memorymark.fit import FitPolicy
+from memorymark.measurement import Category, Measurement
+from memorymark.step import paging, quantization
+from memorymark.step.protocol import Phase, TrainingStep
+from memorymark.units import size_text
+
+LOOP_STEPS = 2
+"""Steps of a fresh process the allocator replay runs for a simulated verdict. A loop's second
+step starts from the segments its first left cached, and on a real GPU that is where a batch
+that squeezed through its first step after a cache flush dies: BERT-base in bf16-mixed at batch
+416, capped at an A10's capacity on an H100 (docs/calibration/README.md). A third and fourth
+replayed step changed the verdict in one of 17 cases measured there (ResNet-50 at 512, which
+the GPU itself refused at its first step), for another replay's cost."""
+
+# The category of what each phase of the step allocates (and does not label otherwise:
+# gradients are labelled as they accumulate, optimizer state when it is created).
+PHASE_CATEGORY: dict[Phase, Category] = {
+    Phase.FORWARD: Category.ACTIVATIONS,
+    Phase.LOGITS: Category.LOGITS,
+    Phase.BACKWARD: Category.TEMPORARY,
+    Phase.OPTIMIZER: Category.TEMPORARY,
+}
+
+
+class Backend:
+    """Turns a batch size into a Measurement. Subclasses set `name`, `measured`, `device`."""
+
+    name = "base"
+    measured = False
+    device = "cpu"
+    holds_memory = True
+    """False when tensors allocate nothing (fake tensors): releasing needs no collection then."""
+
+    def __init__(
+        self,
+        training_step: TrainingStep,
+        *,
+        capacity_bytes: int,
+        margin_bytes: int = 0,
+        budget_bytes: int | None = None,
+        resident_allocations: tuple[int, ...] = (),
+    ) -> None:
+        self.training_step = training_step
+        self.policy = FitPolicy(capacity_bytes=capacity_bytes, margin_bytes=margin_bytes)
+        """Capacity and margin every verdict of this backend is judged against."""
+        self.budget_bytes = budget_bytes
+        """Live bytes past which the tracker raises an OOM: for real CPU tensors, which must not
+        exhaust this machine (None: the step traces to its end, or the device says OOM)."""
+        self.resident_allocations = resident_allocations
+        """Requests the step makes through the allocator outside tracked storages (the cuBLAS
+        workspaces): the simulated replay serves them before the step."""
+        self._model: nn.Module | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._tracker: MemoryTracker | None = None
+        self._failed_tracker: MemoryTracker | None = None
+        """The tracker of a preparation that ran out of memory: its peak is what was reached."""
+        self.roofline: Roofline | None = None
+        """Peak rates of the target GPU for an estimated throughput (simulated steps only; set
+        by `devices.open_backend`). None: no estimate."""
+        self._timing = False
+        self._counters_before: dict[str, int] = {}
+        self._quantized_bytes: int | None = None
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The limit the recommended batch must stay within: what the search predicts against."""
+        return self.policy.limit_bytes
+
+    # -- what subclasses provide -------------------------------------------------------------
+    def _step_context(self) -> contextlib.AbstractContextManager[object]:
+        """Entered around building and stepping (the simulation's fake mode)."""
+        return contextlib.nullcontext()
+
+    def _build_model(self) -> nn.Module:
+        with torch.device(self.device):
+            return self.training_step.build_model()
+
+    def _reset_device_peak(self) -> None:
+        """Start the device's own peak counters afresh (CUDA); nothing for tracked backends."""
+
+    def _device_peak(self) -> tuple[int, int | None] | None:
+        """(allocated, reserved) peak bytes from the device, or None to use the tracker's."""
+        return None
+
+    def _device_stats(self) -> dict[str, int] | None:
+        """The device's allocator counters and peaks now (CUDA's `memory_stats()`), or None."""
+        return None
+
+    def _synchronize(self) -> None:
+        """Wait for queued kernels, so the step's seconds are real."""
+
+    def _time_steps(self, batch_size: int) -> float | None:
+        """Seconds of one step as the device runs it (real devices), or None (simulated)."""
+        return None
+
+    def _empty_cache(self) -> None:
+        """Return cached blocks to the device (before each probe, and after an OOM)."""
+
+    def _run_optimizer(self, optimizer_phase: Callable[[], None]) -> None:
+        """Run the step's optimizer phase (the simulation may stand in for it)."""
+        optimizer_phase()
+
+    def _distribute(self, model: nn.Module) -> nn.Module:
+        """Spread the built model over ranks (distributed backends); one GPU keeps it whole."""
+        return model
+
+    def _build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
+        """The optimizer the settings ask for (a distributed backend may shard it)."""
+        return self.training_step.build_optimizer(model)
+
+    # -- the shared measurement ----------------------------------------------------------------
+    def measure(self, batch_size: int) -> Measurement:
+        """Run one step at `batch_size` and report its peak and the policy's verdict."""
+        if batch_size < 1:
+            raise ValueError(f"batch size must be at least 1 (got {batch_size})")
+        error = None
+        seconds = work = device = None
+        try:
+            tracker = self._prepare()
+            tracker.reset_peak()
+            # Cached segments of earlier probes would count in this probe's peak reserved bytes:
+            # hand them back first, so a measured probe reports its own (as the simulation's
+            # fresh-process prediction does).
+            self._empty_cache()
+            self._reset_device_peak()
+            self._counters_before = self._device_stats() or {}
+            work = tracker.work_counter = self._work_counter()
+            with self._step_context(), tracker:
+                self.training_step.run_step(
+                    self._model,
+                    self._optimizer,
+                    batch_size,
+                    self.device,
+                    self._on_phase,
+                    self._run_optimizer,
+                )
+            self._synchronize()
+            # The first step's own figures, before timed steps add theirs.
+            device = self._device_peak(), self._device_stats()
+            seconds = self._time_steps(batch_size)
+        except Exception as exc:  # everything that is not an OOM is re-raised below
+            if isinstance(exc, ValueError) and self._tracker is None:
+                raise  # the settings cannot build this model (LoRA targets, checkpointing...)
+            if not is_oom(exc):
+                raise StepError(
+                    f"the training step failed at batch {batch_size}: "
+                    f"{type(exc).__name__}: {one_line(exc)}"
+                ) from exc
+            error = one_line(exc)
+        finally:
+            if self._tracker is not None:
+                self._tracker.work_counter = None
+            self._after_step(failed=error is not None)
+        if device is None:
+            device = self._device_peak(), self._device_stats()
+        return self._result(batch_size, error, seconds, work, *device)
+
+    def resident_bytes(self) -> dict[str, int]:
+        """Bytes by category held before the first step: the model (spread over ranks when
+        the settings say so) and the optimizer's primed state; gradients are None by then."""
+        tracker = self._prepare()
+        return {c.value: n for c, n in tracker.live_by_category.items()}
+
+    def release(self) -> None:
+        """Free the model, optimizer state and cached memory (the sweep calls this at the end)."""
+        self._model = self._optimizer = self._tracker = None
+        if self.holds_memory:
+            gc.collect()
+            self._empty_cache()
+
+    def _prepare(self) -> MemoryTracker:
+        if self._tracker is not None:
+            return self._tracker
+        model = self._build_model()
+        tracker = self._failed_tracker = MemoryTracker(self.budget_bytes)
+        # What spreading the model over ranks allocates besides parameter shards is DDP's
+        # gradient buckets. The whole model is counted only as it is once spread: a sharded
+        # run builds it on the meta device and materialises shards (torchtitan), so the
+        # unsharded weights never take device memory.
+        tracker.phase_category = Category.GRADIENTS
+        with self._step_context(), tracker:
+            model = self._distribute(model)
+        # Weights and optimizer state alone may exceed the budget: that is an OOM at any batch.
+        tracker.track_all([*model.parameters(), *model.buffers()], Category.PARAMETERS)
+        optimizer = self._build_optimizer(model)
+        tracker.phase_category = Category.OPTIMIZER_STATE
+        with self._step_context(), tracker:
+            self._prime(model, optimizer, tracker)
+        self._failed_tracker = None
+        if optimizer is not None:
+            tracker.track_all(list(optimizer.state.values()), Category.OPTIMIZER_STATE)
+        tracker.mark_baseline()  # what a fresh process allocates before its first step
+        for p in model.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._label_gradient)
+        self._model, self._optimizer, self._tracker = model, optimizer, tracker
+        if self.training_step.settings.quantization != "none":
+            self._quantized_bytes = quantization.quantized_bytes(model)
+        return tracker
+
+    def _prime(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, tracker: MemoryTracker
+    ) -> None:
+        """Create the optimizer's state before the first probe, as a first step would."""
+        self.training_step.prime_optimizer(model, optimizer)
+
+    def _label_gradient(self, param: torch.Tensor) -> None:
+        if self._tracker is not None and param.grad is not None and not self._timing:
+            self._tracker.track(param.grad, Category.GRADIENTS)
+
+    def _on_phase(self, phase: Phase) -> None:
+        if self._tracker is not None:
+            self._tracker.phase_category = PHASE_CATEGORY[phase]
+
+    def _after_step(self, *, failed: bool) -> None:
+        if self._model is not None:
+            self._model.zero_grad(set_to_none=True)
+        if failed:
+            # A failed step's traceback held its activations; by now it is gone, so collect the
+            # cycles it left and hand cached blocks back, as accelerate's release_memory does.
+            # After a step that fit, reference counting has already freed everything, and a
+            # full collection would cost a quarter of a simulated BERT step.
+            gc.collect()
+            self._empty_cache()
+
+    def _work_counter(self) -> WorkCounter | None:
+        # Only a simulated step needs its work counted; a real device times its own.
+        if self.measured or self.roofline is None:
+            return None
+        return WorkCounter(self.roofline)
+
+    def _result(
+        self,
+        batch_size: int,
+        error: str | None,
+        seconds: float | None,
+        work: WorkCounter | None,
+        device_peak: tuple[int, int | None] | None,
+        stats: dict[str, int] | None,
+    ) -> Measurement:
+        tracker = self._tracker or self._failed_tracker
+        traced = error is None and self._tracker is not None
+        tracked_peak = tracker.peak_bytes if tracker is not None else 0
+        peak, reserved = device_peak if device_peak is not None else (tracked_peak, None)
+        prediction = retries = required = demand = None
+        if traced and not self.measured:
+            out_of_memory, retries, prediction, demand = self._predict(self._tracker)
+            required = prediction.reserved_bytes
+            if out_of_memory:
+                error = self._allocator_oom(required)
+        elif error is None:
+            # Measured: what the device held (reserved where it says, else live tensor bytes).
+            required = reserved if reserved is not None else peak
+            retries = self._counter_delta(stats, "num_alloc_retries")
+        verdict = self.policy.judge(
+            oom=error is not None, alloc_retries=retries, reserved_bytes=required
+        )
+        if error is None and not verdict.runs:
+            error = self._past_capacity(required)
+        note = self._retry_note(retries) if verdict.runs and retries else None
+        ran = verdict.runs
+        samples = batch_size * self.training_step.settings.grad_accum
+        sps, source = self._throughput(samples, seconds, work) if ran else (None, None)
+        paged = self._paged_bytes(tracker)
+        return Measurement(
+            quantized_weight_bytes=self._quantized_bytes,
+            paged_bytes=paged,
+            pages_to_host=None
+            if paged is None
+            else ran and paging.pages_to_host(required, paged, self.policy.capacity_bytes),
+            batch_size=batch_size,
+            fits=verdict.fits,
+            runs=verdict.runs,
+            peak_bytes=peak,
+            reserved_bytes=reserved,
+            required_bytes=required,
+            demand_bytes=demand,
+            alloc_retries=retries,
+            memory_stats=stats,
+            predicted_allocated_bytes=prediction.allocated_bytes if prediction else None,
+            predicted_reserved_bytes=prediction.reserved_bytes if prediction else None,
+            breakdown=tracker.peak_breakdown() if traced and tracker is not None else None,
+            step_seconds=seconds if ran and self.measured else None,
+            samples_per_second=sps,
+            throughput_source=source,
+            step_flops=work.flops if ran and work is not None else None,
+            backend=self.name,
+            measured=self.measured,
+            error=error or note,
+            timeline=tuple(tracker.timeline) if traced and tracker is not None else (),
+        )
+
+    def _paged_bytes(self, tracker: MemoryTracker | None) -> int | None:
+        """Optimizer state in CUDA unified memory, or None when the optimizer is not paged."""
+        if not self.training_step.settings.paged_optimizer:
+            return None
+        counted = tracker.unified_bytes if tracker is not None else 0
+        state = self._optimizer.state.values() if self._optimizer is not None else ()
+        return counted or paging.paged_state_bytes(state)
+
+    def _counter_delta(self, stats: dict[str, int] | None, name: str) -> int | None:
+        if stats is None or name not in stats:
+            return None
+        return stats[name] - self._counters_before.get(name, 0)
+
+    def _predict(self, tracker: MemoryTracker) -> tuple[bool, int, allocator.Prediction, int]:
+        """Replay a fresh process running this step `LOOP_STEPS` times against the capacity:
+        (out of memory, allocation retries, what the step needs, its demand), the need replayed
+        with no limit when the capacity could not hold it. The demand is the reserved peak with
+        no limit (a replay costs about 1% of a probe): what the search interpolates on, since a
+        step that ran only after a flush held less than it asked for."""
+        step = (tracker.events_first_seq, tracker.events)
+        setup, resident = tracker.baseline_events, self.resident_allocations
+        bounded = allocator.replay(
+            setup, step, self.policy.capacity_bytes, resident, steps=LOOP_STEPS
+        )
+        if not bounded.out_of_memory and not bounded.alloc_retries:
+            return False, 0, bounded, bounded.reserved_bytes
+        unlimited = allocator.replay(setup, step, None, resident, steps=LOOP_STEPS)
+        if not bounded.out_of_memory:
+            return False, bounded.alloc_retries, bounded, unlimited.reserved_bytes
+        return True, bounded.alloc_retries, unlimited, unlimited.reserved_bytes
+
+    def _allocator_oom(self, required_bytes: int) -> str:
+        return (
+            f"simulated out of memory: needs {size_text(required_bytes)} of "
+            f"{size_text(self.policy.capacity_bytes)}"
+        )
+
+    def _past_capacity(self, required: int | None) -> str:
+        return (
+            f"reserved {size_text(required or 0)}, past the capacity of "
+            f"{size_text(self.policy.capacity_bytes)}"
+        )
+
+    @staticmethod
+    def _retry_note(retries: int) -> str:
+        return (
+            f"runs only after the allocator flushed its cache and retried {retries} "
+            "allocation(s): not recommended, one fragmentation pattern from an out-of-memory"
+        )
+
+    @staticmethod
+    def _throughput(
+        batch_size: int, seconds: float | None, work: WorkCounter | None
+    ) -> tuple[float | None, str | None]:
+        """(samples/s, 'measured' or 'estimated') of a step that fit."""
+        if seconds is not None:
+            return throughput.samples_per_second(batch_size, seconds), "measured"
+        if work is not None:
+            return throughput.samples_per_second(batch_size, work.step_seconds), "estimated"
+        return None, None
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Backend]:
+        """Use the backend and release it on the way out, however the block ends."""
+        try:
+            yield self
+        finally:
+            self.release()

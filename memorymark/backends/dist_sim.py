@@ -1,0 +1,248 @@
+"""One rank of a many-GPU step, simulated with PyTorch's own DDP, ZeRO and FSDP2 code.
+
+`DistSimBackend` is the simulated backend (fake tensors, the caching-allocator replay) with the
+model spread over a *fake process group*: PyTorch's testing backend
+(`torch.testing._internal.distributed.fake_pg`, `init_process_group("fake", ...)`), whose
+collectives return at once without moving data. So `fully_shard` really shards, DDP really
+builds its gradient buckets, `ZeroRedundancyOptimizer` really partitions, and the tracker counts
+what rank 0 holds. Ranks are symmetric except for uneven shards (FSDP2 pads every shard to the
+same size, so it loses nothing; ZeRO-1's greedy partition can give another rank a few more
+bytes of optimizer state than rank 0).
+
+The default process group is process-wide, so one simulation holds it at a time (a lock taken
+when the backend builds its model and given back at `release`); it is created with the rank
+count asked for and destroyed after, so sweeps with other counts can follow in the same
+process. The `DeviceMesh` is built outside fake mode (it holds a real tensor of ranks).
+
+Three accommodations make DDP trace on fake tensors, each standing for what a real step does
+with no effect on memory: the parameter-shape check and the initial broadcast are skipped
+(they read values); a comm hook stands for the all-reduce (in place on the bucket, as the
+built-in hook: torch/csrc/distributed/c10d/reducer.cpp); and buckets are not rebuilt after the
+first step (the rebuild only reorders them in gradient-ready order; their total is the same).
+This module knows nothing about search or reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from memorymark.backends import sharding
+from memorymark.backends.sim import SimBackend
+from memorymark.cuda_rules.scoped_patch import ScopedPatch
+from memorymark.measurement import Category
+
+_GROUP_LOCK = threading.Lock()
+"""Held by the one simulation whose fake default process group exists."""
+
+
+@contextlib.contextmanager
+def fake_group(world_size: int) -> Iterator[None]:
+    """A fake default process group of `world_size` ranks, this process being rank 0."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise ValueError(
+            "a process group already exists in this process (torchrun?): a simulation of "
+            "many GPUs needs its own; use --backend cuda under torchrun to measure for real"
+        )
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _skip(original: object, *args: object, **kwargs: object) -> None:
+    return None
+
+
+@functools.cache
+def _ddp_patches() -> tuple[ScopedPatch, ...]:
+    import torch.nn.parallel.distributed as ddp_module
+
+    # Both read tensor values across ranks (shapes checked, rank 0's weights broadcast).
+    return (
+        ScopedPatch(ddp_module, "_verify_param_shape_across_processes", _skip),
+        ScopedPatch(ddp_module, "_sync_module_states", _skip),
+    )
+
+
+_labelling = threading.local()
+"""The tracker FSDP2's gradient shards are labelled in, per thread (None: not simulating)."""
+
+
+def _post_backward_labelled(original: Any, group: Any, *args: Any) -> Any:
+    # FSDP2 assigns each reduce-scattered gradient shard itself, past the hook that labels
+    # gradients: label them as its post-backward leaves them, so the peak's breakdown has them.
+    result = original(group, *args)
+    tracker = getattr(_labelling, "tracker", None)
+    if tracker is not None:
+        grads = [p.sharded_param.grad for p in group.fsdp_params]
+        grads = [g for g in grads if g is not None]
+        if getattr(group, "offload_policy", None) is not None and _offloads(group):
+            tracker.to_host(grads)  # copied to host memory; the device's copy is freed
+        else:
+            tracker.track_all(grads, Category.GRADIENTS)
+    return result
+
+
+def _offloads(group: Any) -> bool:
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return isinstance(group.offload_policy, CPUOffloadPolicy)
+
+
+def _storage_resized(original: Any, tensor: torch.Tensor) -> None:
+    # FSDP2 frees a gathered parameter by resizing its storage to 0 and gathers the next one
+    # into the same storage: memory a storage's creation and death alone would not show.
+    original(tensor)
+    tracker = getattr(_labelling, "tracker", None)
+    if tracker is not None:
+        tracker.resized(tensor, Category.PARAMETERS)
+
+
+@functools.cache
+def _fsdp_patches() -> tuple[ScopedPatch, ...]:
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    return (
+        ScopedPatch(_fsdp_param_group.FSDPParamGroup, "post_backward", _post_backward_labelled),
+        ScopedPatch(_fsdp_param, "alloc_storage", _storage_resized),
+        ScopedPatch(_fsdp_param, "free_storage", _storage_resized),
+        ScopedPatch(_fsdp_param_group, "alloc_storage", _storage_resized),
+    )
+
+
+@contextlib.contextmanager
+def fsdp_reported_to(tracker: Any) -> Iterator[None]:
+    """In this thread, FSDP2 reports its gradient shards and its parameters' storage resizes
+    to `tracker` (any backend whose tracker counts FSDP2's tensors needs this)."""
+    with contextlib.ExitStack() as stack:
+        for patch in _fsdp_patches():
+            stack.enter_context(patch.active())
+        previous, _labelling.tracker = getattr(_labelling, "tracker", None), tracker
+        try:
+            yield
+        finally:
+            _labelling.tracker = previous
+
+
+def _allreduce_in_place(world_size: int, bucket: Any) -> torch.futures.Future:
+    # What DDP's built-in all-reduce does to the bucket's memory: divide and reduce in place.
+    buffer = bucket.buffer()
+    buffer.div_(world_size)
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(buffer)
+    return future
+
+
+class _NoRebuild:
+    """DDP's reducer, except that buckets are never rebuilt (see the module docstring)."""
+
+    def __init__(self, reducer: Any) -> None:
+        self._reducer = reducer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+
+class DistSimBackend(SimBackend):
+    """Simulates rank 0 of `settings.gpu_count` GPUs under `settings.dist`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stack: contextlib.ExitStack | None = None
+        self._mesh: Any = None
+
+    @property
+    def world_size(self) -> int:
+        """Ranks simulated: the GPUs asked for."""
+        count = self.training_step.settings.gpu_count
+        if count is None:
+            raise ValueError("give a GPU count: --gpus auto is for analyze, which searches it")
+        return count
+
+    def _open_group(self) -> None:
+        if self._stack is not None:
+            return
+        stack = contextlib.ExitStack()
+        if not _GROUP_LOCK.acquire(timeout=600):
+            raise RuntimeError("another simulation of many GPUs held the process group for 10 min")
+        stack.callback(_GROUP_LOCK.release)
+        try:
+            stack.enter_context(fake_group(self.world_size))
+            from torch.distributed.device_mesh import init_device_mesh
+
+            shape, names = sharding.mesh_shape(self.training_step.settings)
+            self._mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+
+    def _build_model(self) -> nn.Module:
+        self._open_group()
+        return super()._build_model()
+
+    @contextlib.contextmanager
+    def _step_context(self) -> Iterator[None]:
+        with super()._step_context(), contextlib.ExitStack() as stack:
+            for patch in _ddp_patches():
+                stack.enter_context(patch.active())
+            stack.enter_context(fsdp_reported_to(self._tracker))
+            yield
+
+    def _distribute(self, model: nn.Module) -> nn.Module:
+        settings = self.training_step.settings
+        sharded = sharding.shard_model(model, settings, self._mesh, {}, pin_memory=False)
+        if isinstance(sharded, nn.parallel.DistributedDataParallel):
+            sharded.register_comm_hook(
+                None, lambda _, bucket: _allreduce_in_place(self.world_size, bucket)
+            )
+            sharded.reducer = _NoRebuild(sharded.reducer)
+        return sharded
+
+    def _prepare(self) -> Any:
+        tracker = super()._prepare()
+        if self.training_step.settings.offload == "cpu" and self._model is not None:
+            # CPUOffloadPolicy: parameter shards and optimizer state live in host memory.
+            optimizer = self._optimizer
+            tracker.to_host(
+                [*self._model.parameters(), *(optimizer.state.values() if optimizer else ())]
+            )
+        return tracker
+
+    def _run_optimizer(self, optimizer_phase: Any) -> None:
+        tracker = self._tracker
+        if self.training_step.settings.offload != "cpu" or tracker is None:
+            super()._run_optimizer(optimizer_phase)
+            return
+        # With CPUOffloadPolicy the optimizer steps on the CPU: nothing it allocates is the GPU's.
+        tracker.host_allocations = True
+        try:
+            optimizer_phase()
+        finally:
+            tracker.host_allocations = False
+
+    def _build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
+        if self.training_step.settings.forward_only:
+            return None
+        return sharding.build_optimizer(self.training_step.settings, model, self._mesh)
+
+    def release(self) -> None:
+        super().release()
+        self._mesh = None
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            stack.close()

@@ -1,0 +1,172 @@
+"""Which backend runs a measurement, on which GPU's numbers, judged by which fit policy.
+
+The only module that asks torch which accelerator this machine has (through `torch.cuda`, which
+tests replace with a fake module). Must not know which batch sizes are tried, what a report says,
+or how anything is shown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from memorymark import gpus
+from memorymark.accounting import throughput
+from memorymark.backends.base import Backend
+from memorymark.backends.device import CpuBackend, DeviceBackend
+from memorymark.backends.sim import SimBackend
+from memorymark.cuda_rules import versions
+from memorymark.distributed import topology
+from memorymark.fit import FitPolicy
+from memorymark.settings import Settings
+from memorymark.step.catalog import CatalogStep
+from memorymark.units import GIB
+
+
+def _cuda(cuda: ModuleType | None) -> Any:
+    """The CUDA device module: `torch.cuda`, unless a test hands in a fake."""
+    return torch.cuda if cuda is None else cuda
+
+
+def cuda_available(cuda: ModuleType | None = None) -> bool:
+    """True when a CUDA GPU can run the step here."""
+    return bool(_cuda(cuda).is_available())
+
+
+def mps_available() -> bool:
+    """True on an Apple GPU that PyTorch can use."""
+    return bool(torch.backends.mps.is_available())
+
+
+def detect_cuda_gpu(cuda: ModuleType | None = None) -> gpus.GPU:
+    """The catalog view of CUDA device 0, with the total memory PyTorch reports for it."""
+    props = _cuda(cuda).get_device_properties(0)
+    return gpus.detected_gpu(props.name, int(props.total_memory), (props.major, props.minor))
+
+
+def resolve_backend_name(settings: Settings, cuda: ModuleType | None = None) -> str:
+    """The backend `auto` means here: the local GPU when it is the one asked about, else sim."""
+    if settings.backend != "auto":
+        return settings.backend
+    asks_other_gpu = settings.gpu is not None or settings.gpu_memory_gib is not None
+    if cuda_available(cuda):
+        if not asks_other_gpu:
+            return "cuda"
+        local = detect_cuda_gpu(cuda)
+        if settings.gpu is not None and gpus.find_gpu(settings.gpu).name == local.name:
+            return "cuda"
+        return "sim"
+    if mps_available() and not asks_other_gpu:
+        return "mps"
+    return "sim"
+
+
+def resolve_gpu(settings: Settings, backend_name: str, cuda: ModuleType | None = None) -> gpus.GPU:
+    """The GPU whose memory the run is measured or simulated against."""
+    if backend_name == "cuda":
+        if not cuda_available(cuda):
+            raise ValueError(
+                "backend cuda asked for, but PyTorch sees no CUDA GPU; use --backend sim"
+            )
+        return detect_cuda_gpu(cuda)
+    if backend_name == "mps":
+        if not mps_available():
+            raise ValueError(
+                "backend mps asked for, but PyTorch sees no Apple GPU; use --backend sim"
+            )
+        total = int(torch.mps.recommended_max_memory())
+        return gpus.custom_gpu(total / GIB, name="Apple GPU (MPS)")
+    if settings.gpu_memory_gib is not None:
+        return gpus.custom_gpu(settings.gpu_memory_gib)
+    if settings.gpu is not None:
+        return gpus.find_gpu(settings.gpu)
+    if cuda_available(cuda):
+        return detect_cuda_gpu(cuda)
+    return gpus.find_gpu(gpus.DEFAULT_SIMULATED_GPU)
+
+
+def local_gpu(cuda: ModuleType | None = None) -> gpus.GPU | None:
+    """The CUDA GPU in this machine, or None (the app offers it as the "measured" choice)."""
+    return detect_cuda_gpu(cuda) if cuda_available(cuda) else None
+
+
+def fit_policy(settings: Settings, gpu: gpus.GPU) -> FitPolicy:
+    """The capacity (what the caching allocator can reserve on `gpu`) and the margin the
+    settings keep below it: what every verdict of a run on `gpu` is judged against."""
+    capacity = rank_gpu(settings, gpu).usable_bytes
+    return FitPolicy(capacity_bytes=capacity, margin_bytes=settings.margin_bytes(capacity))
+
+
+def rank_gpu(settings: Settings, gpu: gpus.GPU) -> gpus.GPU:
+    """`gpu` as one rank of the settings' distributed run sees it: less NCCL's buffers, which
+    live outside the caching allocator (memorymark/distributed/topology.py); itself on one GPU."""
+    count = settings.gpu_count
+    nccl = 0
+    if settings.dist != "none" and count is not None:
+        nccl = topology.nccl_bytes(settings.dist, count, settings.node_count)
+    if nccl >= gpu.total_bytes - gpu.context_bytes:
+        raise ValueError(f"the {gpu.name} has no memory left once NCCL's buffers are taken")
+    return gpu if nccl == gpu.nccl_bytes else replace(gpu, nccl_bytes=nccl)
+
+
+def simulated_backend(settings: Settings, gpu: gpus.GPU, name: str = "sim") -> Backend:
+    """A `sim` (fake tensors) or `cpu` (real CPU kernels) backend answering for `gpu`."""
+    step = CatalogStep(settings)
+    policy = fit_policy(settings, gpu)
+    limits = {
+        "capacity_bytes": policy.capacity_bytes,
+        "margin_bytes": policy.margin_bytes,
+        "resident_allocations": gpus.workspace_allocations(
+            gpu.compute_capability, versions.release()
+        ),
+    }
+    if name == "cpu" and settings.dist != "none":
+        backend: Backend = _ranked(CpuBackend, settings, "cpu")(step, **limits)
+    elif name == "sim" and settings.dist != "none":
+        from memorymark.backends.dist_sim import DistSimBackend  # torch.distributed loads only here
+
+        backend = DistSimBackend(step, gpu=gpu, **limits)
+    elif name == "sim":  # kernels chosen as on this GPU's compute capability
+        backend = SimBackend(step, gpu=gpu, **limits)
+    else:
+        backend = CpuBackend(step, **limits)
+    # The step's time is estimated for the GPU simulated, not this machine's CPU.
+    backend.roofline = throughput.Roofline.for_gpu(gpu)
+    return backend
+
+
+def _ranked(kind: type[Backend], settings: Settings, device: str) -> Any:
+    """`kind` as one rank of a torchrun job: real many-GPU runs need one process per rank."""
+    from memorymark.backends import torchrun
+
+    if device == "mps" or not torchrun.under_torchrun():
+        raise ValueError(
+            f"measuring {settings.gpus} GPUs for real takes one process per GPU: torchrun "
+            f"--nproc-per-node {settings.gpus} -m memorymark analyze ... (cuda or cpu); "
+            "or --backend sim to simulate them"
+        )
+    torchrun.check_world(settings)
+    torchrun.ensure_process_group(device)
+    return torchrun.ranked(kind)
+
+
+def device_backend(
+    settings: Settings, gpu: gpus.GPU, name: str, cuda: ModuleType | None = None
+) -> DeviceBackend:
+    """A real-device backend (`cuda`, through the `cuda` module, or `mps`) judged against
+    `gpu`'s capacity: the detected GPU, or the one a capped process emulates (calibrate)."""
+    module = _cuda(cuda) if name == "cuda" else torch.mps
+    policy = fit_policy(settings, gpu)
+    kind = DeviceBackend if settings.dist == "none" else _ranked(DeviceBackend, settings, name)
+    return kind(
+        CatalogStep(settings),
+        capacity_bytes=policy.capacity_bytes,
+        margin_bytes=policy.margin_bytes,
+        name=name,
+        device_module=module,
+        # torch.mps keeps no peak statistics: there the tracker's live bytes are the peak.
+        peak_stats=name == "cuda",
+    )

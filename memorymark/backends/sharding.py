@@ -1,0 +1,108 @@
+"""Spreading a built model and its optimizer over ranks with PyTorch's own distributed code.
+
+`shard_model` applies the strategy `Settings.dist` names, as a training script does after it
+builds the model: DDP (`DistributedDataParallel`, 25 MiB gradient buckets by default) for ddp
+and zero1; FSDP2's `fully_shard` on every transformer block and then the root, as torchtitan and
+Accelerate's FSDP2 path do, for fsdp, fsdp-no-reshard (`reshard_after_forward=False`) and hsdp
+(a 2-D mesh: replicate across nodes, shard inside one), with a `MixedPrecisionPolicy` and
+`CPUOffloadPolicy` when asked. `build_optimizer` wraps zero1's optimizer in
+`ZeroRedundancyOptimizer`. The same code runs on a fake process group (the simulation) and on a
+real one (torchrun). This module knows nothing about measuring memory or which process group it
+is handed; `mesh_shape` says what mesh a strategy needs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from memorymark import cuda_rules
+from memorymark.distributed import topology
+from memorymark.settings import Settings
+from memorymark.step import optimizers
+
+MESH_DIMS = ("replicate", "shard")
+
+
+def mesh_shape(settings: Settings) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(shape, dimension names) of the device mesh the strategy shards over."""
+    gpus = settings.gpu_count or 1
+    if settings.dist == "hsdp":
+        nodes = settings.node_count
+        return (nodes, gpus // nodes), MESH_DIMS
+    return (gpus,), ("shard",)
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks FSDP2 wraps one by one: the classes a transformers model lists in
+    `_no_split_modules` (what Accelerate's transformer auto-wrap policy reads); none for other
+    models, which are then sharded as one unit at the root."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names and m is not model]
+
+
+def _mp_policy(settings: Settings) -> Any:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    dtype = cuda_rules.AUTOCAST_DTYPES.get(settings.precision)
+    if settings.mp_policy == "none" or dtype is None:
+        return MixedPrecisionPolicy()
+    # bf16 (fp16) parameters for compute, gradients reduced in fp32: torchtitan's default.
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def shard_model(
+    model: nn.Module, settings: Settings, mesh: Any, ddp_kwargs: dict, *, pin_memory: bool = True
+) -> nn.Module:
+    """`model` spread over `mesh` as `settings.dist` says (the returned module trains).
+    `pin_memory`: offloaded states in page-locked host memory (CPUOffloadPolicy's default;
+    fake tensors cannot pin, and pinning moves no GPU memory)."""
+    if settings.dist in topology.SHARDED:
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+        kwargs = {
+            "mesh": mesh,
+            "mp_policy": _mp_policy(settings),
+            "offload_policy": CPUOffloadPolicy(pin_memory=pin_memory)
+            if settings.offload == "cpu"
+            else OffloadPolicy(),
+        }
+        reshard = settings.dist != "fsdp-no-reshard"
+        for block in blocks(model):
+            fully_shard(block, reshard_after_forward=reshard, **kwargs)
+        fully_shard(model, reshard_after_forward=reshard, **kwargs)
+        return model
+    if settings.dist in ("ddp", "zero1"):
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, process_group=mesh.get_group(), **ddp_kwargs)
+    raise ValueError(f"no distributed strategy to apply for dist={settings.dist!r}")
+
+
+def build_optimizer(
+    settings: Settings, model: nn.Module, mesh: Any
+) -> torch.optim.Optimizer | None:
+    """The optimizer over the trainable parameters; zero1 shards its state with
+    `ZeroRedundancyOptimizer` (each rank steps its own partition, then broadcasts it)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    local = optimizers.build_optimizer(settings.optimizer, params)
+    if settings.dist != "zero1" or local is None:
+        return local
+    with warnings.catch_warnings():
+        # torch.distributed.optim scripts its functional optimizers at import, and torch 2.13
+        # deprecates torch.jit.script and .interface: a warning about PyTorch's code.
+        warnings.filterwarnings("ignore", "`torch.jit.[a-z]*` is deprecated", DeprecationWarning)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    # The local optimizer's own settings, as far as its constructor takes them back.
+    accepted = inspect.signature(type(local).__init__).parameters
+    defaults = {k: v for k, v in local.defaults.items() if k in accepted and k != "params"}
+    return ZeroRedundancyOptimizer(
+        params, optimizer_class=type(local), process_group=mesh.get_group(), **defaults
+    )

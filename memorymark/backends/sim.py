@@ -1,0 +1,288 @@
+"""The simulated backend: a real training step on fake tensors, with no GPU and no memory.
+
+The model is built on the meta device (outside fake mode, so models that compute Python numbers
+from tensors in `__init__` still build), then each parameter and buffer becomes a fake CPU tensor
+of the same shape, dtype and strides, keeping tied weights tied. The step then runs under
+`FakeTensorMode`: shapes and dtypes flow, nothing is allocated, and the tracker counts the bytes
+every storage would take. Where CUDA kernels allocate differently from CPU ones, `cuda_rules`
+decides (for the target GPU's compute capability); this module only wires fake tensors in, and
+answers the two questions library code asks of tensor values, which fake tensors don't have.
+
+The optimizer phase (clipping, the optimizer step, the GradScaler's update) reads parameters,
+gradients and optimizer state, never the batch: its allocations are the same at every batch
+size, and it is a third to a half of a simulated step. So it runs, recorded, at the first probe
+and, from the next probe on, its recorded memory and work are spliced into the step instead
+(`MemoryTracker.splice`): peak, breakdown, timeline, allocator replay and FLOPs come out as if
+it ran. State it replaces every step (Adafactor's RMS) is recorded at the second probe, once the
+state it frees is the first probe's. `reuse_optimizer_step=False`, or the environment variable
+MEMORYMARK_REUSE_OPTIMIZER_STEP=0, runs it at every probe. Real devices always run it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.amp.grad_scaler import OptState
+
+from memorymark import cuda_rules, gpus
+from memorymark.accounting.throughput import Roofline, WorkCounter
+from memorymark.accounting.tracker import MemoryTracker, Segment
+from memorymark.backends.base import PHASE_CATEGORY, Backend
+from memorymark.cuda_rules.scoped_patch import ScopedPatch
+from memorymark.settings import Settings
+from memorymark.step import liger
+from memorymark.step.protocol import Phase, TrainingStep
+
+
+def to_fake(module: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
+    """Replace every parameter and buffer of `module` with a fake tensor, in place."""
+    replaced: dict[int, torch.Tensor] = {}
+
+    def fake_like(t: torch.Tensor) -> torch.Tensor:
+        # One replacement per original tensor, so weights tied by identity stay tied.
+        if id(t) not in replaced:
+            with fake_mode:
+                fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+            if isinstance(t, nn.Parameter):
+                fake = nn.Parameter(fake, requires_grad=t.requires_grad)
+            replaced[id(t)] = fake
+        return replaced[id(t)]
+
+    for sub in module.modules():
+        for name, param in sub._parameters.items():
+            if param is not None:
+                sub._parameters[name] = fake_like(param)
+        for name, buffer in sub._buffers.items():
+            if buffer is not None:
+                sub._buffers[name] = fake_like(buffer)
+    return module
+
+
+def _unpacked_sequences(original: object, position_ids: torch.Tensor) -> None:
+    # transformers' masking_utils reads the position ids to detect packed sequences; on a fake
+    # tensor it can't, assumes packing, and builds a full causal mask (which rules out flash
+    # attention). MemoryMark's batches are never packed: answer as real tensors would.
+    return None
+
+
+def _step_without_readback(
+    original: object,
+    scaler: torch.amp.GradScaler,
+    optimizer: torch.optim.Optimizer,
+    *args: object,
+    **kwargs: object,
+) -> object:
+    # GradScaler.step reads the inf/NaN flag back to the host (`.item()`); a fake tensor has no
+    # value. Simulate the step that found none, the one that runs the optimizer and allocates:
+    # unscale (its flag and temporaries count, and `update()` reads them), then step.
+    # As GradScaler.step does: unscale unless clipping already did (torch/amp/grad_scaler.py).
+    if scaler._per_optimizer_states[id(optimizer)]["stage"] is not OptState.UNSCALED:
+        scaler.unscale_(optimizer)
+    return optimizer.step(*args, **kwargs)
+
+
+@functools.cache
+def _valueless_patches() -> tuple[ScopedPatch, ...]:
+    # Built at the first step, not at import: importing transformers takes seconds.
+    patches = [ScopedPatch(torch.amp.GradScaler, "step", _step_without_readback)]
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        return tuple(patches)
+    if hasattr(masking_utils, "find_packed_sequence_indices"):
+        patches.append(
+            ScopedPatch(masking_utils, "find_packed_sequence_indices", _unpacked_sequences)
+        )
+    return tuple(patches)
+
+
+def _reuse_by_default() -> bool:
+    """False when MEMORYMARK_REUSE_OPTIMIZER_STEP is 0 (or false, no, off): the escape hatch."""
+    value = os.environ.get("MEMORYMARK_REUSE_OPTIMIZER_STEP", "1")
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+class _WorkRecorder:
+    """Keeps what each operator adds to a WorkCounter, in order, one entry per operator (zeros
+    too, as the tracker logs one operator end each, so a stretch of operators can be cut out),
+    and counts it into `counter` when given: a later step adds the very same floats in the
+    very same order (adding a zero leaves a sum as it was)."""
+
+    def __init__(self, roofline: Roofline, counter: WorkCounter | None = None) -> None:
+        self.roofline = roofline
+        self.counter = counter
+        self.ops: list[tuple[int, int, float]] = []
+
+    def count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        one = WorkCounter(self.roofline)
+        one.count(func, args, kwargs, out)
+        self.ops.append((one.flops, one.bytes_moved, one.roofline_seconds))
+        if self.counter is not None:
+            add_work(self.counter, self.ops[-1:])
+
+
+_STATE_FIRST = (torch.optim.Adam, torch.optim.AdamW)
+"""Optimizers whose first step creates all their state before the update (`_state_first`)."""
+
+
+def add_work(counter: WorkCounter, ops: list[tuple[int, int, float]]) -> None:
+    """Add recorded operators' FLOPs, bytes and roofline seconds to `counter`, one by one as
+    `WorkCounter.count` adds them (a float sum depends on its order)."""
+    for flops, nbytes, seconds in ops:
+        counter.flops += flops
+        counter.bytes_moved += nbytes
+        counter.roofline_seconds += seconds
+
+
+def target_capability(settings: Settings, gpu: gpus.GPU | None = None) -> tuple[int, int]:
+    """Compute capability of the GPU simulated: `gpu`'s, else the named one's, else Ampere's."""
+    if gpu is not None:
+        return gpu.compute_capability
+    if settings.gpu is not None and settings.gpu_memory_gib is None:
+        return gpus.find_gpu(settings.gpu).compute_capability
+    return gpus.UNKNOWN_COMPUTE_CAPABILITY
+
+
+class SimBackend(Backend):
+    """Simulates the step for a target GPU, judged against that GPU's capacity."""
+
+    name = "sim"
+    measured = False
+    device = "cpu"
+    holds_memory = False
+
+    def __init__(
+        self,
+        training_step: TrainingStep,
+        *,
+        capacity_bytes: int,
+        margin_bytes: int = 0,
+        gpu: gpus.GPU | None = None,
+        resident_allocations: tuple[int, ...] = (),
+        cuda_rules: bool = True,
+        reuse_optimizer_step: bool | None = None,
+    ) -> None:
+        # No tracker budget: fake tensors cost nothing, so a step past the capacity traces to
+        # its end and the replay says what it would need.
+        super().__init__(
+            training_step,
+            capacity_bytes=capacity_bytes,
+            margin_bytes=margin_bytes,
+            resident_allocations=resident_allocations,
+        )
+        self._fake_mode = FakeTensorMode()
+        self.compute_capability = target_capability(training_step.settings, gpu)
+        """(major, minor) of the GPU whose kernel choices the step imitates."""
+        self.cuda_rules = cuda_rules
+        """Apply `cuda_rules` (True) or keep CPU's kernels, as the `cpu` backend does (False)."""
+        self.reuse_optimizer_step = (
+            _reuse_by_default() if reuse_optimizer_step is None else reuse_optimizer_step
+        )
+        """Run the optimizer phase once and splice its record into later probes (True), or run
+        it at every probe (False); set it before the first probe. None: on unless
+        MEMORYMARK_REUSE_OPTIMIZER_STEP=0."""
+        self._kernel_patches: tuple[ScopedPatch, ...] = ()
+        """Module-level functions the model's kernels replace while it steps (Liger's RoPE)."""
+        self._optimizer_record: tuple[Segment, list[tuple[int, int, float]] | None] | None = None
+        """The optimizer phase's memory and work (None: no work counted), once reusable."""
+
+    @contextlib.contextmanager
+    def _step_context(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self._fake_mode)
+            for patch in _valueless_patches():
+                stack.enter_context(patch.active())
+            if self.cuda_rules:
+                stack.enter_context(cuda_rules.applied(self.compute_capability))
+            for patch in self._kernel_patches:
+                stack.enter_context(patch.active())
+            yield
+
+    def _build_model(self) -> nn.Module:
+        with torch.device("meta"):
+            model = self.training_step.build_model(emulate_kernels=True)
+        if self.training_step.settings.kernels == "liger":
+            self._kernel_patches = liger.rope_patches(model)
+        return to_fake(model, self._fake_mode)
+
+    def _prime(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, tracker: MemoryTracker
+    ) -> None:
+        if not self._state_first(optimizer):
+            super()._prime(model, optimizer, tracker)
+            return
+
+        def record(first_step: Callable[[], None]) -> None:
+            # The first step creates the state, then runs the update every later step runs:
+            # keep the update as the optimizer phase's record, so no probe has to run it.
+            recorder = _WorkRecorder(self.roofline) if self.roofline is not None else None
+            tracker.work_counter = recorder
+            tracker.start_segment()
+            try:
+                first_step()
+            finally:
+                tracker.work_counter = None
+            later = tracker.finish_state_segment(PHASE_CATEGORY[Phase.OPTIMIZER])
+            if later is not None:
+                segment, cut = later
+                work = recorder.ops[: cut.start] + recorder.ops[cut.stop :] if recorder else None
+                self._optimizer_record = segment, work
+
+        self.training_step.prime_optimizer(model, optimizer, record)
+
+    def _state_first(self, optimizer: torch.optim.Optimizer | None) -> bool:
+        """Whether this optimizer's first step makes all its state before its update, the
+        update being what every later step runs: Adam and AdamW (torch/optim/adam.py
+        `_init_group` creates `step`, `exp_avg` and `exp_avg_sq` before any arithmetic, for the
+        foreach, fused and for-loop kernels alike). Not SGD (momentum is cloned inside the
+        update), nor a GradScaler's or clipping's extra work around the step."""
+        s = self.training_step.settings
+        return (
+            self.reuse_optimizer_step
+            and type(optimizer) in _STATE_FIRST
+            and s.max_grad_norm is None
+            and not cuda_rules.uses_grad_scaler(s.precision)
+        )
+
+    def _run_optimizer(self, optimizer_phase: Callable[[], None]) -> None:
+        tracker = self._tracker
+        if not self.reuse_optimizer_step or tracker is None:
+            optimizer_phase()
+            return
+        counter = tracker.work_counter
+        if self._optimizer_record is not None:
+            segment, work = self._optimizer_record
+            if (work is None) == (counter is None):
+                tracker.splice(segment)
+                if counter is not None and work is not None:
+                    add_work(counter, work)
+                return
+            # Recorded without a throughput estimate and now asked for one (a roofline set
+            # after the first probe): record again. (State spliced as replaced, Adafactor's
+            # RMS, would then be counted freed twice; no caller sets a roofline that late.)
+            self._optimizer_record = None
+        recorder = (
+            _WorkRecorder(counter.roofline, counter) if isinstance(counter, WorkCounter) else None
+        )
+        tracker.work_counter = recorder or counter
+        tracker.start_segment()
+        completed = False
+        try:
+            optimizer_phase()
+            completed = True
+        finally:
+            tracker.work_counter = counter
+            segment = tracker.finish_segment(completed=completed)
+        if segment is not None and (counter is None or recorder is not None):
+            self._optimizer_record = segment, recorder.ops if recorder else None
+
+    def release(self) -> None:
+        self._optimizer_record = None  # it numbers the tracker's allocations, which go too
+        super().release()

@@ -1,0 +1,109 @@
+"""What a finished analysis is exported as: JSON, a CSV of its probes, a Markdown page, and the
+file names they are saved under.
+
+The app's download buttons and the CLI (`analyze --format`, `history export`) hand out the same
+text from here. Each carries the environment stamp (versions, backend, device, time): the JSON
+as its `environment` object, the CSV as columns on every row (a comment line would break CSV
+readers), the Markdown as a paragraph. File names carry the model, the GPU, the key settings
+and the time, slugged to characters every filesystem accepts. No torch, no Streamlit, no I/O.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import re
+from typing import Any
+
+from memorymark.environment import stamp, utc_now
+from memorymark.measurement import CATEGORIES, Measurement
+from memorymark.report import Report
+from memorymark.reporting.markdown import report_markdown
+
+FORMATS = {"json": "json", "csv": "csv", "markdown": "md"}
+"""Export formats and their file extensions."""
+# The stamp's fields that every probe row already has under its own name.
+_ROW_HAS = ("backend", "memory_source")
+_PART_CHARS = 40
+
+
+def stamped(report: Report) -> Report:
+    """The report with its stamp; one made now when it was built without one (by hand)."""
+    if report.stamp is not None:
+        return report
+    made = stamp(backend=report.backend, device=report.gpu.name, memory_source=report.memory_source)
+    return dataclasses.replace(report, stamp=made)
+
+
+def environment(report: Report) -> dict[str, str]:
+    """The report's environment stamp as JSON keys."""
+    return stamped(report).stamp.to_dict()  # type: ignore[union-attr]
+
+
+def report_json(report: Report) -> str:
+    """The `analyze --json` object, indented, with its `environment` stamp."""
+    return json.dumps(stamped(report).to_dict(), indent=2)
+
+
+def markdown(report: Report) -> str:
+    """The one-page Markdown report (memorymark/reporting/markdown.py), with its stamp."""
+    return report_markdown(stamped(report))
+
+
+def probe_row(m: Measurement) -> dict[str, Any]:
+    """`Measurement.to_dict()` (the `measure --json` record) flat: breakdown as `<kind>_bytes`."""
+    row = m.to_dict()
+    parts = row.pop("breakdown", None) or {}
+    row.update({f"{kind}_bytes": parts.get(kind) for kind in CATEGORIES})
+    return row
+
+
+def probes_csv(report: Report) -> str:
+    """One row per probe, sorted by batch size, with every field a measurement records, then
+    the model and the environment stamp (the same on every row)."""
+    env = {k: v for k, v in environment(report).items() if k not in _ROW_HAS}
+    rows = [
+        {**probe_row(m), "model": report.settings.model, **env}
+        for m in sorted(report.measurements, key=lambda m: m.batch_size)
+    ]
+    out = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return out.getvalue()
+
+
+def export_text(report: Report, fmt: str) -> str:
+    """The report in one of FORMATS."""
+    if fmt == "json":
+        return report_json(report) + "\n"
+    if fmt == "csv":
+        return probes_csv(report)
+    if fmt == "markdown":
+        return markdown(report)
+    raise ValueError(f"unknown export format {fmt!r}; choose {', '.join(FORMATS)}")
+
+
+def slug(text: str) -> str:
+    """`text` as a file-name part: letters, digits and dots; anything else one dash."""
+    part = re.sub(r"[^A-Za-z0-9.]+", "-", text)
+    part = re.sub(r"[-.]*\.[-.]*", ".", part).strip("-.")  # never "..", never "-."
+    return part[:_PART_CHARS].strip("-.") or "x"
+
+
+def file_stem(report: Report) -> str:
+    """`memorymark-bert-A10-32-true-seq128-bs16-20260102T030405Z`: model, GPU, precision, sequence
+    length (or image size), current batch and the time the analysis ended."""
+    s = report.settings
+    size = f"img{s.image_size}" if s.resolved_task == "image-classification" else f"seq{s.seq_len}"
+    when = (environment(report)["finished_utc"] or utc_now()).replace("-", "").replace(":", "")
+    parts = [s.model, report.gpu.name, s.precision, size, f"bs{s.current_batch}", when]
+    return "memorymark-" + "-".join(slug(p) for p in parts)
+
+
+def file_name(report: Report, fmt: str) -> str:
+    """`file_stem` with the format's extension."""
+    return f"{file_stem(report)}.{FORMATS[fmt]}"

@@ -1,0 +1,131 @@
+"""A finished Report as plain JSON data and back, so a saved analysis reopens without a re-run.
+
+The `analyze --json` object (memorymark/reporting/json_form.py) is an answer for people and
+tools: it rounds to GiB and leaves out what it derived its figures from. A record keeps the inputs
+instead: settings, costs, the GPU, every measurement in bytes, the plan, the fixes and the
+stamp, so `record_to_report(report_to_record(r))` gives a Report whose every figure, chart and
+JSON key is the original's. Fields are written by name from the dataclasses, so fields added
+later travel by themselves; a record from an older MemoryMark fills missing ones with their
+defaults. Per-operator timelines are left out (kB per probe; nothing reopened draws them).
+No torch, no I/O. Must not know where records are stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from memorymark.analyses.fixes import Fix
+from memorymark.environment import Stamp
+from memorymark.gpus import GPU
+from memorymark.measurement import Breakdown, Measurement
+from memorymark.report import Report
+from memorymark.search.plan import TrainingPlan
+from memorymark.settings import Costs, Settings, check_model
+
+RECORD_VERSION = 1
+"""Bumped when a record's layout changes in a way `record_to_report` must know about."""
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """The keys of `data` that `cls` has as fields (a newer record's extra keys are dropped)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+def gpu_record(gpu: GPU) -> dict[str, Any]:
+    """A GPU's fields (a custom or detected GPU is not in the catalog, so all of them)."""
+    return {f.name: getattr(gpu, f.name) for f in dataclasses.fields(GPU)}
+
+
+def gpu_from_record(data: dict[str, Any]) -> GPU:
+    """The inverse of `gpu_record`."""
+    values = _known(GPU, data)
+    values["compute_capability"] = tuple(values["compute_capability"])
+    values["aliases"] = tuple(values.get("aliases") or ())
+    return GPU(**values)
+
+
+def measurement_record(m: Measurement) -> dict[str, Any]:
+    """Every field of a measurement but its timeline, in bytes."""
+    data = {f.name: getattr(m, f.name) for f in dataclasses.fields(Measurement)}
+    data.pop("timeline")
+    data["breakdown"] = m.breakdown.to_dict() if m.breakdown else None
+    return data
+
+
+def measurement_from_record(data: dict[str, Any]) -> Measurement:
+    """The inverse of `measurement_record`."""
+    values = _known(Measurement, data)
+    if values.get("breakdown") is not None:
+        values["breakdown"] = Breakdown(**_known(Breakdown, values["breakdown"]))
+    return Measurement(**values)
+
+
+def _fix_record(fix: Fix) -> dict[str, Any]:
+    return {
+        "label": fix.label,
+        "settings": fix.settings.to_dict(),
+        "gpu": gpu_record(fix.gpu),
+        "peak_bytes": fix.peak_bytes,
+        "required_bytes": fix.required_bytes,
+        "capacity_bytes": fix.capacity_bytes,
+        "lower_bound": fix.lower_bound,
+    }
+
+
+def _fix_from_record(data: dict[str, Any]) -> Fix:
+    values = _known(Fix, data)
+    values["settings"] = Settings.from_dict(values["settings"])
+    values["gpu"] = gpu_from_record(values["gpu"])
+    return Fix(**values)
+
+
+def report_to_record(r: Report) -> dict[str, Any]:
+    """Everything a Report holds, as JSON-able data."""
+    return {
+        "record_version": RECORD_VERSION,
+        "settings": r.settings.to_dict(),
+        "costs": r.costs.to_dict(),
+        "gpu": gpu_record(r.gpu),
+        "backend": r.backend,
+        "measurements": [measurement_record(m) for m in r.measurements],
+        "elapsed_seconds": r.elapsed_seconds,
+        "fixes": [_fix_record(f) for f in r.fixes],
+        "batch_1_required_bytes": r.batch_1_required_bytes,
+        "plan": dataclasses.asdict(r.plan) if r.plan else None,
+        "plan_probes": [measurement_record(m) for m in r.plan_probes],
+        "torch_version": r.torch_version,
+        "unverified_rules": list(r.unverified_rules),
+        "stamp": r.stamp.to_dict() if r.stamp else None,
+    }
+
+
+def record_to_report(data: dict[str, Any]) -> Report:
+    """The Report a record was made from. Raises ValueError (one line) when the record cannot
+    be read back, e.g. its settings name a `file:` model whose file is gone."""
+    try:
+        plan = data.get("plan")
+        stamp = data.get("stamp")
+        settings = Settings.from_dict(data["settings"])
+        check_model(settings)  # Settings read nothing: a file: model since deleted fails here
+        return Report(
+            settings=settings,
+            costs=Costs(**_known(Costs, data["costs"])),
+            gpu=gpu_from_record(data["gpu"]),
+            backend=str(data["backend"]),
+            measurements=tuple(measurement_from_record(m) for m in data["measurements"]),
+            elapsed_seconds=float(data["elapsed_seconds"]),
+            fixes=tuple(_fix_from_record(f) for f in data.get("fixes") or ()),
+            batch_1_required_bytes=data.get("batch_1_required_bytes"),
+            plan=TrainingPlan(**_known(TrainingPlan, plan)) if plan else None,
+            plan_probes=tuple(measurement_from_record(m) for m in data.get("plan_probes") or ()),
+            torch_version=data.get("torch_version"),
+            unverified_rules=tuple(data.get("unverified_rules") or ()),
+            stamp=Stamp.from_dict(stamp) if stamp else None,
+        )
+    except (KeyError, TypeError) as exc:  # not a record this version wrote
+        raise ValueError(f"the saved analysis cannot be read back: {exc!r}") from None
+    except ValueError as exc:  # its settings no longer resolve (a file: model since deleted)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"the saved analysis cannot be read back: {first}") from None

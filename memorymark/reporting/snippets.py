@@ -1,0 +1,477 @@
+"""Ready-to-paste training code for the configuration a report found.
+
+Three dialects: Hugging Face `Trainer`, a Lightning `Trainer`, and a plain PyTorch loop. Each is
+generated from the settings and the batch plan, never from hand-typed numbers, and carries every
+setting that moved the measured answer: micro-batch and accumulation, precision, optimizer (down
+to its foreach / fused implementation), gradient checkpointing, LoRA, quantized base weights
+(`BitsAndBytesConfig`, `prepare_model_for_kbit_training`), gradient clipping, Liger's kernels
+(`use_liger_kernel=True`), the attention implementation and a chunked loss. The
+test suite builds the Hugging Face and peft objects from the text and runs the PyTorch loop.
+
+`model` and `dataset` in the code are the user's. This module writes text: it never imports torch
+at import time; only a LoRA snippet asks `adapters` for the config, which builds the model on the
+meta device to read it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from memorymark import models
+from memorymark.search.plan import TrainingPlan
+from memorymark.settings import HF_OPTIM_NAMES, Settings
+from memorymark.step import adapters
+
+FORMATS = ("hf", "lightning", "torch")
+
+_AUTOCAST_DTYPE = {"bf16-mixed": "torch.bfloat16", "16-mixed": "torch.float16"}
+
+# What MemoryMark's optimizers.build_optimizer builds, as code (lr does not move memory).
+# adamw and sgd leave foreach unset: PyTorch then picks its foreach kernels on CUDA.
+_OPTIMIZER_CODE = {
+    "adamw": "torch.optim.AdamW(params, lr={lr})",
+    "adamw-fused": "torch.optim.AdamW(params, lr={lr}, fused=True)",
+    "adamw-forloop": "torch.optim.AdamW(params, lr={lr}, foreach=False)",
+    "sgd": "torch.optim.SGD(params, lr={lr}, momentum=0.9)",
+    "sgd-forloop": "torch.optim.SGD(params, lr={lr}, momentum=0.9, foreach=False)",
+    # Adafactor's defaults (relative_step, scale_parameter) are what MemoryMark runs.
+    "adafactor": "transformers.optimization.Adafactor(params, lr=None)",
+    # bitsandbytes' own classes, as optimizers.py builds them (min_8bit_size=4096, blockwise).
+    "adamw-8bit": "bnb.optim.AdamW8bit(params, lr={lr})",
+    "paged-adamw-8bit": "bnb.optim.PagedAdamW8bit(params, lr={lr})",
+    "paged-adamw-32bit": "bnb.optim.PagedAdamW32bit(params, lr={lr})",
+    "lion-8bit": "bnb.optim.Lion8bit(params, lr={lr})",
+}
+_DEFAULT_LR = {"sgd": "1e-3", "sgd-forloop": "1e-3"}
+
+# Trainer's own optimizer matches the measured one for these `optim` names. Not for SGD: its
+# Trainer SGD has no momentum (only newer transformers read optim_args="momentum=0.9"), and the
+# for-loop variants have no name, so those are handed to Trainer as an instance.
+_HF_OPTIM = {k: v for k, v in HF_OPTIM_NAMES.items() if not k.startswith("sgd")}
+
+# The others are built in the snippet and handed to Trainer, for this reason.
+_HF_INSTANCE_WHY = {
+    "sgd": "# Trainer's SGD has no momentum; the measured one keeps a momentum buffer: pass it.",
+    "sgd-forloop": "# Trainer has no name for SGD's for-loop (foreach=False) kernels: pass it.",
+    "adamw-forloop": "# Trainer has no name for AdamW's for-loop (foreach=False) kernels: pass it.",
+}
+
+_CHECKPOINTING_KWARGS = '{"use_reentrant": False}'  # non-reentrant, as adapters.py enables it
+
+_NO_OPTIMIZER = "# The measured step had no optimizer (inference-style): forward and backward only."
+
+
+def snippet(fmt: str, settings: Settings, plan: TrainingPlan) -> str:
+    """The code for one dialect (`hf`, `lightning` or `torch`)."""
+    if fmt == "hf":
+        return _hf(settings, plan)
+    if fmt == "lightning":
+        return _lightning(settings, plan)
+    if fmt == "torch":
+        return _torch(settings, plan)
+    raise ValueError(f"format must be one of {', '.join(FORMATS)} (got {fmt!r})")
+
+
+def _hf(settings: Settings, plan: TrainingPlan) -> str:
+    lines = _about(settings) + _prepare_model(
+        settings, weights=True, checkpointing=False, liger=False
+    )
+    if settings.optimizer == "none":
+        lines += [_NO_OPTIMIZER, "# Trainer always builds one: training needs more memory."]
+    lines += ["", *_training_arguments(settings, plan)]
+    trainer = "trainer = Trainer(model=model, args=args, train_dataset=dataset"
+    if settings.optimizer in _HF_INSTANCE_WHY:
+        lines += [
+            _HF_INSTANCE_WHY[settings.optimizer],
+            "params = [p for p in model.parameters() if p.requires_grad]",
+            f"optimizer = {_optimizer_code(settings.optimizer, lr='args.learning_rate')}",
+        ]
+        trainer += ", optimizers=(optimizer, None)"
+    imports = ["from transformers import Trainer, TrainingArguments"]
+    return _program(imports, lines + [trainer + ")", "trainer.train()"])
+
+
+def _training_arguments(settings: Settings, plan: TrainingPlan) -> list[str]:
+    lines = [
+        "args = TrainingArguments(",
+        '    output_dir="out",',
+        f"    per_device_train_batch_size={plan.micro_batch},",
+        f"    gradient_accumulation_steps={plan.accumulation_steps},",
+        f"    bf16={settings.precision == 'bf16-mixed'},",
+        f"    fp16={settings.precision == '16-mixed'},",
+    ]
+    if settings.kernels == "liger":
+        lines.append("    use_liger_kernel=True,  # pip install liger-kernel")
+    if settings.grad_checkpointing:
+        # Newer transformers call both activation_checkpointing*; the old names, which every
+        # supported version reads, work until v6.
+        lines += [
+            "    gradient_checkpointing=True,",
+            f"    gradient_checkpointing_kwargs={_CHECKPOINTING_KWARGS},",
+        ]
+    if settings.optimizer in _HF_OPTIM:
+        lines.append(f'    optim="{_HF_OPTIM[settings.optimizer]}",')
+    lines += _hf_distributed(settings)
+    if settings.max_grad_norm is None:
+        lines.append("    max_grad_norm=0.0,  # measured without clipping; Trainer clips at 1.0")
+    else:
+        lines.append(f"    max_grad_norm={settings.max_grad_norm},")
+    return [*lines, ")"]
+
+
+def _hf_distributed(settings: Settings) -> list[str]:
+    """Trainer's FSDP2 arguments (launch with torchrun or accelerate launch, one process a GPU;
+    DDP needs none)."""
+    if settings.dist not in ("fsdp", "fsdp-no-reshard", "hsdp"):
+        return []
+    shard = "hybrid_shard" if settings.dist == "hsdp" else "full_shard"
+    reshard = settings.dist != "fsdp-no-reshard"
+    if settings.offload == "cpu":
+        shard += " offload"
+    return [
+        f'    fsdp="{shard} auto_wrap",  # one process per GPU: torchrun or accelerate launch',
+        f'    fsdp_config={{"fsdp_version": 2, "reshard_after_forward": {reshard}}},',
+    ]
+
+
+def _lightning(settings: Settings, plan: TrainingPlan) -> str:
+    optimizer = settings.optimizer != "none"
+    # precision="bf16-true" converts the weights itself.
+    lines = _about(settings) + _prepare_model(settings, weights=False, checkpointing=True)
+    lines += [
+        "",
+        "",
+        "class LitModel(L.LightningModule):",
+        "    def __init__(self, model):",
+        "        super().__init__()",
+        "        self.model = model",
+        "",
+        "    def training_step(self, batch, batch_idx):",
+        f"        return {_loss_code(settings, 'self.model')}",
+        "",
+        "    def configure_optimizers(self):",
+    ]
+    if not optimizer:
+        lines += ["        " + _NO_OPTIMIZER, "        return None"]
+    else:
+        lines += [
+            "        params = [p for p in self.parameters() if p.requires_grad]",
+            f"        return {_optimizer_code(settings.optimizer)}"
+            if settings.dist != "zero1"
+            else f"        return {_zero1_code(settings.optimizer)}",
+        ]
+    lines += [
+        "",
+        "",
+        f"loader = DataLoader(dataset, batch_size={plan.micro_batch}, shuffle=True)",
+        "trainer = L.Trainer(",
+        f'    precision="{settings.precision}",',
+        f"    accumulate_grad_batches={plan.accumulation_steps},",
+    ]
+    if settings.max_grad_norm is not None:
+        lines.append(f"    gradient_clip_val={settings.max_grad_norm},")
+    if settings.dist != "none" and settings.gpu_count:
+        nodes = settings.node_count
+        strategy = {"ddp": '"ddp"', "zero1": '"ddp"'}.get(settings.dist, '"fsdp"')
+        lines += [
+            f"    devices={settings.gpu_count // nodes},",
+            f"    num_nodes={nodes},",
+            f"    strategy={strategy},  # --dist {settings.dist}",
+        ]
+    imports = ["import lightning as L", "from torch.utils.data import DataLoader"]
+    return _program(imports, lines + [")", "trainer.fit(LitModel(model), loader)"])
+
+
+def _torch(settings: Settings, plan: TrainingPlan) -> str:
+    optimizer = settings.optimizer != "none"
+    clip = optimizer and settings.max_grad_norm is not None
+    many = settings.dist != "none"
+    lines = _about(settings) + (["device = _local_device()"] if many else ['device = "cuda"'])
+    if settings.quantization == "none":
+        lines.append("model = model.to(device)")
+    else:
+        lines.append("# from_pretrained put the quantized weights on the GPU; .to() would refuse.")
+    lines += _prepare_model(settings, weights=True, checkpointing=True)
+    lines += _spread(settings) if many else []
+    sampler = ", sampler=DistributedSampler(dataset)" if many else ", shuffle=True"
+    lines += [
+        "",
+        f"loader = DataLoader(dataset, batch_size={plan.micro_batch}{sampler})",
+        f"accumulation_steps = {plan.accumulation_steps}",
+    ]
+    if clip:
+        lines.append(f"max_grad_norm = {settings.max_grad_norm}")
+    if optimizer:
+        lines.append("params = [p for p in model.parameters() if p.requires_grad]")
+        optimizer_code = _optimizer_code(settings.optimizer)
+        if settings.dist == "zero1":
+            optimizer_code = _zero1_code(settings.optimizer)
+        lines.append(f"optimizer = {optimizer_code}")
+    else:
+        lines.append(_NO_OPTIMIZER)
+    if optimizer and settings.precision == "16-mixed":
+        lines.append("scaler = torch.amp.GradScaler(device)")
+    mode = "model.train()" if settings.mode == "train" else "model.eval()  # measured in eval mode"
+    imports = ["from torch.utils.data import DataLoader"]
+    if many:
+        imports = [*imports, *_DIST_IMPORTS]
+        if settings.dist in ("fsdp", "fsdp-no-reshard", "hsdp"):
+            imports += [
+                "from torch.distributed.device_mesh import init_device_mesh",
+                "from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, "
+                "fully_shard",
+            ]
+        if settings.dist == "zero1":
+            imports.append("from torch.distributed.optim import ZeroRedundancyOptimizer")
+        lines = [*_LOCAL_DEVICE, "", *lines]
+    return _program(imports, lines + [mode] + _torch_loop(settings, clip))
+
+
+_DIST_IMPORTS = [
+    "import os",
+    "from torch.utils.data.distributed import DistributedSampler",
+]
+_LOCAL_DEVICE = [
+    "def _local_device():",
+    '    """One process per GPU, as torchrun starts them (it sets LOCAL_RANK)."""',
+    '    torch.distributed.init_process_group("nccl")',
+    '    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))',
+    '    return "cuda"  # this process\'s GPU, the current device',
+    "",
+]
+
+
+def _spread(settings: Settings) -> list[str]:
+    """The model spread over the ranks as the simulation spreads it
+    (memorymark/backends/sharding.py)."""
+    n = settings.gpu_count or 1
+    nodes = settings.node_count if settings.gpu_count else 1
+    head = [
+        f"# Run with: torchrun --nnodes {nodes} --nproc-per-node {n // nodes} train.py "
+        f"(--dist {settings.dist})"
+    ]
+    if settings.dist in ("ddp", "zero1"):
+        return head + [
+            "model = torch.nn.parallel.DistributedDataParallel(",
+            "    model, device_ids=[torch.cuda.current_device()]",
+            ")",
+        ]
+    shape = f"({nodes}, {n // nodes})" if settings.dist == "hsdp" else f"({n},)"
+    lines = head + [
+        f'mesh = init_device_mesh("cuda", {shape})',
+    ]
+    kwargs = "mesh=mesh"
+    dtype = _AUTOCAST_DTYPE.get(settings.precision)
+    if dtype and settings.mp_policy == "auto":
+        lines.append(
+            f"mp_policy = MixedPrecisionPolicy(param_dtype={dtype}, reduce_dtype=torch.float32)"
+        )
+        kwargs += ", mp_policy=mp_policy"
+    if settings.offload == "cpu":
+        kwargs += ", offload_policy=CPUOffloadPolicy()"
+    if settings.dist == "fsdp-no-reshard":
+        kwargs += ", reshard_after_forward=False"
+    return lines + [
+        "# Each transformer block, then the root, as torchtitan and Accelerate do.",
+        "blocks = set(getattr(model, '_no_split_modules', None) or ())",
+        "for block in [m for m in model.modules() if type(m).__name__ in blocks]:",
+        f"    fully_shard(block, {kwargs})",
+        f"fully_shard(model, {kwargs})",
+    ]
+
+
+def _zero1_code(name: str) -> str:
+    """zero1's optimizer: the measured one, its state partitioned over the ranks."""
+    inner = _optimizer_code(name).split("(", 1)
+    return (
+        "ZeroRedundancyOptimizer("
+        f"params, optimizer_class={inner[0]}, {inner[1].removeprefix('params, ')}"
+    )
+
+
+def _torch_loop(settings: Settings, clip: bool) -> list[str]:
+    """The loop as Workload.run_step runs it: micro-batches, then clip, step and zero_grad."""
+    dtype = _AUTOCAST_DTYPE.get(settings.precision)
+    optimizer = settings.optimizer != "none"
+    scaler = optimizer and settings.precision == "16-mixed"
+    loss = f"loss = {_loss_code(settings, 'model')} / accumulation_steps"
+    lines = ["for i, batch in enumerate(loader):"] + _to_device(settings)
+    if dtype:  # autocast around forward and loss only, as the PyTorch AMP recipe does
+        lines += [f"    with torch.autocast(device, dtype={dtype}):", f"        {loss}"]
+    else:
+        lines.append(f"    {loss}")
+    lines.append("    scaler.scale(loss).backward()" if scaler else "    loss.backward()")
+    lines.append("    if (i + 1) % accumulation_steps == 0:")
+    if not optimizer:
+        return lines + ["        model.zero_grad(set_to_none=True)"]
+    if clip and scaler:
+        lines.append("        scaler.unscale_(optimizer)  # clip the true gradients")
+    if clip:
+        lines.append("        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)")
+    if scaler:
+        lines += ["        scaler.step(optimizer)", "        scaler.update()"]
+    else:
+        lines.append("        optimizer.step()")
+    return lines + ["        optimizer.zero_grad(set_to_none=True)"]
+
+
+def _about(settings: Settings) -> list[str]:
+    """Comments on what the batch size holds for: the input size, and eager attention."""
+    if models.find_model(settings.model).input_kind == "image":
+        size = f"{settings.image_size}x{settings.image_size} images"
+    else:
+        size = f"{settings.seq_len} tokens per sample"
+    lines = [f"# Measured for {settings.model} at {size}: larger inputs need more memory."]
+    if settings.attention in ("eager", "flash_attention_2"):
+        name = "eager attention" if settings.attention == "eager" else "FlashAttention-2"
+        lines.append(
+            f'# Measured with {name}: load with attn_implementation="{settings.attention}".'
+        )
+    if settings.loss_chunks:
+        lines += [
+            f"# Measured with the output layer and loss in {settings.loss_chunks} chunks: "
+            "torchtune's",
+            f"# CEWithChunkedOutputLoss with the model's num_output_chunks={settings.loss_chunks}.",
+        ]
+    return lines
+
+
+def _prepare_model(
+    settings: Settings, *, weights: bool, checkpointing: bool, liger: bool = True
+) -> list[str]:
+    """Quantized loading, bf16 weights, Liger, LoRA, then checkpointing: the order
+    Workload.build_model applies them in. `weights` / `checkpointing` / `liger`: the code
+    converts / checkpoints / patches the model itself (Trainer does the last two from its
+    arguments)."""
+    lines = _quantized_loading(settings)
+    if weights and settings.precision == "bf16-true" and settings.quantization != "none":
+        lines.append("# bf16-true: load with from_pretrained(..., dtype=torch.bfloat16).")
+    elif weights and settings.precision == "bf16-true":
+        lines += [
+            "# bf16-true: weights, gradients and optimizer state in bf16, no autocast (or load",
+            "# the model with from_pretrained(..., dtype=torch.bfloat16); torch_dtype= before v5).",
+            "model = model.to(torch.bfloat16)",
+        ]
+    if liger and settings.kernels == "liger":
+        # What Trainer's use_liger_kernel=True calls (liger-kernel), before LoRA wraps the model.
+        lines.append("_apply_liger_kernel_to_instance(model=model)")
+    if settings.lora_rank:
+        kwargs = adapters.lora_config_for(
+            settings.model, settings.resolved_task, settings.lora_rank, settings.lora_targets
+        )
+        lines.append("lora_config = LoraConfig(")
+        lines += [f"    {key}={_literal(value)}," for key, value in kwargs.items()]
+        lines += [")", "model = get_peft_model(model, lora_config)"]
+    if checkpointing and settings.grad_checkpointing:
+        lines.append(
+            "model.gradient_checkpointing_enable("
+            f"gradient_checkpointing_kwargs={_CHECKPOINTING_KWARGS})"
+        )
+    return lines
+
+
+_COMPUTE_DTYPE = {"bf16-mixed": "torch.bfloat16", "bf16-true": "torch.bfloat16"}
+
+
+def _quantized_loading(settings: Settings) -> list[str]:
+    """`BitsAndBytesConfig` for from_pretrained, then peft's k-bit preparation, as
+    memorymark/step/quantization.py builds the measured model."""
+    method = settings.quantization
+    if method == "none":
+        return []
+    if method == "int8":
+        config = ["    load_in_8bit=True,"]
+    else:
+        dtype = _COMPUTE_DTYPE.get(settings.precision, "torch.float16")
+        if settings.precision == "32-true":
+            dtype = "torch.float32"
+        config = [
+            "    load_in_4bit=True,",
+            f'    bnb_4bit_quant_type="{method}",',
+            f"    bnb_4bit_use_double_quant={settings.double_quant},",
+            f"    bnb_4bit_compute_dtype={dtype},",
+        ]
+    return [
+        f"# Base weights measured as bitsandbytes {method}: load the model with",
+        "# from_pretrained(MODEL_ID, quantization_config=bnb_config).",
+        "bnb_config = BitsAndBytesConfig(",
+        *config,
+        ")",
+        "# Freezes the base, casts the other weights (embeddings, head, norms) to fp32.",
+        "model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)",
+    ]
+
+
+def _optimizer_code(name: str, lr: str | None = None) -> str:
+    return _OPTIMIZER_CODE[name].format(lr=lr or _DEFAULT_LR.get(name, "1e-4"))
+
+
+def _loss_code(settings: Settings, model: str) -> str:
+    if settings.loss == "logits-mean":
+        return f"{model}(**batch).logits.mean()"
+    return f"{model}(**batch).loss"
+
+
+def _to_device(settings: Settings) -> list[str]:
+    if settings.precision == "bf16-true":
+        # Pixels must match the bf16 weights, as Lightning's bf16-true plugin converts inputs.
+        return [
+            "    batch = {",
+            "        k: v.to(device, torch.bfloat16) if v.is_floating_point() else v.to(device)",
+            "        for k, v in batch.items()",
+            "    }",
+        ]
+    return ["    batch = {k: v.to(device) for k, v in batch.items()}"]
+
+
+def _literal(value: Any) -> str:
+    """Python source for a config value, with double-quoted strings as ruff formats them."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    return repr(value)
+
+
+def _merged_froms(imports: list[str]) -> list[str]:
+    """One `from M import ...` per module, names ordered as ruff's isort orders them (classes
+    before functions, each alphabetical)."""
+    names: dict[str, set[str]] = {}
+    for line in imports:
+        module, _, listed = line[len("from ") :].partition(" import ")
+        names.setdefault(module, set()).update(n.strip() for n in listed.split(","))
+    return [
+        f"from {module} import {', '.join(sorted(names[module], key=_isort_key))}"
+        for module in sorted(names)
+    ]
+
+
+def _isort_key(name: str) -> tuple[int, str]:
+    return (0 if name[:1].isupper() else 1, name)
+
+
+def _program(imports: list[str], body: list[str]) -> str:
+    """`body` under its imports: the ones given, and those its code uses, sorted as isort does."""
+    code = "\n".join(line.split("#")[0] for line in body)  # comments import nothing
+    for module in ("torch", "transformers"):
+        if re.search(rf"\b{module}\.", code):
+            imports = [*imports, f"import {module}"]
+    if re.search(r"\bbnb\.", code):
+        imports = [*imports, "import bitsandbytes as bnb"]
+    if "BitsAndBytesConfig(" in code:
+        imports = [*imports, "from transformers import BitsAndBytesConfig"]
+    if "_apply_liger_kernel_to_instance(" in code:
+        imports = [
+            *imports,
+            "from liger_kernel.transformers import _apply_liger_kernel_to_instance",
+        ]
+    peft_names = [n for n in ("LoraConfig", "get_peft_model") if f"{n}(" in code]
+    if "prepare_model_for_kbit_training(" in code:
+        peft_names.append("prepare_model_for_kbit_training")
+    if peft_names:
+        imports = [*imports, f"from peft import {', '.join(peft_names)}"]
+    plain = sorted(i for i in imports if i.startswith("import "))
+    froms = _merged_froms([i for i in imports if i.startswith("from ")])
+    return "\n".join([*plain, *froms, "", *body]) + "\n"

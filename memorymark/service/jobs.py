@@ -1,0 +1,327 @@
+"""Sweeps as jobs on an executor: what runs in a worker, what comes back, the submitter's view.
+
+Owns `run_sweep` (the function a worker process runs: one engine `Session`, every measurement
+sent back the moment it exists, the report at the end, failures as one line) and the pages'
+engine calls (`run_items`), sent back through a channel (memorymark/service/channels.py); the
+per-device lock real-GPU sweeps take (a file lock, so CLI runs and every server process take
+turns too), and `SweepJob`: the submitter's side of one job (its state, measurements, queue
+place, cancel). Everything crossing a process is a plain picklable value (Settings, Measurement,
+Report). Must not import Streamlit; imports torch only inside the worker (through `Session`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import dataclasses
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memorymark.engine import Session
+from memorymark.gpus import GPU
+from memorymark.measurement import Measurement
+from memorymark.report import Report
+from memorymark.service.channels import Channel
+from memorymark.service.worker_pool import lift_memory_limit
+from memorymark.settings import Costs, Settings
+
+RUNNING_STATES = ("queued", "starting", "waiting", "running", "fixing")
+# A worker still in one probe this long after its time limit is killed (a probe cannot be
+# interrupted in-process; the sweep itself stops before a probe that would pass the limit).
+TIME_LIMIT_GRACE_SECONDS = 5.0
+LOCK_POLL_SECONDS = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class SweepRequest:
+    """What a worker runs: a sweep of `settings`, or (with `resume`) only the report of a sweep
+    already measured, whose plan may measure a few steps with accumulation."""
+
+    settings: Settings
+    resume: tuple[Measurement, ...] | None = None
+    resume_seconds: float = 0.0
+    memory_note: str = ""
+    """How the worker's memory is limited, for the one line shown when a job runs out of it."""
+
+
+@dataclass(frozen=True, slots=True)
+class SweepOutcome:
+    """What a worker hands back: a report, or why there is none."""
+
+    report: Report | None = None
+    error: str | None = None
+    cancelled: bool = False
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line a person can read (its type only when the message is empty)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def slim(m: Measurement) -> Measurement:
+    """A measurement without its per-operator timeline (kB each; nothing downstream draws it)."""
+    return dataclasses.replace(m, timeline=())
+
+
+def slim_report(report: Report) -> Report:
+    """The report with every measurement slimmed."""
+    return dataclasses.replace(report, measurements=tuple(slim(m) for m in report.measurements))
+
+
+# -- in the worker ------------------------------------------------------------------------------
+def run_sweep(request: SweepRequest, channel: Channel) -> SweepOutcome:
+    """The whole job, in a worker: every failure becomes `error` (one line), never an exception."""
+    try:
+        return _run(request, channel)
+    except MemoryError:
+        return SweepOutcome(
+            error=f"the sweep ran out of the memory its worker may use{request.memory_note}"
+        )
+    except Exception as exc:  # noqa: BLE001 - shown as one line with a next step
+        return SweepOutcome(error=one_line(exc))
+
+
+def _run(request: SweepRequest, channel: Channel) -> SweepOutcome:
+    session = Session(request.settings)  # torch loads here, in the worker
+    if session.measured:
+        lift_memory_limit()  # the ceiling is for simulations; a real GPU is the machine's own
+    channel.put(("resolved", (session.backend_name, session.gpu)))
+    with device_turn(session.backend_name if session.measured else None, channel) as ours:
+        if not ours:
+            return SweepOutcome(cancelled=True)
+        channel.put(("state", "running"))
+        if session.settings.gpu_count is None:
+            # --gpus auto: find the fewest GPUs that train, then sweep on that count.
+            session = session.with_min_gpus()
+            channel.put(("resolved", (session.backend_name, session.gpu)))
+        if request.resume is not None:
+            session.resume(request.resume, request.resume_seconds)
+        else:
+            start = time.perf_counter()
+            with contextlib.closing(session.stream()) as probes:
+                for m in probes:
+                    channel.put(("probe", (slim(m), time.perf_counter() - start)))
+                    if channel.stop_requested():
+                        return SweepOutcome(cancelled=True)
+        if session.stopped_by is None and not any(m.fits for m in session.measurements):
+            channel.put(("state", "fixing"))  # the report simulates each way out
+        return SweepOutcome(report=slim_report(session.report()))
+
+
+def run_items(
+    call: Callable[..., Iterable[Any]], settings: Settings, args: tuple[Any, ...], channel: Channel
+) -> list[Any]:
+    """A page's engine call in a worker: `call(Session(settings), *args)` yields items, each
+    sent back as ("item", it) the moment it exists; all of them are the result. Real devices
+    take their lock, as sweeps do."""
+    session = Session(settings)
+    if session.measured:
+        lift_memory_limit()  # as run_sweep: the ceiling is for simulations
+    items: list[Any] = []
+    with device_turn(session.backend_name if session.measured else None, channel) as ours:
+        if not ours:
+            return items
+        for item in call(session, *args):
+            channel.put(("item", item))
+            items.append(item)
+            if channel.stop_requested():
+                break
+    return items
+
+
+def compare_gpus(session: Session, costs: Costs) -> Iterator[Any]:
+    """Every catalog GPU's answer (one item: the comparison and its measurements)."""
+    yield session.compare(costs)
+
+
+def backward_proof(session: Session, batch_size: int) -> Iterator[Any]:
+    """The four protocols at `batch_size`, each with its own max batch, as each lands."""
+    yield from session.proof(batch_size, sweeps=True)
+
+
+def longest_sequence(session: Session) -> Iterator[Any]:
+    """Each (sequence length, measurement) as the search tries it, then the `SeqLenAnswer`."""
+    for seq_len, m in session.stream_seq_len():
+        yield seq_len, slim(m)
+    yield session.seq_len_answer()
+
+
+def scale_out(
+    session: Session, counts: tuple[int, ...], costs: Costs, samples_per_run: float
+) -> Iterator[Any]:
+    """One row per GPU count (a sweep each), as each count's sweep ends."""
+    yield from session.scale_out(counts, costs, samples_per_run)
+
+
+def lock_path(backend_name: str) -> Path:
+    """The lock file of one real device (the first of its kind: the one Session measures on)."""
+    return Path(tempfile.gettempdir()) / f"memorymark-{backend_name}-0.lock"
+
+
+@contextlib.contextmanager
+def device_turn(backend_name: str | None, channel: Channel) -> Iterator[bool]:
+    """Hold the device's file lock for the block (nothing for a simulation); yields False if a
+    stop is asked for while waiting. The kernel frees it when a killed worker dies."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no per-device lock, one job at a time is the pool's to keep
+        backend_name = None
+    if backend_name is None:
+        yield True
+        return
+    with open(lock_path(backend_name), "a+b") as f:
+        told = False
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not told:
+                    channel.put(("state", "waiting"))
+                    told = True
+                if channel.stop_requested():
+                    yield False
+                    return
+                time.sleep(LOCK_POLL_SECONDS)
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# -- the submitter's side -----------------------------------------------------------------------
+@dataclass(eq=False)
+class SweepJob:
+    """One submitted sweep as its submitter sees it; `poll()` takes in what the worker sent."""
+
+    settings: Settings
+    future: cf.Future
+    channel: Any
+    position_of: Callable[[cf.Future], int | None] = lambda _: None
+    measurements: list[Measurement] = field(default_factory=list)
+    probe_seconds: list[float] = field(default_factory=list)
+    state: str = "queued"
+    """queued (its place: `queue_position`), starting, waiting (for the device lock), running,
+    fixing (nothing fit: simulating what would), done, cancelled or failed."""
+    error: str | None = None
+    gpu: GPU | None = None
+    backend_name: str | None = None
+    report: Report | None = None
+    queue_position: int | None = None
+    """1 when next in line; None once it runs (or where the executor cannot tell: Dask)."""
+    changed_while_running: bool = False
+    """Set by the page when the settings changed during the sweep."""
+    started: float = field(default_factory=time.perf_counter)
+    running_since: float | None = None
+    finished: float | None = None
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    """poll and cancel come from the server's poller thread and the page's script thread."""
+
+    @property
+    def running(self) -> bool:
+        """True until the sweep is done, cancelled or failed."""
+        return self.state in RUNNING_STATES
+
+    @property
+    def elapsed_seconds(self) -> float:
+        """Seconds since the job was submitted (frozen once it ends)."""
+        return (self.finished or time.perf_counter()) - self.started
+
+    def cancel(self, why: str | None = None) -> None:
+        """End the job now: a waiting one leaves the queue, a running one's worker is killed
+        (a Dask one stops after its probe). What it measured stays readable."""
+        with self._lock:
+            if not self.running:
+                return
+            self.channel.request_stop()
+            self.future.cancel()
+            for kind, payload in self.channel.drain():  # what arrived before the kill
+                self._take(kind, payload)
+            self.state, self.error = ("failed", why) if why else ("cancelled", None)
+            self._end()
+
+    def poll(self) -> None:
+        """Take in every message the worker sent, and the outcome once there is one."""
+        with self._lock:
+            if not self.running:
+                return
+            for kind, payload in self.channel.drain():
+                self._take(kind, payload)
+            if self.state in ("queued", "starting"):
+                place = self.position_of(self.future)
+                self.queue_position = place if place else None
+                self.state = "queued" if place else "starting"
+            if self.future.done():
+                self._settle()
+            else:
+                self._check_time_limit()
+
+    def _take(self, kind: str, payload: Any) -> None:
+        if kind == "resolved":
+            self.backend_name, self.gpu = payload
+            self.state, self.queue_position = "starting", None
+        elif kind == "state":
+            self.state = payload
+            if payload == "running":
+                self.running_since = time.perf_counter()
+        elif kind == "probe":
+            m, seconds = payload
+            self.measurements.append(m)
+            self.probe_seconds.append(seconds)
+
+    def _settle(self) -> None:
+        for kind, payload in self.channel.drain():  # sent just before the end
+            self._take(kind, payload)
+        if self.future.cancelled():
+            self.state = "cancelled"
+        elif self.future.exception() is not None:
+            self.state, self.error = "failed", _worker_error(self.future.exception())
+        else:
+            outcome: SweepOutcome = self.future.result()
+            if outcome.cancelled:
+                self.state = "cancelled"
+            elif outcome.error is not None or outcome.report is None:
+                self.state, self.error = "failed", outcome.error or "no report came back"
+            else:
+                self.report, self.state = outcome.report, "done"
+        self._end()
+
+    def _check_time_limit(self) -> None:
+        """Kill a worker stuck in one probe past the time limit; keep what it measured."""
+        limit = self.settings.time_limit_seconds
+        if limit is None or self.running_since is None or self.gpu is None:
+            return
+        if time.perf_counter() - self.running_since < limit + TIME_LIMIT_GRACE_SECONDS:
+            return
+        self.channel.request_stop()
+        self.future.cancel()
+        for kind, payload in self.channel.drain():
+            self._take(kind, payload)
+        self.report = Report(
+            settings=self.settings,
+            costs=Costs(),
+            gpu=self.gpu,
+            backend=self.backend_name or "sim",
+            measurements=tuple(self.measurements),
+            elapsed_seconds=time.perf_counter() - self.running_since,
+            stopped_by=f"the time limit ({limit:g} s), in the middle of a probe",
+        )
+        self.state = "done"
+        self._end()
+
+    def _end(self) -> None:
+        self.finished = self.finished or time.perf_counter()
+        self.queue_position = None
+        self.channel.close()
+
+
+def _worker_error(exc: BaseException) -> str:
+    if isinstance(exc, MemoryError):
+        return "the job ran out of the memory its worker may use"
+    return one_line(exc)

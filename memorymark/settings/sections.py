@@ -1,0 +1,477 @@
+"""Everything a user can choose, in sections that each validate themselves and do no I/O.
+
+`Settings` is three sections: `Workload` (what is trained and how the step runs), `Hardware`
+(where: the GPU kind and the backend that measures or simulates it) and `Search` (how batch sizes
+are searched and what the answer is compared with). `Costs` holds the price inputs that only the
+report uses, so a price slider never re-runs a sweep. New settings go in the section they belong
+to: quantization in `Workload`, GPU count and distribution in `Hardware`, limits in `Search`.
+
+Every field also has one flat name (`settings.optimizer` reads `settings.workload.optimizer`): the
+CLI flags, URL query parameters and JSON use those names, and round-trip exactly. This module
+knows the built-in models' names only through `models.find_model`; it never builds one and never
+imports torch.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from functools import cache
+from typing import Any, Generic, TypeVar, overload
+
+from memorymark import limits, models
+from memorymark.distributed import topology
+from memorymark.settings import codecs
+from memorymark.settings.choices import (
+    DEFAULT_MAX_BATCH,
+    OPTIMIZER_ALIASES,
+    PAGED_OPTIMIZERS,
+    PROTOCOLS,
+    Attention,
+    Backend,
+    Find,
+    Kernels,
+    Loss,
+    Mode,
+    Optimizer,
+    Precision,
+    Quantization,
+    Strategy,
+    check_choice,
+    field_types,
+    parse_margin,
+    validate,
+)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """What is trained: the model, its inputs, precision, optimizer, adapters and the loop."""
+
+    model: str = "bert"
+    """A key of the built-in model catalog (`memorymark models`)."""
+    task: str | None = None
+    """sequence-classification, causal-lm or image-classification; None: the model's default."""
+    seq_len: int = 128
+    """Tokens per sample, for text models."""
+    image_size: int = 224
+    """Height and width in pixels, for image models."""
+    optimizer: Optimizer = "adamw"
+    """adamw or sgd (momentum 0.9) as PyTorch runs them on CUDA by default (foreach kernels),
+    adamw-fused (the fused kernel), adamw-forloop / sgd-forloop (foreach=False), adafactor,
+    bitsandbytes' adamw-8bit, paged-adamw-8bit, paged-adamw-32bit and lion-8bit, or none (no
+    state, no step). Hugging Face Trainer's `optim` names (adamw_torch, adamw_torch_fused,
+    adamw_bnb_8bit, paged_adamw_8bit, paged_adamw_32bit, lion_8bit) are accepted and stored
+    as ours."""
+    mode: Mode = "train"
+    """train (dropout on, batch-norm statistics updated) or eval."""
+    loss: Loss = "task"
+    """task (the model's own loss from labels) or logits-mean (what inference-style tools use)."""
+    precision: Precision = "32-true"
+    """Lightning's names: 32-true, bf16-mixed / 16-mixed (autocast; fp16 adds a GradScaler),
+    bf16-true (weights and optimizer state in bf16)."""
+    attention: Attention = "sdpa"
+    """sdpa (torch's scaled_dot_product_attention, as CUDA dispatches it), eager (matmuls) or
+    flash_attention_2 (the flash-attn package, Ampere or newer, fp16/bf16 only)."""
+    grad_checkpointing: bool = False
+    """Recompute activations in backward instead of keeping them (the model's own switch)."""
+    lora_rank: int = 0
+    """Rank of LoRA adapters (peft); 0 trains every weight."""
+    lora_targets: str = ""
+    """Comma-separated module names LoRA adapts; empty takes the architecture's default."""
+    quantization: Quantization = "none"
+    """Base weights as bitsandbytes stores them: none, nf4 or fp4 (4-bit, QLoRA), or int8
+    (LLM.int8()). Needs LoRA to train (the quantized weights are frozen)."""
+    double_quant: bool = False
+    """4-bit only: quantize the absmax statistics too (bnb_4bit_use_double_quant)."""
+    grad_accum: int = 1
+    """Micro-batches whose gradients accumulate before each optimizer step (the loop measured:
+    N forward/backward passes, then clipping and one optimizer step)."""
+    max_grad_norm: float | None = None
+    """Clip the gradients' total norm to this before the optimizer step, as HF Trainer does
+    (its default is 1.0); None: no clipping."""
+    kernels: Kernels = "none"
+    """none, or liger: Liger's Triton kernels (RMSNorm, SwiGLU, RoPE, fused linear
+    cross-entropy), as `use_liger_kernel=True` applies them; causal LMs only."""
+    loss_chunks: int = 0
+    """Output layer and cross-entropy in this many sequence chunks, each upcast to fp32 alone
+    (torchtune's CEWithChunkedOutputLoss); 0: transformers' one loss over all the logits."""
+    forward_only: bool = False
+    """Run the forward pass under no_grad and nothing else (used by the backward-pass proof)."""
+
+    def __post_init__(self) -> None:
+        if self.optimizer in OPTIMIZER_ALIASES:
+            object.__setattr__(self, "optimizer", OPTIMIZER_ALIASES[self.optimizer])
+        validate(self)
+        # No I/O here: a `file:` or `hf:` model is read, and what depends on it checked, where
+        # it is resolved (`check_model`, which the engine's Session calls). A catalog model's
+        # entry is in memory, so its checks come at once.
+        source = models.check_model_spec(self.model)
+        norm = self.max_grad_norm
+        # Compared without float(): a huge int would overflow it.
+        if norm is not None and not (0 < norm <= sys.float_info.max):  # False for nan
+            raise ValueError(f"max_grad_norm must be a positive number (got {limits.shown(norm)})")
+        _check_quantization(self, source)
+        _check_kernels(self)
+        if source == "catalog":
+            _check_model_entry(self, models.find_model(self.model))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hardware:
+    """Where it trains: the GPU kind, how many and how the step is spread over them, and the
+    backend that measures or simulates it."""
+
+    gpu: str | None = None
+    """A catalog GPU name or alias; None means the GPU in this machine, else an A10."""
+    gpu_memory_gib: float | None = None
+    """Total memory of a GPU that is not in the catalog, in GiB as PyTorch reports it."""
+    backend: Backend = "auto"
+    """auto (cuda, else mps, else sim), cuda, mps, sim (fake tensors) or cpu (real, tracked)."""
+
+    # How many GPUs, and how the step is spread over them: the choices are
+    # memorymark/distributed/topology.py's.
+    dist: str = "none"
+    """none (one GPU), ddp, zero1 (DDP + ZeroRedundancyOptimizer), fsdp (FSDP2, ZeRO-3),
+    fsdp-no-reshard (ZeRO-2), hsdp (shard inside a node, replicate across nodes)."""
+    gpus: str = "1"
+    """GPUs of the kind named, as a whole number up to 1024, or auto: the smallest count a
+    cluster offers (1-8, then whole 8-GPU nodes) that trains batch 1."""
+    nodes: int | None = None
+    """Nodes the GPUs span; None: as few 8-GPU nodes as hold them."""
+    offload: str = "none"
+    """none, or cpu: FSDP2's CPUOffloadPolicy (sharded states in host memory)."""
+    mp_policy: str = "auto"
+    """auto: FSDP2's MixedPrecisionPolicy from the precision (bf16 compute, fp32 reduction);
+    none: fp32 parameters and autocast alone."""
+
+    def __post_init__(self) -> None:
+        validate(self)
+        self._check_distribution()
+
+    def _check_distribution(self) -> None:
+        check_choice("dist", self.dist, topology.DIST_STRATEGIES)
+        check_choice("offload", self.offload, topology.OFFLOADS)
+        check_choice("mp_policy", self.mp_policy, topology.MP_POLICIES)
+        count = self.gpu_count
+        if self.dist == "none" and (count is None or count > 1):
+            raise ValueError(
+                f"--gpus {self.gpus} needs a distributed strategy: --dist ddp, zero1, fsdp, "
+                "fsdp-no-reshard or hsdp"
+            )
+        if self.offload != "none" and self.dist not in topology.SHARDED:
+            raise ValueError("--offload cpu is FSDP2's: use it with --dist fsdp, "
+                             "fsdp-no-reshard or hsdp")  # fmt: skip
+        if count is not None and self.nodes is not None:
+            if self.nodes > count or count % self.nodes:
+                raise ValueError(f"{count} GPUs cannot spread evenly over {self.nodes} nodes")
+        if self.dist == "hsdp" and count is not None:
+            nodes = topology.nodes_for(count, self.nodes)
+            if count % nodes:
+                raise ValueError(f"hsdp needs the same GPUs in every node ({count} over {nodes})")
+
+    @property
+    def gpu_count(self) -> int | None:
+        """The number of GPUs asked for, or None for `--gpus auto`."""
+        text = self.gpus.strip().lower()
+        if text == "auto":
+            return None
+        try:
+            count = int(text)
+        except ValueError:
+            raise ValueError(
+                f"gpus must be a whole number or auto (got {limits.shown(self.gpus)})"
+            ) from None
+        limits.check_range("gpus", count, 1, topology.MAX_GPUS, "128 eight-GPU nodes")
+        return count
+
+    @property
+    def node_count(self) -> int:
+        """Nodes the GPUs span (a count is needed: not for `--gpus auto`)."""
+        count = self.gpu_count
+        if count is None:
+            raise ValueError("--gpus auto has no node count until the search picks one")
+        return topology.nodes_for(count, self.nodes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Search:
+    """How batch sizes are searched, and the batches the answer is compared with."""
+
+    strategy: Strategy = "fast"
+    """fast (trace, predict, verify, bisect) or linear (step, 2*step, ... until the first OOM)."""
+    step: int = 8
+    """Batch-size granularity of the search."""
+    current_batch: int = 16
+    """The batch size the user trains with today."""
+    find: Find = "batch"
+    """batch (the largest batch at seq_len) or seq-len (the longest sequence at current_batch)."""
+    seq_step: int = 1024
+    """Granularity, in tokens, of a sequence-length search (shorter below the first step)."""
+    max_batch: int = DEFAULT_MAX_BATCH
+    """The search never tries a larger batch."""
+    target_batch: int | None = None
+    """The global batch the user wants; the report plans micro-batch x accumulation for it."""
+    margin: str = "2%"
+    """Headroom kept free below usable memory: a percentage ("2%") or bytes ("512MiB", "1GiB"),
+    because an under-prediction means a crash at step one."""
+    time_limit_seconds: float | None = None
+    """Wall time the sweep may take; it stops before a probe that would pass it. None: no limit.
+    A model whose estimated sweep cannot fit in it is refused before the first probe."""
+    max_probes: int | None = None
+    """Training steps the sweep may measure; None: as many as the strategy needs."""
+
+    def __post_init__(self) -> None:
+        validate(self)
+        parse_margin(self.margin, 1)
+
+
+class _Flat(Generic[T]):
+    """A read-only view on `Settings` of one section's field, typed as that field."""
+
+    def __init__(self, section: str) -> None:
+        self.section = section
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _Flat[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> T | _Flat[T]:
+        if obj is None:
+            return self
+        return getattr(getattr(obj, self.section), self.name)
+
+
+SECTIONS: dict[str, type] = {"workload": Workload, "hardware": Hardware, "search": Search}
+# Each flat name and the section that holds it, in the order the sections list them.
+_SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}
+FIELD_NAMES: tuple[str, ...] = tuple(_SECTION_OF)
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Settings:
+    """One analysis: the training step to measure, where, and how to search batch sizes.
+
+    Build it from flat names, sections, or both (flat names override the sections given):
+
+    >>> s = Settings(model="gpt2", gpu="a10", precision="bf16-mixed")
+    >>> s.workload.precision, s.precision, s.hardware.gpu
+    ('bf16-mixed', 'bf16-mixed', 'a10')
+    """
+
+    workload: Workload
+    hardware: Hardware
+    search: Search
+
+    def __init__(
+        self,
+        *,
+        workload: Workload | None = None,
+        hardware: Hardware | None = None,
+        search: Search | None = None,
+        **flat: Any,
+    ) -> None:
+        unknown = sorted(set(flat) - set(_SECTION_OF))
+        if unknown:
+            raise TypeError(f"Settings() got an unexpected keyword argument {unknown[0]!r}")
+        given = {"workload": workload, "hardware": hardware, "search": search}
+        for name, cls in SECTIONS.items():
+            mine = {k: v for k, v in flat.items() if _SECTION_OF[k] == name}
+            section = given[name]
+            if section is None:
+                section = cls(**mine)
+            elif not isinstance(section, cls):
+                raise ValueError(f"{name} must be a {cls.__name__} (got {limits.shown(section)})")
+            elif mine:
+                section = replace(section, **mine)
+            object.__setattr__(self, name, section)
+        _check_across(self)
+
+    @property
+    def paged_optimizer(self) -> bool:
+        """True when the optimizer keeps its state in CUDA unified memory (bitsandbytes' paged)."""
+        return self.optimizer in PAGED_OPTIMIZERS
+
+    @property
+    def gpu_count(self) -> int | None:
+        """The number of GPUs asked for, or None for `--gpus auto`."""
+        return self.hardware.gpu_count
+
+    @property
+    def node_count(self) -> int:
+        """Nodes the GPUs span (a count is needed: not for `--gpus auto`)."""
+        return self.hardware.node_count
+
+    def margin_bytes(self, usable_bytes: int) -> int:
+        """The margin in bytes for a GPU with `usable_bytes` of usable memory."""
+        return parse_margin(self.search.margin, usable_bytes)
+
+    @property
+    def resolved_task(self) -> str:
+        """The task this run trains: the chosen one or the model's default."""
+        return self.workload.task or models.find_model(self.workload.model).default_task
+
+    @property
+    def protocol(self) -> str:
+        """inference-style when the step is what forward-only tools measure, else full."""
+        w = self.workload
+        inference = (w.mode, w.loss, w.optimizer) == ("eval", "logits-mean", "none")
+        return "inference-style" if inference else "full"
+
+    def with_protocol(self, protocol: str) -> Settings:
+        """Apply a protocol shortcut: inference-style = eval + logits.mean() + no optimizer."""
+        check_choice("protocol", protocol, PROTOCOLS)
+        if protocol == "inference-style":
+            return replace(self, mode="eval", loss="logits-mean", optimizer="none")
+        return replace(self, mode="train", loss="task", optimizer="adamw")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict of every field by its flat name (the inverse of `from_dict`)."""
+        return {name: getattr(getattr(self, s), name) for name, s in _SECTION_OF.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Settings:
+        """Build from a dict such as `to_dict` writes; unknown keys are an error."""
+        unknown = sorted(set(data) - set(_SECTION_OF))
+        if unknown:
+            known = ", ".join(sorted(_SECTION_OF))
+            raise ValueError(f"unknown setting {limits.shown(unknown[0])}; known: {known}")
+        return cls(**dict(data))
+
+    def to_query(self) -> dict[str, str]:
+        """URL query parameters for the fields that differ from the defaults."""
+        return codecs.to_query(self.to_dict(), Settings().to_dict())
+
+    def to_command_line(self) -> str:
+        """The `memorymark analyze` command that runs these settings: every field that differs
+        from the defaults, as the flags the CLI reads back into the same Settings."""
+        return codecs.command_line(self.workload.model, self.to_query())
+
+    @classmethod
+    def from_query(cls, params: Mapping[str, str]) -> Settings:
+        """Parse URL query parameters (strings); unknown keys are ignored, bad values raise."""
+        return cls(**codecs.parse_query(_flat_types(), params))
+
+    # Read-only flat views of the sections' fields: the names the CLI flags, URL query parameters
+    # and JSON use, so code that only reads a setting need not know which section holds it.
+    # Each is typed as its field; `_check_flat_views` keeps this list equal to the sections'.
+    model = _Flat[str]("workload")
+    task = _Flat["str | None"]("workload")
+    seq_len = _Flat[int]("workload")
+    image_size = _Flat[int]("workload")
+    optimizer = _Flat[Optimizer]("workload")
+    mode = _Flat[Mode]("workload")
+    loss = _Flat[Loss]("workload")
+    precision = _Flat[Precision]("workload")
+    attention = _Flat[Attention]("workload")
+    grad_checkpointing = _Flat[bool]("workload")
+    lora_rank = _Flat[int]("workload")
+    lora_targets = _Flat[str]("workload")
+    quantization = _Flat[Quantization]("workload")
+    double_quant = _Flat[bool]("workload")
+    grad_accum = _Flat[int]("workload")
+    max_grad_norm = _Flat["float | None"]("workload")
+    kernels = _Flat[Kernels]("workload")
+    loss_chunks = _Flat[int]("workload")
+    forward_only = _Flat[bool]("workload")
+    gpu = _Flat["str | None"]("hardware")
+    gpu_memory_gib = _Flat["float | None"]("hardware")
+    backend = _Flat[Backend]("hardware")
+    dist = _Flat[str]("hardware")
+    gpus = _Flat[str]("hardware")
+    nodes = _Flat["int | None"]("hardware")
+    offload = _Flat[str]("hardware")
+    mp_policy = _Flat[str]("hardware")
+    strategy = _Flat[Strategy]("search")
+    step = _Flat[int]("search")
+    current_batch = _Flat[int]("search")
+    find = _Flat[Find]("search")
+    seq_step = _Flat[int]("search")
+    max_batch = _Flat[int]("search")
+    target_batch = _Flat["int | None"]("search")
+    margin = _Flat[str]("search")
+    time_limit_seconds = _Flat["float | None"]("search")
+    max_probes = _Flat["int | None"]("search")
+
+
+def _check_flat_views() -> None:
+    """Every section field has exactly one flat view on Settings, reading the right section: a
+    field added to a section without its view (or the reverse) fails at import, not later."""
+    views = {k: v.section for k, v in vars(Settings).items() if isinstance(v, _Flat)}
+    if views != _SECTION_OF:
+        drift = sorted(set(views.items()) ^ set(_SECTION_OF.items()))
+        raise TypeError(f"Settings' flat views and its sections' fields differ: {drift}")
+
+
+_check_flat_views()
+
+
+@cache
+def _flat_types() -> dict[str, Any]:
+    """Each flat name's field type, for parsing query parameters."""
+    return {name: field_types(SECTIONS[s])[name] for name, s in _SECTION_OF.items()}
+
+
+def _check_kernels(w: Workload) -> None:
+    """The kernel and loss choices that need a particular precision or each other."""
+    if w.attention == "flash_attention_2" and w.precision == "32-true":
+        raise ValueError(
+            "flash_attention_2 runs in fp16 or bf16 only: choose precision bf16-mixed, "
+            "16-mixed or bf16-true"
+        )
+    if w.kernels == "liger" and w.loss_chunks:
+        raise ValueError("liger's fused cross-entropy already chunks the loss: drop loss_chunks")
+
+
+def _check_model_entry(w: Workload, entry: models.ModelEntry) -> None:
+    """What the resolved model decides: its tasks, its positions, the fused losses' causal LM."""
+    models.check_task_and_length(entry, w.task, w.seq_len, w.model)
+    fused = w.kernels == "liger" or w.loss_chunks
+    if fused and (w.task or entry.default_task) != models.CAUSAL_LM:
+        raise ValueError("liger kernels and loss_chunks train causal LMs (task causal-lm)")
+
+
+def _check_search_axis(s: Settings, entry: models.ModelEntry) -> None:
+    if s.search.find == "seq-len" and entry.input_kind != "text":
+        raise ValueError("find seq-len searches a text model's sequence length")
+
+
+def _check_across(s: Settings) -> None:
+    """The choices that involve two sections: each section has validated itself already."""
+    w = s.workload
+    cuda_only = (w.attention == "flash_attention_2", w.kernels == "liger")
+    if any(cuda_only) and s.hardware.backend == "cpu":
+        name = "flash_attention_2" if cuda_only[0] else "liger"
+        raise ValueError(f"{name} runs CUDA kernels only: use --backend sim (or a GPU)")
+    if ":" not in w.model:  # a catalog entry is in memory; other models in check_model
+        _check_search_axis(s, models.find_model(w.model))
+
+
+def _check_quantization(s: Workload, source: str) -> None:
+    if s.double_quant and s.quantization not in ("nf4", "fp4"):
+        raise ValueError("double_quant needs 4-bit quantization (--quantization nf4 or fp4)")
+    if s.quantization == "none":
+        return
+    if source in ("timm", "torchvision"):
+        raise ValueError(f"quantization needs a transformers model (got {s.model})")
+    if s.lora_rank == 0 and not s.forward_only:
+        raise ValueError(
+            f"quantized weights ({s.quantization}) are frozen: training them needs LoRA "
+            "(--lora-rank 16, as QLoRA does)"
+        )
+
+
+def check_model(settings: Settings) -> None:
+    """Resolve the model `settings` name (a `file:` spec reads its config, `hf:` the hub) and
+    refuse a task it does not train, a seq_len past its positions, a fused loss for a model
+    that is not a causal LM, or a sequence search of an image model (one-line ValueErrors)."""
+    entry = models.find_model(settings.model)
+    _check_model_entry(settings.workload, entry)
+    _check_search_axis(settings, entry)

@@ -1,0 +1,257 @@
+"""What one training step is: the model, its batch, its loss, its optimizer, run once.
+
+A CatalogStep turns `Settings` into a model, an optimizer and a batch of the right shape, and runs
+one optimizer step exactly as a training loop does: `model.train()`, then `grad_accum` times forward
+with labels, the task's loss (divided by `grad_accum`) and `backward()`, gradients adding up; then
+gradient clipping when asked, `optimizer.step()`, `zero_grad(set_to_none=True)`. The precision is
+applied as the PyTorch AMP docs and Lightning do it: forward and loss under `torch.autocast`
+(bf16-mixed, 16-mixed), a GradScaler for 16-mixed, weights and buffers converted for bf16-true. It
+knows nothing about how memory is measured, nor which device it runs on (`cuda_rules` decides how
+the precision is applied); the caller passes `on_phase` to hear when forward, backward and the
+optimizer start, and may pass `run_optimizer` to decide how the optimizer phase runs (the
+simulation runs it once and replays its memory afterwards).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+from memorymark import cuda_rules, models
+from memorymark.settings import Settings
+from memorymark.step import adapters, fused_loss, liger, optimizers, quantization
+from memorymark.step.protocol import OnPhase, Phase, RunOptimizer, no_phase, run_now
+
+# 16-mixed: the GradScaler of each optimizer, created with its state at the first step and kept
+# as long as the optimizer, as a training loop keeps both.
+_SCALERS: weakref.WeakKeyDictionary[torch.optim.Optimizer, torch.amp.GradScaler] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogStep:
+    """The training step `settings` describe, independent of device and measurement: the
+    catalog's implementation of `memorymark.step.protocol.TrainingStep`."""
+
+    settings: Settings
+
+    @property
+    def entry(self) -> models.ModelEntry:
+        """The catalog entry of the model being trained."""
+        return models.find_model(self.settings.model)
+
+    @property
+    def task(self) -> str:
+        """The task the step trains."""
+        return self.settings.resolved_task
+
+    def build_model(self, *, emulate_kernels: bool = False) -> nn.Module:
+        """The model with random weights, on the current default device (meta, cpu, cuda),
+        with LoRA adapters and gradient checkpointing when the settings ask for them.
+
+        `emulate_kernels` (the simulation) stands in for CUDA-only kernels the settings name
+        (flash_attention_2, Liger) with what they allocate; otherwise the libraries themselves
+        are used, and a missing one is a one-line ValueError."""
+        s = self.settings
+        image_size = s.image_size if self.entry.input_kind == "image" else None
+        model = models.build_model(
+            self.entry,
+            self.task,
+            image_size=image_size,
+            attn_implementation=s.attention,
+            emulate_flash_attention=emulate_kernels,
+        )
+        dtype = cuda_rules.parameter_dtype(s.precision)
+        if dtype is not None:
+            model.to(dtype)  # bf16-true, as Lightning converts the module: parameters and buffers
+        if s.quantization != "none":
+            # As from_pretrained(quantization_config=BitsAndBytesConfig(...)) then peft's
+            # prepare_model_for_kbit_training: the linear layers quantized, the rest in fp32.
+            compute = cuda_rules.compute_dtype(s.precision)
+            model = quantization.quantize(model, s.quantization, s.double_quant, compute)
+        # Liger's kernels after loading, as Trainer(use_liger_kernel=True) applies them.
+        if s.kernels == "liger":
+            liger.apply(model, emulated=emulate_kernels)
+        elif s.loss_chunks:
+            fused_loss.use_fused_loss(model, liger=False, chunks=s.loss_chunks)
+        if s.lora_rank:
+            model = adapters.apply_lora(model, self.task, s.lora_rank, s.lora_targets)
+        if s.grad_checkpointing:
+            adapters.enable_checkpointing(model)
+        return model
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
+        """The optimizer the settings ask for, over the parameters that train."""
+        if self.settings.forward_only:
+            return None
+        params = [p for p in model.parameters() if p.requires_grad]
+        return optimizers.build_optimizer(self.settings.optimizer, params)
+
+    def make_batch(self, batch_size: int, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """Model inputs with labels; values are zeros because memory does not depend on them."""
+        s = self.settings
+        if self.entry.input_kind == "image":
+            shape = (batch_size, 3, s.image_size, s.image_size)
+            # bf16-true feeds inputs in the weights' dtype, as Lightning's plugin converts them.
+            dtype = cuda_rules.parameter_dtype(s.precision) or torch.float32
+            batch = {"pixel_values": torch.zeros(shape, dtype=dtype, device=device)}
+        else:
+            # No attention_mask: without padding it changes nothing, and transformers would
+            # otherwise materialise a full mask it treats as real data.
+            ids = torch.zeros((batch_size, s.seq_len), dtype=torch.long, device=device)
+            batch = {"input_ids": ids}
+        if s.loss == "task":
+            if self.task in (models.CAUSAL_LM, models.SEQ2SEQ_LM):
+                # Seq2seq models shift labels right into decoder inputs themselves.
+                batch["labels"] = batch["input_ids"]
+            else:
+                batch["labels"] = torch.zeros(batch_size, dtype=torch.long, device=device)
+        return batch
+
+    def prime_optimizer(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        run_step: RunOptimizer = run_now,
+    ) -> None:
+        """Create the optimizer's state (AdamW's moments, SGD's momentum) with zero gradients.
+
+        Every real step after the first carries this state, so each measured step must too.
+        `run_step` runs the optimizer's first step (without a GradScaler), as `run_step`'s
+        `run_optimizer` runs later ones: the simulation records it.
+        """
+        if optimizer is None:
+            return
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        if cuda_rules.uses_grad_scaler(self.settings.precision):
+            device = next(model.parameters()).device
+            scaler = _SCALERS[optimizer] = torch.amp.GradScaler(device.type)
+            # The scale and its growth tracker are created at the first scale(), as in training.
+            scaler.scale(torch.zeros((), device=device))
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            run_step(optimizer.step)
+        optimizer.zero_grad(set_to_none=True)
+
+    def run_step(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        batch_size: int,
+        device: torch.device | str,
+        on_phase: OnPhase = no_phase,
+        run_optimizer: RunOptimizer = run_now,
+    ) -> None:
+        """Run one optimizer step at micro-batch `batch_size`: `grad_accum` forward/backward
+        passes whose gradients add up, clipping if asked, then the optimizer step (through
+        `run_optimizer`). Raises the device's OOM error if it does not fit."""
+        s = self.settings
+        model.train(s.mode == "train")
+        if s.forward_only:
+            on_phase(Phase.FORWARD)
+            with torch.no_grad(), self._autocast(device):
+                self._forward(model, self.make_batch(batch_size, device))
+            return
+        scaler = _SCALERS.get(optimizer) if optimizer is not None else None
+        try:
+            for _ in range(s.grad_accum):
+                # From the second micro-batch on, every gradient is alive through forward and
+                # backward: that, not the first micro-batch, is the loop's peak.
+                self._forward_backward(model, batch_size, device, scaler, on_phase)
+            if optimizer is not None:
+                on_phase(Phase.OPTIMIZER)
+                run_optimizer(lambda: self._optimizer_phase(model, optimizer, scaler))
+        finally:
+            # set_to_none frees the gradients, as training loops do; after an OOM it also drops
+            # the partial gradients so the next probe starts from the same baseline.
+            model.zero_grad(set_to_none=True)
+
+    def _forward_backward(
+        self,
+        model: nn.Module,
+        batch_size: int,
+        device: torch.device | str,
+        scaler: torch.amp.GradScaler | None,
+        on_phase: OnPhase,
+    ) -> None:
+        on_phase(Phase.FORWARD)
+        batch = self.make_batch(batch_size, device)
+        decoder = self._decoder(model)
+        hook = decoder.register_forward_hook(lambda *_: on_phase(Phase.LOGITS)) if decoder else None
+        try:
+            # Forward and loss only; backward runs in the dtypes forward chose.
+            with self._autocast(device):
+                loss = self._loss(self._forward(model, batch))
+                if self.settings.grad_accum > 1:
+                    loss = loss / self.settings.grad_accum  # as HF Trainer and Lightning do
+        finally:
+            if hook is not None:
+                hook.remove()
+        del batch
+        on_phase(Phase.BACKWARD)
+        (loss if scaler is None else scaler.scale(loss)).backward()
+
+    def _decoder(self, model: nn.Module) -> nn.Module | None:
+        """A causal LM's decoder (transformers' `get_decoder()`): what follows it is the logits."""
+        if self.task != models.CAUSAL_LM:
+            return None
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+        return decoder if isinstance(decoder, nn.Module) and decoder is not base else None
+
+    def _optimizer_phase(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
+    ) -> None:
+        # Reads parameters, gradients and optimizer state only: nothing the batch size shapes.
+        if self.settings.max_grad_norm is not None:
+            self._clip(model, optimizer, scaler)
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
+
+    def _autocast(self, device: torch.device | str) -> contextlib.AbstractContextManager[None]:
+        return cuda_rules.autocast(self.settings.precision, torch.device(device).type)
+
+    def _clip(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
+    ) -> None:
+        # HF Trainer and the AMP docs unscale before clipping, so the norm is of true gradients.
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        params = [p for p in model.parameters() if p.grad is not None]
+        # foreach=True: clip_grad_norm_'s own default on CUDA (torch/nn/utils/clip_grad.py picks
+        # foreach when `_has_foreach_support`, which fake CPU tensors would not get).
+        nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm, foreach=True)
+
+    def _forward(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> Any:
+        if self.entry.source not in ("timm", "torchvision"):
+            return model(**batch)
+        # timm and torchvision classifiers take pixels and return logits; the loss is the
+        # cross-entropy their training scripts compute.
+        logits = model(batch["pixel_values"])
+        labels = batch.get("labels")
+        loss = nn.functional.cross_entropy(logits, labels) if labels is not None else None
+        return SimpleNamespace(logits=logits, loss=loss)
+
+    def _loss(self, outputs: Any) -> torch.Tensor:
+        if self.settings.loss == "logits-mean":
+            return outputs.logits.mean()
+        return outputs.loss
