@@ -1,0 +1,112 @@
+"""The house: a small public top level, packages that follow the data flow, no import cycle,
+one meaning per class name, and each package saying what it owns and what it must not know."""
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "memorymark"
+TOP_LEVEL = {
+    "__init__",
+    "__main__",
+    "engine",
+    "environment",
+    "fit",
+    "limits",
+    "measurement",
+    "report",
+    "units",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _type_checking_nodes(tree: ast.Module) -> set[int]:
+    """ids of the import nodes under `if TYPE_CHECKING:` (types only: no import at run time)."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return skipped
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every memorymark module `name` imports at run time, function-level imports included."""
+    tree = ast.parse(path.read_text())
+    skipped = _type_checking_nodes(tree)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+    found.discard(name)
+    return found
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_top_level_holds_the_public_api_only():
+    top = {p.stem for p in PACKAGE.glob("*.py")}
+    assert top == TOP_LEVEL
+    assert len(top) <= 12
+
+
+def test_no_import_cycle():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert _cycle(graph) is None
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_public_class_name_is_defined_twice():
+    names = Counter(
+        node.name
+        for path in _modules().values()
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("_")
+    )
+    assert [name for name, count in names.items() if count > 1] == []
+
+
+def test_each_package_says_what_it_owns_and_must_not_know():
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        if init.parent == PACKAGE:
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert "must not know" in doc.lower() or "must not" in doc.lower(), init
