@@ -173,6 +173,21 @@ def test_history_list_loads_no_torch_and_a_damaged_file_warns_once(history_db: P
     assert "moved it to history.sqlite3.corrupt-" in proc.stderr
 
 
+def test_history_show_prints_a_saved_report_without_loading_torch() -> None:
+    seed()
+    code = (
+        "import sys\nfrom memorymark.cli.parser import main\n"
+        "status = main(['history', 'show', '1'])"
+        "\nprint('torch' in sys.modules, status)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert proc.stdout.startswith("run 1, saved by test: MemoryMark ")
+    assert "optimal batch size   192" in proc.stdout
+    assert proc.stdout.split()[-2:] == ["False", "0"]
+
+
 def test_a_history_that_cannot_be_written_warns_and_keeps_the_answer(
     capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -1,27 +1,29 @@
 """`memorymark history list|show|delete|export`: the saved analyses from the command line.
 
 Owns the history subcommands' flags and output: a table or, with --json, one JSON value and
-nothing else. Reading the database needs no engine, so every action but `show` (which prints
-a report as `analyze` does, with its printers) answers without importing torch. Errors are
-HistoryError or ValueError with one line; `cli.main` turns them into exit status 2.
+nothing else. It only reads the database and prints through `render` (`show` prints a saved
+report exactly as `analyze` did), so no action imports the engine or torch. Errors are
+HistoryError or ValueError with one line; `parser.main` turns them into exit status 2.
+Must not know how a run is measured or searched.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from memorymark.cli import render
+from memorymark.cli.arg_types import positive_whole_number
 from memorymark.history import History, RunSummary, SavedRun
 from memorymark.history.db_file import DB_ENV
 from memorymark.reporting.exports import FORMATS, export_text, file_name
 from memorymark.units import gib
 
 
-def add_parser(sub: Any, positive_int: Callable[[str], int]) -> None:
+def add_parser(sub: Any) -> None:
     """The `history` command and its four actions, under the CLI's subparsers `sub`."""
     history = sub.add_parser(
         "history",
@@ -36,23 +38,23 @@ def add_parser(sub: Any, positive_int: Callable[[str], int]) -> None:
     )
     listing.add_argument("--model", help="only runs whose model name contains this text")
     listing.add_argument("--gpu", help="only runs on this GPU (a catalog name or alias)")
-    listing.add_argument("--limit", type=positive_int, help="at most this many runs")
+    listing.add_argument("--limit", type=positive_whole_number, help="at most this many runs")
     show = actions.add_parser(
         "show",
         help="print a saved run's report as analyze does, without re-running it",
         epilog="example: memorymark history show 3",
     )
-    show.add_argument("id", type=positive_int, help="the run's id (see `history list`)")
+    show.add_argument("id", type=positive_whole_number, help="the run's id (see `history list`)")
     delete = actions.add_parser(
         "delete", help="delete saved runs", epilog="example: memorymark history delete 3 4"
     )
-    delete.add_argument("ids", nargs="+", type=positive_int, metavar="ID")
+    delete.add_argument("ids", nargs="+", type=positive_whole_number, metavar="ID")
     export = actions.add_parser(
         "export",
         help="a saved run as JSON, a CSV of its probes, or a Markdown page for an issue",
         epilog="example: memorymark history export 3 --format markdown --out reports/",
     )
-    export.add_argument("id", type=positive_int)
+    export.add_argument("id", type=positive_whole_number)
     export.add_argument("--format", choices=tuple(FORMATS), default="json")
     export.add_argument(
         "--out",
@@ -66,19 +68,14 @@ def add_parser(sub: Any, positive_int: Callable[[str], int]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run one history action; returns the exit status (errors raise, one line)."""
-    with History(warn=warn) as history:
+    with History(warn=render.warn) as history:
         return _ACTIONS[args.action](history, args)
-
-
-def warn(message: str) -> None:
-    """A one-line warning on stderr (a damaged database moved aside, a run not saved)."""
-    print(f"memorymark: warning: {message}", file=sys.stderr)
 
 
 def _list(history: History, args: argparse.Namespace) -> int:
     runs = history.runs(model=args.model, gpu=args.gpu, limit=args.limit)
     if args.json:
-        _print_json([r.to_dict() for r in runs])
+        render.print_json([r.to_dict() for r in runs])
         return 0
     if not runs:
         print(f"no saved runs in {history.path}")
@@ -103,25 +100,20 @@ def _list_line(r: RunSummary) -> str:
 def _show(history: History, args: argparse.Namespace) -> int:
     run = history.get(args.id)
     if args.json:
-        _print_json(run.to_dict())
+        render.print_json(run.to_dict())
         return 0
     try:
         report = run.report()
     except ValueError as exc:
         raise ValueError(f"run {run.id}: {exc} (`history show {run.id} --json` prints what was "
                          "saved)") from None  # fmt: skip
-    from memorymark.cli import commands  # the analyze printers (they load the engine)
-
-    print(f"run {run.id}, saved by {run.summary.source}: {commands.environment_line(report)}")
+    print(f"run {run.id}, saved by {run.summary.source}: {render.environment_line(report)}")
     print(f"$ {run.summary.command_line}")
-    print(
-        f"{report.settings.model} on {report.gpu.name} ({report.backend}, "
-        f"{report.memory_source}): usable {report.gpu.usable_gib:.2f} of "
-        f"{report.gpu.total_gib:.2f} GiB"
-    )
+    gpu = report.gpu
+    print(render.header_line(report.settings.model, gpu, report.backend, report.memory_source))
     for m in report.measurements:
-        print(commands.probe_line(m, report.gpu.usable_bytes))
-    commands.print_report(report)
+        print(render.probe_line(m, gpu.usable_bytes))
+    render.print_report(report, report.to_dict())
     return 0
 
 
@@ -130,7 +122,7 @@ def _delete(history: History, args: argparse.Namespace) -> int:
         history.get(run_id)
     deleted = history.delete(args.ids)
     if args.json:
-        _print_json({"deleted": deleted})
+        render.print_json({"deleted": deleted})
     else:
         print(f"deleted {len(deleted)} run{'s' if len(deleted) != 1 else ''}: "
               f"{', '.join(map(str, deleted))}")  # fmt: skip
@@ -151,7 +143,7 @@ def _export(history: History, args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ValueError(f"cannot write {path}: {exc.strerror}") from None
     if args.json:
-        _print_json({"id": run.id, "format": args.format, "path": str(path)})
+        render.print_json({"id": run.id, "format": args.format, "path": str(path)})
     else:
         print(f"wrote {path}")
     return 0
@@ -171,10 +163,6 @@ def _out_path(out: Path, run: SavedRun, fmt: str) -> Path:
     if not out.parent.is_dir():
         raise ValueError(f"no folder {out.parent} to write {out.name} into")
     return out
-
-
-def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2))
 
 
 _ACTIONS: dict[str, Callable[[History, argparse.Namespace], int]] = {

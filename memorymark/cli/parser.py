@@ -13,8 +13,9 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from memorymark import limits, models
+from memorymark import models
 from memorymark.cli import history
+from memorymark.cli.arg_types import batch_size, number, positive_whole_number, whole_number
 from memorymark.history.db_file import HistoryError
 from memorymark.settings import Costs, Settings, choices
 
@@ -26,40 +27,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # argparse prints the whole usage block; one line and a pointer to --help is kinder.
         self.exit(EXIT_BAD_INPUT, f"memorymark: error: {message} (see `{self.prog} --help`)\n")
-
-
-def _int(text: str) -> int:
-    """A whole number; Settings checks its range. argparse's own `int` would echo the whole
-    text (a 5000-digit one) in its error."""
-    try:
-        return int(text)
-    except ValueError:  # "1e9", "2.5", past Python's 4300-digit limit
-        raise argparse.ArgumentTypeError(f"not a whole number: {limits.shown(text)}") from None
-
-
-def _float(text: str) -> float:
-    """A number; Settings and Costs refuse nan, inf and values past their ceilings."""
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {limits.shown(text)}") from None
-
-
-def _positive_int(text: str) -> int:
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (got {limits.shown(value)})")
-    return value
-
-
-def _batch_size(text: str) -> int:
-    """A batch size flag that no Settings field checks (measure's, calibrate's)."""
-    value = _positive_int(text)
-    if value > limits.MAX_BATCH:
-        raise argparse.ArgumentTypeError(
-            f"must be at most {limits.MAX_BATCH:,} (256x the default largest batch)"
-        )
-    return value
 
 
 def _add_workload_flags(p: argparse.ArgumentParser) -> None:
@@ -74,8 +41,12 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
         "--config-file", metavar="PATH", help="any transformers config.json (instead of MODEL)"
     )
     p.add_argument("--task", help="sequence-classification, causal-lm or image-classification")
-    p.add_argument("--seq-len", type=_int, default=d.seq_len, help="tokens per sample (text)")
-    p.add_argument("--image-size", type=_int, default=d.image_size, help="pixels per side (images)")
+    p.add_argument(
+        "--seq-len", type=whole_number, default=d.seq_len, help="tokens per sample (text)"
+    )
+    p.add_argument(
+        "--image-size", type=whole_number, default=d.image_size, help="pixels per side (images)"
+    )
     p.add_argument(
         "--optimizer",
         default=d.optimizer,
@@ -86,14 +57,14 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--grad-accum",
-        type=_positive_int,
+        type=positive_whole_number,
         default=d.grad_accum,
         metavar="N",
         help="micro-batches whose gradients accumulate before each optimizer step",
     )
     p.add_argument(
         "--max-grad-norm",
-        type=_float,
+        type=number,
         metavar="NORM",
         help="clip the gradients' total norm before the optimizer step (HF Trainer: 1.0)",
     )
@@ -108,7 +79,7 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", help="a catalog GPU to simulate or check (see `memorymark gpus`)")
     p.add_argument(
         "--gpu-memory",
-        type=_float,
+        type=number,
         metavar="GIB",
         help="total memory of a GPU not in the catalog, in GiB as PyTorch reports it",
     )
@@ -131,7 +102,7 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--loss-chunks",
-        type=_int,
+        type=whole_number,
         default=d.loss_chunks,
         metavar="N",
         help="output layer and cross-entropy in N sequence chunks, each upcast to fp32 alone "
@@ -142,7 +113,9 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="recompute activations in backward (the model's own switch)",
     )
-    p.add_argument("--lora-rank", type=_int, default=0, help="LoRA adapters of this rank (peft)")
+    p.add_argument(
+        "--lora-rank", type=whole_number, default=0, help="LoRA adapters of this rank (peft)"
+    )
     p.add_argument(
         "--lora-targets",
         default="",
@@ -181,7 +154,10 @@ def _add_distribution_flags(p: argparse.ArgumentParser) -> None:
         help="GPUs of the kind named (up to 1024); auto: the fewest that train batch 1",
     )
     p.add_argument(
-        "--nodes", type=_positive_int, metavar="M", help="nodes the GPUs span (default: 8 a node)"
+        "--nodes",
+        type=positive_whole_number,
+        metavar="M",
+        help="nodes the GPUs span (default: 8 a node)",
     )
     p.add_argument("--offload", default=d.offload, help="none, or cpu: FSDP2's CPUOffloadPolicy")
     p.add_argument(
@@ -214,33 +190,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument(
         "--seq-step",
-        type=_positive_int,
+        type=positive_whole_number,
         default=d.seq_step,
         metavar="TOKENS",
         help="granularity of a seq-len search, in tokens",
     )
     analyze.add_argument("--strategy", default=d.strategy, help="fast (default) or linear")
-    analyze.add_argument("--step", type=_positive_int, default=d.step, help="batch granularity")
+    analyze.add_argument(
+        "--step", type=positive_whole_number, default=d.step, help="batch granularity"
+    )
     analyze.add_argument(
         "--current-batch",
         "--batch-size",
         dest="current_batch",
-        type=_positive_int,
+        type=positive_whole_number,
         default=d.current_batch,
         help="the batch size you train with today (--find seq-len: the batch it searches at)",
     )
     analyze.add_argument(
-        "--max-batch", type=_positive_int, default=d.max_batch, help="never try a larger batch"
+        "--max-batch",
+        type=positive_whole_number,
+        default=d.max_batch,
+        help="never try a larger batch",
     )
     analyze.add_argument(
         "--time-limit",
-        type=_float,
+        type=number,
         metavar="SECONDS",
         help="stop the sweep before a probe that would pass this wall time (a partial answer)",
     )
     analyze.add_argument(
         "--max-probes",
-        type=_positive_int,
+        type=positive_whole_number,
         metavar="N",
         help="stop the sweep after this many probes (a partial answer)",
     )
@@ -251,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument(
         "--target-batch",
-        type=_positive_int,
+        type=positive_whole_number,
         help="the global batch you want: plan micro-batch x gradient accumulation for it",
     )
     analyze.add_argument(
@@ -267,12 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument(
         "--price",
-        type=_float,
+        type=number,
         metavar="USD_PER_HOUR",
         help="price of one GPU-hour (default: the GPU catalog's)",
     )
-    analyze.add_argument("--hours-per-run", type=_float, default=Costs().hours_per_run)
-    analyze.add_argument("--runs-per-year", type=_float, default=Costs().runs_per_year)
+    analyze.add_argument("--hours-per-run", type=number, default=Costs().hours_per_run)
+    analyze.add_argument("--runs-per-year", type=number, default=Costs().runs_per_year)
 
     measure = sub.add_parser(
         "measure",
@@ -280,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: memorymark measure gpt2 --batch-size 8 --json",
     )
     _add_workload_flags(measure)
-    measure.add_argument("--batch-size", type=_batch_size, required=True)
+    measure.add_argument("--batch-size", type=batch_size, required=True)
 
     proof = sub.add_parser(
         "validate-backward",
@@ -288,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: memorymark validate-backward bert --batch-size 16",
     )
     _add_workload_flags(proof)
-    proof.add_argument("--batch-size", type=_batch_size, default=16)
+    proof.add_argument("--batch-size", type=batch_size, default=16)
     proof.add_argument(
         "--sweeps",
         action="store_true",
@@ -304,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument(
         "--models", nargs="+", default=["bert", "gpt2", "resnet"], help="catalog models"
     )
-    calibrate.add_argument("--batch-sizes", nargs="+", type=_batch_size, default=[4, 8, 16])
+    calibrate.add_argument("--batch-sizes", nargs="+", type=batch_size, default=[4, 8, 16])
     calibrate.add_argument(
         "--precisions", nargs="+", choices=choices.PRECISIONS, default=[d.precision]
     )
@@ -324,23 +305,26 @@ def build_parser() -> argparse.ArgumentParser:
         choices=choices.PROTOCOLS,
         default=list(choices.PROTOCOLS),
     )
-    calibrate.add_argument("--seq-len", type=_positive_int, default=d.seq_len)
-    calibrate.add_argument("--image-size", type=_positive_int, default=d.image_size)
-    calibrate.add_argument("--lora-rank", type=_int, default=d.lora_rank)
+    calibrate.add_argument("--seq-len", type=positive_whole_number, default=d.seq_len)
+    calibrate.add_argument("--image-size", type=positive_whole_number, default=d.image_size)
+    calibrate.add_argument("--lora-rank", type=whole_number, default=d.lora_rank)
     calibrate.add_argument(
         "--emulate-gpu",
         metavar="NAME",
         help="cap this GPU at a smaller catalog GPU's capacity and check the predicted boundary",
     )
     calibrate.add_argument(
-        "--step", type=_positive_int, default=d.step, help="search step of the boundary check"
+        "--step",
+        type=positive_whole_number,
+        default=d.step,
+        help="search step of the boundary check",
     )
     calibrate.add_argument(
         "--out", default="calibration", help="folder for <gpu>-<date>.csv and .json"
     )
     calibrate.add_argument("--json", action="store_true", help="print the rows as JSON")
 
-    history.add_parser(sub, _positive_int)
+    history.add_parser(sub)
 
     for name, what in (("models", "the built-in models"), ("gpus", "the GPU catalog")):
         listing = sub.add_parser(name, help=f"list {what}", epilog=f"example: memorymark {name}")
@@ -414,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # command line it reads like an error. Users can still raise it with TRANSFORMERS_VERBOSITY.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     args = build_parser().parse_args(argv)
-    if args.command == "history":  # reads the database: no engine, no torch (but for show)
+    if args.command == "history":  # reads the database: no engine, no torch
         try:
             return history.run(args)
         except (ValueError, HistoryError) as exc:

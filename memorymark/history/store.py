@@ -196,9 +196,12 @@ class History:
             self._conn = connect(self.path, MIGRATIONS, self._warn)
         return self._conn
 
-    def save(self, report: Report, *, source: str = "api") -> int:
-        """Save a finished analysis with every probe, in one transaction; returns its id."""
-        row = _run_row(report, source)
+    def save(
+        self, report: Report, *, source: str = "api", data: dict[str, Any] | None = None
+    ) -> int:
+        """Save a finished analysis with every probe, in one transaction; returns its id.
+        `data` is the report's `analyze --json` object when the caller has built it already."""
+        row = _run_row(report, source, data)
         probes = [(m, 0) for m in report.measurements] + [(m, 1) for m in report.plan_probes]
         conn = self.conn
         try:
@@ -299,13 +302,14 @@ class History:
             raise HistoryError(f"could not read {self.path}: {exc}") from None
 
 
-def _run_row(report: Report, source: str) -> dict[str, Any]:
+def _run_row(report: Report, source: str, data: dict[str, Any] | None) -> dict[str, Any]:
     """The `runs` row of a report: the columns lists and filters read, then the JSON saved."""
     if report.stamp is None:  # built by hand, not by a Session: stamped as saved
         made = make_stamp(
             backend=report.backend, device=report.gpu.name, memory_source=report.memory_source
         )
         report = dataclasses.replace(report, stamp=made)
+        data = None  # a dict built before the stamp lacks it
     s, env = report.settings, report.stamp
     optimal, maximum = report.optimal, report.max_fit
     return {
@@ -328,17 +332,21 @@ def _run_row(report: Report, source: str) -> dict[str, Any]:
         "settings_json": json.dumps(s.to_dict()),
         "costs_json": json.dumps(report.costs.to_dict()),
         "environment_json": json.dumps(env.to_dict()),
-        "report_json": json.dumps(report.to_dict()),
+        "report_json": json.dumps(report.to_dict() if data is None else data),
         "record_json": json.dumps(report_to_record(report)),
     }
 
 
 def save(
-    report: Report, *, source: str = "api", warn: Callable[[str], None] | None = None
+    report: Report,
+    *,
+    source: str = "api",
+    warn: Callable[[str], None] | None = None,
+    data: dict[str, Any] | None = None,
 ) -> int | None:
     """Save one finished analysis to the default history and close it again; None when
-    `MEMORYMARK_HISTORY` turns saving off."""
+    `MEMORYMARK_HISTORY` turns saving off. `data`: as `History.save` takes it."""
     if not saving_enabled():
         return None
     with History(warn=warn) as history:
-        return history.save(report, source=source)
+        return history.save(report, source=source, data=data)

@@ -47,9 +47,12 @@ def report_json(report: Report) -> str:
     return json.dumps(stamped(report).to_dict(), indent=2)
 
 
-def markdown(report: Report) -> str:
-    """The one-page Markdown report (memorymark/reporting/markdown.py), with its stamp."""
-    return report_markdown(stamped(report))
+def markdown(report: Report, data: dict[str, Any] | None = None) -> str:
+    """The one-page Markdown report (memorymark/reporting/markdown.py), with its stamp; `data`
+    is the report's `analyze --json` object when the caller has built it already."""
+    if report.stamp is None:  # stamped now, so a dict built before lacks the stamp
+        return report_markdown(stamped(report))
+    return report_markdown(report, data)
 
 
 def probe_row(m: Measurement) -> dict[str, Any]:

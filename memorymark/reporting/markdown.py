@@ -125,9 +125,9 @@ def _environment(d: dict[str, Any]) -> str:
     )
 
 
-def report_markdown(r: Report) -> str:
-    """The whole page, ending in a newline."""
-    d = r.to_dict()
+def report_markdown(r: Report, data: dict[str, Any] | None = None) -> str:
+    """The whole page, ending in a newline; `data` is `r.to_dict()` when the caller has it."""
+    d = r.to_dict() if data is None else data
     rate = d["throughput_source"]
     how = "timed on the GPU" if rate == "measured" else "from FLOPs and bytes"
     rate_note = f" Throughput is {rate} ({how})." if rate else ""
