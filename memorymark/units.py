@@ -11,6 +11,11 @@ GIB = 2**30
 MIB = 2**20
 
 
+def in_gib(n_bytes: float) -> float:
+    """Bytes as GiB, unrounded: for a chart's axis or a message that formats the figure itself."""
+    return n_bytes / GIB
+
+
 def gib(n_bytes: float, digits: int = 3) -> float:
     """Bytes as GiB, rounded for display and JSON."""
     return round(n_bytes / GIB, digits)

@@ -42,6 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_leaves
 
 from memorymark.measurement import Breakdown, Category
+from memorymark.units import in_gib
 
 _DEVICE_QUERY = torch.ops.prim.device.default
 _META = torch.device("meta")
@@ -154,10 +155,9 @@ def simulated_oom(
     requested_bytes: int, live_bytes: int, budget_bytes: int
 ) -> torch.OutOfMemoryError:
     """The error a byte budget raises: the same type as a CUDA OOM, so one handler serves both."""
-    gib = 2**30
     return torch.OutOfMemoryError(
-        f"simulated out of memory: tried to allocate {requested_bytes / gib:.2f} GiB with "
-        f"{live_bytes / gib:.2f} GiB live and a budget of {budget_bytes / gib:.2f} GiB"
+        f"simulated out of memory: tried to allocate {in_gib(requested_bytes):.2f} GiB with "
+        f"{in_gib(live_bytes):.2f} GiB live and a budget of {in_gib(budget_bytes):.2f} GiB"
     )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from memorymark import limits
+from memorymark.units import MIB
 
 
 class ConfigError(ValueError):
@@ -83,7 +84,7 @@ def _read_capped(path: Path, name: str) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise ConfigError(f"config file {name} is not a regular file")
         too_big = ConfigError(
-            f"config file {name} is larger than {limits.MAX_CONFIG_BYTES // 2**20} MiB: "
+            f"config file {name} is larger than {limits.MAX_CONFIG_BYTES // MIB} MiB: "
             "a config.json holds an architecture, a few KiB"
         )
         if info.st_size > limits.MAX_CONFIG_BYTES:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from memorymark import gpus, limits
 from memorymark.distributed import topology
+from memorymark.units import GIB, MIB
 
 Optimizer = Literal[
     "adamw",
@@ -141,11 +142,11 @@ def field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+_UNITS = {"b": 1, "kib": 2**10, "mib": MIB, "gib": GIB, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
 
 # A margin written as a size is at most the largest custom GPU (2048 GiB).
-MAX_MARGIN_BYTES = int(gpus.MAX_CUSTOM_GIB * 2**30)
+MAX_MARGIN_BYTES = int(gpus.MAX_CUSTOM_GIB * GIB)
 
 
 def parse_margin(text: str, usable_bytes: int) -> int:

@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from memorymark.units import in_gib
+
 
 def pages_to_host(required_bytes: int | None, paged_bytes: int, capacity_bytes: int) -> bool:
     """True when the step's reserved peak and the paged state do not fit the GPU together."""
@@ -45,8 +47,10 @@ def paged_state_bytes(state_values: Iterable[Any]) -> int:
 
 def note(paged_bytes: int, pages: bool) -> str:
     """One line for a report: where the paged state lives and what it does to the step."""
-    gib = paged_bytes / 2**30
-    where = f"paged optimizer state {gib:.2f} GiB in CUDA unified memory, outside the peak"
+    where = (
+        f"paged optimizer state {in_gib(paged_bytes):.2f} GiB in CUDA unified memory, "
+        "outside the peak"
+    )
     if pages:
         return f"{where}: the GPU cannot hold it beside the step, so it pages to host (slower)"
     return f"{where}: it fits beside the step"
