@@ -189,3 +189,18 @@ def test_the_command_line_of_settings_reads_back_into_the_same_settings(settings
     argv = shlex.split(line)
     assert argv[:2] == ["memorymark", "analyze"]
     assert cli.settings_from_args(cli.build_parser().parse_args(argv[1:])) == settings
+
+
+def test_every_setting_has_an_analyze_flag_whose_help_is_its_docstring():
+    from memorymark.settings import FIELD_NAMES, field_help
+    from memorymark.settings.codecs import flag_of
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    flags = {a.dest: a for a in sub.choices["analyze"]._actions}
+    assert set(FIELD_NAMES) <= set(flags)
+    for name in FIELD_NAMES:
+        assert field_help(name), f"{name} has no docstring"
+        if name != "model":
+            assert flag_of(name) in flags[name].option_strings
+            assert flags[name].help == field_help(name).replace("%", "%%")
+    assert "Tokens per sample" in sub.choices["analyze"].format_help()

@@ -15,8 +15,14 @@ from typing import Any
 
 from memorymark import limits
 
-# Fields whose CLI flag is not the field's name with dashes (memorymark/cli/parser.py).
+# Fields whose CLI flag is not the field's name with dashes; memorymark/cli/setting_flags.py
+# makes every flag through `flag_of`, so the command line and `command_line` agree.
 _FLAG_NAMES = {"gpu_memory_gib": "--gpu-memory", "time_limit_seconds": "--time-limit"}
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of the setting `name` (a flat field name): `--seq-len` for seq_len."""
+    return _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
 
 
 def to_query(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, str]:
@@ -64,7 +70,7 @@ def command_line(model: str, query: dict[str, str]) -> str:
     for name, value in query.items():
         if name == "model":
             continue
-        flag = _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+        flag = flag_of(name)
         if value == "true":  # an on/off flag
             words.append(flag)
         elif value != "false":

@@ -7,7 +7,9 @@ report uses, so a price slider never re-runs a sweep. New settings go in the sec
 to: quantization in `Workload`, GPU count and distribution in `Hardware`, limits in `Search`.
 
 Every field also has one flat name (`settings.optimizer` reads `settings.workload.optimizer`): the
-CLI flags, URL query parameters and JSON use those names, and round-trip exactly. This module
+CLI flags, URL query parameters and JSON use those names, and round-trip exactly. The string
+under each field is that setting's help, written for users: the CLI's --help and the app's
+tooltips read it (`field_docs`), so a setting is documented here and only here. This module
 knows the built-in models' names only through `models.find_model`; it never builds one and never
 imports torch.
 """
@@ -52,7 +54,8 @@ class Workload:
     """What is trained: the model, its inputs, precision, optimizer, adapters and the loop."""
 
     model: str = "bert"
-    """A key of the built-in model catalog (`memorymark models`)."""
+    """A key of the built-in model catalog (`memorymark models`), or file:PATH (a transformers
+    config.json), hf:ORG/NAME, timm:NAME or torchvision:NAME."""
     task: str | None = None
     """sequence-classification, causal-lm or image-classification; None: the model's default."""
     seq_len: int = 128
@@ -81,12 +84,14 @@ class Workload:
     lora_rank: int = 0
     """Rank of LoRA adapters (peft); 0 trains every weight."""
     lora_targets: str = ""
-    """Comma-separated module names LoRA adapts; empty takes the architecture's default."""
+    """Comma-separated module names LoRA adapts (e.g. q_proj,v_proj); empty takes the
+    architecture's default."""
     quantization: Quantization = "none"
     """Base weights as bitsandbytes stores them: none, nf4 or fp4 (4-bit, QLoRA), or int8
     (LLM.int8()). Needs LoRA to train (the quantized weights are frozen)."""
     double_quant: bool = False
-    """4-bit only: quantize the absmax statistics too (bnb_4bit_use_double_quant)."""
+    """4-bit only: quantize the absmax statistics too (bnb_4bit_use_double_quant), about 0.37
+    bits per weight saved."""
     grad_accum: int = 1
     """Micro-batches whose gradients accumulate before each optimizer step (the loop measured:
     N forward/backward passes, then clipping and one optimizer step)."""
@@ -94,8 +99,9 @@ class Workload:
     """Clip the gradients' total norm to this before the optimizer step, as HF Trainer does
     (its default is 1.0); None: no clipping."""
     kernels: Kernels = "none"
-    """none, or liger: Liger's Triton kernels (RMSNorm, SwiGLU, RoPE, fused linear
-    cross-entropy), as `use_liger_kernel=True` applies them; causal LMs only."""
+    """none, or liger: Liger's Triton kernels (RMSNorm, SwiGLU, RoPE, and a fused linear
+    cross-entropy that never holds the whole logits), as `use_liger_kernel=True` applies them;
+    causal LMs only."""
     loss_chunks: int = 0
     """Output layer and cross-entropy in this many sequence chunks, each upcast to fp32 alone
     (torchtune's CEWithChunkedOutputLoss); 0: transformers' one loss over all the logits."""
@@ -126,7 +132,8 @@ class Hardware:
     backend that measures or simulates it."""
 
     gpu: str | None = None
-    """A catalog GPU name or alias; None means the GPU in this machine, else an A10."""
+    """A catalog GPU name or alias (`memorymark gpus`) to simulate or check; None: the GPU in
+    this machine, else an A10."""
     gpu_memory_gib: float | None = None
     """Total memory of a GPU that is not in the catalog, in GiB as PyTorch reports it."""
     backend: Backend = "auto"
@@ -202,11 +209,13 @@ class Search:
     """How batch sizes are searched, and the batches the answer is compared with."""
 
     strategy: Strategy = "fast"
-    """fast (trace, predict, verify, bisect) or linear (step, 2*step, ... until the first OOM)."""
+    """fast (trace two batches, predict, verify, bisect) or linear (step, 2*step, ... until the
+    first OOM: the prototype's protocol)."""
     step: int = 8
     """Batch-size granularity of the search."""
     current_batch: int = 16
-    """The batch size the user trains with today."""
+    """The batch size you train with today; a sequence-length search (find seq-len) searches at
+    it."""
     find: Find = "batch"
     """batch (the largest batch at seq_len) or seq-len (the longest sequence at current_batch)."""
     seq_step: int = 1024
@@ -214,7 +223,8 @@ class Search:
     max_batch: int = DEFAULT_MAX_BATCH
     """The search never tries a larger batch."""
     target_batch: int | None = None
-    """The global batch the user wants; the report plans micro-batch x accumulation for it."""
+    """The global batch you want per optimizer step: the answer plans micro-batch x gradient
+    accumulation steps to reach it."""
     margin: str = "2%"
     """Headroom kept free below usable memory: a percentage ("2%") or bytes ("512MiB", "1GiB"),
     because an under-prediction means a crash at step one."""

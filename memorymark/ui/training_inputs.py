@@ -4,7 +4,10 @@ quantized base weights (QLoRA), mode, batch sizes and strategy, then the advance
 margin, forward only).
 
 Each widget writes its `Settings` field's session-state key (`mm_<field>`); one that does not
-apply to the chosen model is not drawn. Must not know how a sweep runs or how results are drawn.
+apply to the chosen model is not drawn. A widget's help is its field's docstring (`field_help`),
+written once for the CLI and the app, unless the app has more to say (the optimizers' state,
+quantization's preparation, the server's ceilings). Must not know how a sweep runs or how
+results are drawn.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 import streamlit as st
 
 from memorymark import models
-from memorymark.settings import Settings, choices
+from memorymark.settings import Settings, choices, field_help
 from memorymark.ui.model_inputs import applicable
 from memorymark.ui.state_keys import key
 
@@ -50,8 +53,7 @@ def _quantization_inputs(sb: Any, use: dict[str, bool]) -> dict[str, Any]:
     sb.checkbox(
         "Double quantization",
         key=key("double_quant"),
-        help="Quantize the 4-bit absmax statistics too (bnb_4bit_use_double_quant): about "
-        "0.37 bits per weight saved.",
+        help=field_help("double_quant"),
     )
     return {}
 
@@ -84,7 +86,7 @@ def _lora_inputs(sb: Any) -> dict[str, Any]:
         "LoRA target modules",
         key=key("lora_targets"),
         placeholder="the architecture's default",
-        help="Comma-separated module names, e.g. q_proj,v_proj; empty takes the default.",
+        help=field_help("lora_targets"),
     )
     return {}
 
@@ -119,7 +121,10 @@ def _batch_inputs(sb: Any, use: dict[str, bool]) -> None:
             "longest sequence that trains at the current batch (the Longest sequence page).",
         )
     sb.number_input(
-        "Current batch size (what you train with today)", min_value=1, key=key("current_batch")
+        "Current batch size (what you train with today)",
+        min_value=1,
+        key=key("current_batch"),
+        help=field_help("current_batch"),
     )
     sb.number_input(
         "Target global batch (optional)",
@@ -127,16 +132,14 @@ def _batch_inputs(sb: Any, use: dict[str, bool]) -> None:
         value=None,
         key=key("target_batch"),
         placeholder="none",
-        help="The batch you want per optimizer step: the answer plans micro-batch x "
-        "gradient accumulation steps to reach it.",
+        help=field_help("target_batch"),
     )
     sb.radio(
         "Search strategy",
         choices.STRATEGIES,
         key=key("strategy"),
         horizontal=True,
-        help="fast: trace two batches, predict, verify, bisect. linear: 8, 16, 24, ... "
-        "until the first OOM (the prototype's protocol).",
+        help=field_help("strategy"),
     )
 
 
@@ -147,21 +150,19 @@ def training_inputs(sb: Any, entry: models.ModelEntry | None) -> dict[str, Any]:
         "Precision",
         choices.PRECISIONS,
         key=key("precision"),
-        help="Lightning's names: autocast (-mixed; 16-mixed adds a GradScaler) or weights and "
-        "optimizer state in bf16 (bf16-true)",
+        help=field_help("precision"),
     )
     sb.selectbox("Optimizer", choices.OPTIMIZERS, key=key("optimizer"), help=OPTIMIZER_HELP)
     if use.get("grad_checkpointing", True):
         sb.checkbox(
             "Gradient checkpointing",
             key=key("grad_checkpointing"),
-            help="Recompute activations in backward instead of keeping them (the model's own "
-            "switch)",
+            help=field_help("grad_checkpointing"),
         )
     overrides = _lora_inputs(sb)
     overrides |= _quantization_inputs(sb, use)
     _loop_inputs(sb)
-    sb.radio("Mode", choices.MODES, key=key("mode"), horizontal=True)
+    sb.radio("Mode", choices.MODES, key=key("mode"), horizontal=True, help=field_help("mode"))
     _batch_inputs(sb, use)
     with sb.expander("Advanced"):
         _advanced_inputs(use)
@@ -174,36 +175,30 @@ def _advanced_inputs(use: dict[str, bool]) -> None:
             "Attention",
             choices.ATTENTIONS,
             key=key("attention"),
-            help="sdpa: as CUDA dispatches scaled_dot_product_attention; eager: matmuls; "
-            "flash_attention_2: the flash-attn package (Ampere or newer, fp16/bf16)",
+            help=field_help("attention"),
         )
     if use.get("kernels", True):
         st.selectbox(
             "Kernels",
             choices.KERNELS,
             key=key("kernels"),
-            help="liger: Liger's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy, which "
-            "never holds the whole logits (HF Trainer: use_liger_kernel=True); causal LMs",
+            help=field_help("kernels"),
         )
         st.number_input(
             "Loss chunks (0: one loss over all logits)",
             min_value=0,
             max_value=choices.MAX_LOSS_CHUNKS,
             key=key("loss_chunks"),
-            help="The output layer and cross-entropy in N sequence chunks, each upcast to fp32 "
-            "alone (torchtune's CEWithChunkedOutputLoss); causal LMs",
+            help=field_help("loss_chunks"),
         )
     if use.get("seq_len", True):
         st.number_input(
             "Sequence step (Longest sequence page)",
             min_value=1,
             key=key("seq_step"),
-            help="Granularity, in tokens, of the search for the longest sequence that trains",
+            help=field_help("seq_step"),
         )
-    st.selectbox(
-        "Loss", choices.LOSSES, key=key("loss"),
-        help="logits-mean is what inference-style tools measure",
-    )  # fmt: skip
+    st.selectbox("Loss", choices.LOSSES, key=key("loss"), help=field_help("loss"))
     st.session_state[PROTOCOL_KEY] = _protocol_of_state()
     st.radio(
         "Protocol", choices.PROTOCOLS, key=PROTOCOL_KEY, on_change=_apply_protocol,
@@ -214,15 +209,19 @@ def _advanced_inputs(use: dict[str, bool]) -> None:
         "Backend", choices.BACKENDS, key=key("backend"),
         help="auto: this machine's GPU when it is the one chosen, else simulated",
     )  # fmt: skip
-    st.number_input("Batch step", min_value=1, key=key("step"))
-    st.number_input("Largest batch to try", min_value=1, key=key("max_batch"))
+    st.number_input("Batch step", min_value=1, key=key("step"), help=field_help("step"))
+    st.number_input(
+        "Largest batch to try", min_value=1, key=key("max_batch"), help=field_help("max_batch")
+    )
     _limit_inputs()
     st.text_input(
         "Safety margin below usable memory",
         key=key("margin"),
-        help='A percentage ("2%") or a size ("512MiB"): headroom the answer keeps',
+        help=field_help("margin"),
     )
-    st.checkbox("Forward pass only (no_grad)", key=key("forward_only"))
+    st.checkbox(
+        "Forward pass only (no_grad)", key=key("forward_only"), help=field_help("forward_only")
+    )
 
 
 def _limit_inputs() -> None:
