@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from memorymark.reporting.markdown import escape
 from memorymark.ui import history_views, results, sidebar, sweep_runner, views
-from memorymark.ui.user_text import plain
 
 
 def analyze_page() -> None:
@@ -37,7 +37,7 @@ def analyze_page() -> None:
         views.show_error(str(exc))
         return
     for note in lowered:
-        st.caption(f"{plain(note)}: this server's ceiling is used.")
+        st.caption(f"{escape(note, every_punctuation=True)}: this server's ceiling is used.")
     job = sweep_runner.current_job()
     running = job is not None and job.running
     analyze_col, cancel_col, save_col, _ = st.columns([1, 1, 2, 4], vertical_alignment="center")

@@ -4,7 +4,8 @@ A setting past its ceiling is refused in one line that names the ceiling and why
 before anything is built: an absurd sequence length, label count or layer count would otherwise
 hang the simulation or allocate gigabytes (transformers builds an `id2label` dict with an entry
 per label) before the first probe. Each ceiling sits far above real training runs. This module
-holds numbers and the range check only; it knows nothing of settings, configs or torch.
+holds numbers, the range check, and how a value or an error is shown in one line (`shown`,
+`one_line`); it knows nothing of settings, configs or torch.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ MAX_HOURS_PER_RUN = 8784.0
 MAX_RUNS_PER_YEAR = 100_000.0
 """Training runs a year: one every five minutes, all year."""
 
+# What an error may hold.
+MAX_ERROR_CHARS = 200
+"""A probe's error message, kept in its measurement, the JSON report and the history: the first
+line of whatever the user's step raised, which may be a whole tensor's repr."""
+
 _SHOWN_CHARS = 40
 
 
@@ -73,6 +79,15 @@ def shown(value: Any) -> str:
         return f"a {int(abs(value).bit_length() * math.log10(2)) + 1}-digit number"
     text = repr(value)
     return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+
+
+def one_line(exc: BaseException, limit: int | None = None) -> str:
+    """An exception as one line a person can read: its message's first line (its type's name when
+    the message is empty), cut to `limit` characters when one is given. Our own refusals are
+    never cut: they end by naming the choices."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
 def check_range(

@@ -10,8 +10,8 @@ from __future__ import annotations
 import streamlit as st
 
 from memorymark.history import HistoryError
+from memorymark.reporting.markdown import escape
 from memorymark.ui import history_charts, history_views, results, sidebar, views
-from memorymark.ui.user_text import plain
 
 PICK_KEY = "mm_history_pick"
 
@@ -31,7 +31,7 @@ with history_views.open_history() as db:
     try:
         runs = db.runs()
     except HistoryError as exc:
-        st.error(f"The history cannot be read: {plain(exc)}")
+        st.error(f"The history cannot be read: {escape(exc, every_punctuation=True)}")
         st.stop()
     st.caption(f"Database: `{db.path}`")
     if not runs:
@@ -63,7 +63,7 @@ with history_views.open_history() as db:
     reports, errors = history_views.reopen(db, picked)
 
 for error in errors:
-    st.warning(f"Cannot reopen {plain(error)}")
+    st.warning(f"Cannot reopen {escape(error, every_punctuation=True)}")
 if len(reports) >= 2:
     overlay = [
         (f"#{run_id} {report.settings.model} on {report.gpu.name}", report)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from app_helpers import GATE_SECONDS
 
-from memorymark import gpus
+from memorymark import gpus, limits
 from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.service import jobs
@@ -183,8 +183,11 @@ def test_progress_grows_as_the_bracket_narrows() -> None:
 
 
 def test_one_line_keeps_the_first_line_of_a_message() -> None:
-    assert sweep_runner.one_line(ValueError("bad\nmore")) == "bad"
-    assert sweep_runner.one_line(KeyError()) == "KeyError"
+    assert limits.one_line(ValueError("bad\nmore")) == "bad"
+    assert limits.one_line(KeyError()) == "KeyError"
+    long = ValueError("x" * 300)
+    assert limits.one_line(long) == "x" * 300  # our own refusals end naming the choices
+    assert limits.one_line(long, limits.MAX_ERROR_CHARS) == "x" * 199 + "…"
 
 
 def test_a_job_whose_session_ended_is_cancelled_and_a_finished_one_cached(

@@ -8,8 +8,8 @@ import pytest
 from app_helpers import app, shown
 from markdown_it import MarkdownIt
 
+from memorymark.reporting.markdown import escape
 from memorymark.ui import views
-from memorymark.ui.user_text import plain
 
 pytestmark = pytest.mark.usefixtures("fresh_caches")
 
@@ -24,6 +24,11 @@ HOSTILE = (
     "[ref]\n\n[ref]: //evil.example",
     "back\\slash \\[not a link\\](//evil.example)",
 )
+
+
+def plain(text: object) -> str:
+    """What the app's messages make of user text."""
+    return escape(text, every_punctuation=True)
 
 
 def rendered(markdown: str) -> str:

@@ -16,8 +16,8 @@ from markdown_it import MarkdownIt
 
 from memorymark.cli import commands, parser
 from memorymark.models import sources
+from memorymark.reporting.markdown import escape
 from memorymark.settings import COST_NAMES, FIELD_NAMES, Costs, Settings, check_model
-from memorymark.ui.user_text import plain
 
 # Modest example counts: the whole file runs in seconds on 2 cores.
 FEW = settings(
@@ -177,7 +177,7 @@ def test_any_json_in_a_configs_known_keys_is_accepted_or_one_line(config_dir, ch
 @given(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=60))
 def test_plain_text_always_renders_as_typed(text):
     line = " ".join(text.split())
-    out = MarkdownIt("commonmark").render(plain(text))
+    out = MarkdownIt("commonmark").render(escape(text, every_punctuation=True))
     for char, entity in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&quot;")):
         line = line.replace(char, entity)  # markdown-it's escapeHtml
     assert out == (f"<p>{line}</p>\n" if line else "")

@@ -24,8 +24,9 @@ from torch import nn
 from memorymark.accounting import allocator, throughput
 from memorymark.accounting.throughput import Roofline, WorkCounter
 from memorymark.accounting.tracker import MemoryTracker
-from memorymark.backends.oom import StepError, is_oom, one_line
+from memorymark.backends.oom import StepError, is_oom
 from memorymark.fit import FitPolicy
+from memorymark.limits import MAX_ERROR_CHARS, one_line
 from memorymark.measurement import Category, Measurement
 from memorymark.step import paging, quantization
 from memorymark.step.protocol import Phase, TrainingStep
@@ -171,9 +172,9 @@ class Backend:
             if not is_oom(exc):
                 raise StepError(
                     f"the training step failed at batch {batch_size}: "
-                    f"{type(exc).__name__}: {one_line(exc)}"
+                    f"{type(exc).__name__}: {one_line(exc, MAX_ERROR_CHARS)}"
                 ) from exc
-            error = one_line(exc)
+            error = one_line(exc, MAX_ERROR_CHARS)
         finally:
             if self._tracker is not None:
                 self._tracker.work_counter = None

@@ -29,12 +29,5 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MESSAGES)
 
 
-def one_line(exc: BaseException, limit: int = 200) -> str:
-    """The first line of an error message, shortened to `limit` characters."""
-    lines = str(exc).strip().splitlines()
-    text = lines[0] if lines else type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 class StepError(RuntimeError):
     """The training step failed for a reason other than memory."""

@@ -3,8 +3,9 @@
 Owns the page's layout and wording: the answer first (optimal and max batch, memory, each figure
 saying measured, simulated or estimated), the settings, every probe as a table row, the
 environment stamp, and the command line that reproduces it. Text a user typed (a model spec)
-is escaped so it shows as written and never becomes a link or breaks a table. Numbers come from
-the `analyze --json` object, so the page and the JSON never disagree. No torch, no I/O.
+is escaped so it shows as written and never becomes a link or breaks a table: `escape` is the
+one Markdown escaper, which the app's messages use too. Numbers come from the `analyze --json`
+object, so the page and the JSON never disagree. No torch, no I/O. Must not know Streamlit.
 """
 
 from __future__ import annotations
@@ -18,11 +19,23 @@ from memorymark.report import Report
 # needs its `[`), emphasis, strikethrough, code, table cells, HTML. User text is never put at
 # the start of a line, where `#`, `-` or `1.` would matter.
 _SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
+# Every ASCII punctuation character, each of which CommonMark lets a backslash escape (spec
+# 0.31, "Backslash escapes"): links, emphasis, code, HTML, autolinks, Streamlit's :color[...]
+# and $math$ all start with one of them.
+_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
 
 
-def escape(text: object) -> str:
-    """`text` as Markdown that shows it literally, on one line."""
-    return _SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
+def escape(text: object, *, every_punctuation: bool = False) -> str:
+    """`text` as Markdown that shows it literally, on one line.
+
+    By default only the characters that start something inside a line are escaped, so a page
+    stays readable where its source is read too (an issue's e-mail notification).
+    `every_punctuation` escapes every ASCII punctuation character, for a renderer with syntax of
+    its own: the app's messages, which Streamlit renders as Markdown with :color[...], $math$
+    and bare links (`https:`, `www.`), where a model name such as
+    `[Sign in again](//evil.example/login)` must not become a working link."""
+    special = _PUNCTUATION if every_punctuation else _SPECIAL
+    return special.sub(r"\\\1", " ".join(str(text).split()))
 
 
 def _fence(text: str) -> str:

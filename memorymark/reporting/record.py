@@ -18,6 +18,7 @@ from typing import Any
 from memorymark.analyses.fixes import Fix
 from memorymark.environment import Stamp
 from memorymark.gpus import GPU
+from memorymark.limits import one_line
 from memorymark.measurement import Breakdown, Measurement
 from memorymark.report import Report
 from memorymark.search.plan import TrainingPlan
@@ -127,5 +128,4 @@ def record_to_report(data: dict[str, Any]) -> Report:
     except (KeyError, TypeError) as exc:  # not a record this version wrote
         raise ValueError(f"the saved analysis cannot be read back: {exc!r}") from None
     except ValueError as exc:  # its settings no longer resolve (a file: model since deleted)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"the saved analysis cannot be read back: {first}") from None
+        raise ValueError(f"the saved analysis cannot be read back: {one_line(exc)}") from None

@@ -24,6 +24,7 @@ from typing import Any
 
 from memorymark.engine import Session
 from memorymark.gpus import GPU
+from memorymark.limits import one_line
 from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.service.channels import Channel
@@ -56,12 +57,6 @@ class SweepOutcome:
     report: Report | None = None
     error: str | None = None
     cancelled: bool = False
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception as one line a person can read (its type only when the message is empty)."""
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def slim(m: Measurement) -> Measurement:

@@ -16,9 +16,9 @@ import streamlit as st
 from memorymark import history
 from memorymark.history import History, HistoryError, RunSummary
 from memorymark.report import Report
+from memorymark.reporting.markdown import escape
 from memorymark.settings import Costs
 from memorymark.ui.sweep_runner import SweepJob
-from memorymark.ui.user_text import plain
 from memorymark.units import gib
 
 SAVE_KEY = "mm_save_history"
@@ -62,14 +62,16 @@ def save_finished(job: SweepJob | None, costs: Costs) -> int | None:
     try:
         run_id = history.save(job.report.with_costs(costs), source="app", warn=_warn)
     except HistoryError as exc:
-        st.warning(f"This analysis was not saved to the history: {plain(exc)}")
+        st.warning(
+            f"This analysis was not saved to the history: {escape(exc, every_punctuation=True)}"
+        )
         return None
     st.toast(f"Saved as run {run_id}: see the History page")
     return run_id
 
 
 def _warn(message: str) -> None:
-    st.warning(plain(message))
+    st.warning(escape(message, every_punctuation=True))
 
 
 def open_history() -> History:

@@ -16,6 +16,7 @@ import streamlit as st
 
 from memorymark.engine import Session
 from memorymark.gpus import GPU
+from memorymark.limits import one_line
 from memorymark.settings import Settings
 from memorymark.ui import sweep_runner
 
@@ -74,7 +75,7 @@ def run_cached(
         with st.spinner(spinner):
             (value,) = list(_items(call, settings, args))
     except Exception as exc:  # noqa: BLE001 - shown as st.error with a next step
-        return None, sweep_runner.one_line(exc)
+        return None, one_line(exc)
     sweep_runner.result_cache().put(key, value)
     return value, None
 
@@ -106,7 +107,7 @@ def run_streamed(
                     status.update(label=f"Measuring: {steps[len(done)]}...", expanded=True)
         except Exception as exc:  # noqa: BLE001 - shown as st.error with a next step
             status.update(label="Failed", state="error")
-            return None, sweep_runner.one_line(exc)
+            return None, one_line(exc)
         measured = len(done) - 1 if ends_with_result and done else len(done)
         status.update(label=f"All {measured} measured", state="complete", expanded=False)
     value = build(done)

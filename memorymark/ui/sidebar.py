@@ -17,10 +17,11 @@ import streamlit as st
 from memorymark import gpus
 from memorymark.engine import local_gpu
 from memorymark.gpus import GPU
+from memorymark.limits import one_line
+from memorymark.reporting.markdown import escape
 from memorymark.settings import Costs, Settings, check_model
 from memorymark.ui import distribution_inputs, model_inputs, training_inputs
 from memorymark.ui.state_keys import SETTING_FIELDS, STATE_KEYS, key
-from memorymark.ui.user_text import plain
 from memorymark.units import memory_source
 
 LOCAL = "this machine"
@@ -193,7 +194,8 @@ def settings_sidebar(*, costs: bool = True) -> tuple[Settings | None, Costs]:
     _keep_alive()
     sb = st.sidebar
     for message in st.session_state.get(key("url_errors"), []):
-        sb.warning(f"Ignored the link's settings: {plain(message)}. Defaults are shown instead.")
+        shown = escape(message, every_punctuation=True)
+        sb.warning(f"Ignored the link's settings: {shown}. Defaults are shown instead.")
     sb.header("Settings")
     model_values, entry = model_inputs.model_inputs(sb)
     gpu_values, gpu = _gpu_inputs(sb)
@@ -207,10 +209,8 @@ def settings_sidebar(*, costs: bool = True) -> tuple[Settings | None, Costs]:
         chosen = Settings(**values)
         check_model(chosen)  # a `file:` or `hf:` model is read here, not in Settings
     except ValueError as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        st.error(
-            f"These settings cannot run: {plain(message)}. Next step: change it in the sidebar."
-        )
+        message = escape(one_line(exc), every_punctuation=True)
+        st.error(f"These settings cannot run: {message}. Next step: change it in the sidebar.")
         return None, chosen_costs
     query = {**chosen.to_query(), **chosen_costs.to_query()}
     if st.query_params.to_dict() != query:

@@ -40,8 +40,6 @@ SYNC_KEY = "mm_sync_sweeps"
 POLL_SECONDS = 0.25
 SESSION_GRACE_SECONDS = 10.0
 """A session gone this long (tab closed; a reconnect within it keeps the sweep) loses its job."""
-one_line = jobs.one_line
-slim = jobs.slim_report
 
 
 class ResultCache:

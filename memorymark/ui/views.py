@@ -15,10 +15,10 @@ import streamlit as st
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
 from memorymark.report import Report
+from memorymark.reporting.markdown import escape
 from memorymark.settings import Settings
 from memorymark.ui import charts, probe_log, throughput_chart
 from memorymark.ui.sweep_runner import SweepJob, sweep_progress
-from memorymark.ui.user_text import plain
 from memorymark.units import memory_source as source_of
 
 POLL_SECONDS = 0.5
@@ -67,7 +67,8 @@ def next_step(error: str) -> str:
 
 def show_error(error: str) -> None:
     """An st.error with the message and a next step: never a traceback."""
-    st.error(f"The analysis failed: {plain(error)}\n\nNext step: {next_step(error)}")
+    shown = escape(error, every_punctuation=True)
+    st.error(f"The analysis failed: {shown}\n\nNext step: {next_step(error)}")
 
 
 def header(settings: Settings, gpu: GPU, backend: str | None) -> str:
