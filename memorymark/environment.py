@@ -98,11 +98,3 @@ def memorymark_version() -> str:
     imports the engine, which imports this module."""
     installed = package_version("memorymark")
     return installed or str(getattr(sys.modules.get("memorymark"), "__version__", ""))
-
-
-def parse_time(text: str) -> dt.datetime | None:
-    """A stamp's time as an aware datetime, or None when it is not in TIME_FORMAT."""
-    try:
-        return dt.datetime.strptime(text, TIME_FORMAT).replace(tzinfo=dt.timezone.utc)
-    except (TypeError, ValueError):
-        return None

@@ -179,7 +179,7 @@ class Report:
     @property
     def limit_bytes(self) -> int:
         """Usable memory less the margin: what each probe's reserved bytes had to fit in (the
-        limit `devices.capacity_bytes` gives the search)."""
+        fit policy's `limit_bytes`, memorymark/fit.py, which the search is given)."""
         return self.gpu.usable_bytes - self.margin_bytes
 
     @property

@@ -10,7 +10,8 @@ import json
 import pytest
 from app_samples import A10, MIB, by_name, gpu_fit, probe, sample_proof, sample_report
 
-from memorymark.ui import charts, downloads, page_charts, probe_log, tables
+from memorymark.reporting import exports
+from memorymark.ui import charts, page_charts, probe_log, tables
 from memorymark.units import GIB
 
 
@@ -143,20 +144,20 @@ def test_proof_table_and_summary() -> None:
 
 def test_downloads_hold_the_json_contract_and_one_csv_row_per_probe() -> None:
     report = sample_report(batches=(200, 8, 16, 192))
-    data = json.loads(downloads.report_json(report))
+    data = json.loads(exports.report_json(report))
     stamp = data.pop("environment")  # made at export: the report was built by hand
     expected = json.loads(json.dumps(report.to_dict()))
     assert expected.pop("environment") is None
     assert data == expected
     assert {"memorymark_version", "torch_version", "finished_utc"} <= set(stamp)
-    rows = list(csv.DictReader(io.StringIO(downloads.probes_csv(report))))
+    rows = list(csv.DictReader(io.StringIO(exports.probes_csv(report))))
     assert [int(r["batch_size"]) for r in rows] == [8, 16, 192, 200]
     assert [r["success"] for r in rows] == ["True", "True", "True", "False"]
     assert rows[0]["peak_bytes"] == str(GIB + 8 * 100 * MIB)
     assert rows[0]["memory_source"] == "simulated"
     assert int(rows[2]["activations_bytes"]) == 192 * 100 * MIB
     assert rows[3]["error"] == "simulated out of memory"
-    assert downloads.file_stem(report).startswith("memorymark-tiny-bert-A10-32-true-seq128-bs16-")
+    assert exports.file_stem(report).startswith("memorymark-tiny-bert-A10-32-true-seq128-bs16-")
 
 
 def test_probe_log_has_one_terminal_line_per_probe() -> None:

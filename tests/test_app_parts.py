@@ -11,7 +11,8 @@ import pytest
 from app_samples import A10, MIB, by_name, gpu_fit, probe, sample_proof, sample_report
 
 from memorymark.measurement import Measurement
-from memorymark.ui import downloads, model_inputs, results, tables, throughput_chart, views
+from memorymark.reporting import exports
+from memorymark.ui import model_inputs, results, tables, throughput_chart, views
 from memorymark.units import GIB
 
 
@@ -74,7 +75,7 @@ def test_the_baseline_peak_is_the_reports_batch_1_requirement() -> None:
 
 def test_the_probes_csv_has_reserved_bytes_and_throughput() -> None:
     report = replace(sample_report(), measurements=(timed_probe(8, 120.0),))
-    row = next(csv.DictReader(io.StringIO(downloads.probes_csv(report))))
+    row = next(csv.DictReader(io.StringIO(exports.probes_csv(report))))
     assert row["predicted_reserved_bytes"] == str(GIB + 110 * MIB * 8)
     assert (row["samples_per_second"], row["throughput_source"]) == ("120.0", "estimated")
 

@@ -84,7 +84,7 @@ class Backend:
         """The tracker of a preparation that ran out of memory: its peak is what was reached."""
         self.roofline: Roofline | None = None
         """Peak rates of the target GPU for an estimated throughput (simulated steps only; set
-        by `devices.open_backend`). None: no estimate."""
+        by `resolve.simulated_backend`). None: no estimate."""
         self._timing = False
         self._counters_before: dict[str, int] = {}
         self._quantized_bytes: int | None = None

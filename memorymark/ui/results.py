@@ -12,8 +12,9 @@ import streamlit as st
 
 from memorymark.measurement import Measurement
 from memorymark.report import KNEE_FRACTION, Report
+from memorymark.reporting import exports
 from memorymark.step import paging
-from memorymark.ui import charts, downloads, tables, takeaway
+from memorymark.ui import charts, tables, takeaway
 from memorymark.ui.throughput_chart import source_words
 from memorymark.units import GIB, gib_text
 
@@ -203,13 +204,13 @@ def weights_and_paging_lines(m: Measurement, memory_source: str) -> list[str]:
 def _downloads(report: Report) -> None:
     """JSON, CSV and Markdown, each stamped with versions and time, named for the run."""
     buttons = (
-        ("Download JSON report", downloads.report_json, "json", "application/json"),
-        ("Download probes CSV", downloads.probes_csv, "csv", "text/csv"),
-        ("Download Markdown report", downloads.markdown, "markdown", "text/markdown"),
+        ("Download JSON report", exports.report_json, "json", "application/json"),
+        ("Download probes CSV", exports.probes_csv, "csv", "text/csv"),
+        ("Download Markdown report", exports.markdown, "markdown", "text/markdown"),
     )
     for column, (label, text, fmt, mime) in zip(st.columns([1, 1, 1, 2]), buttons, strict=False):
         column.download_button(
-            label, text(report), file_name=downloads.file_name(report, fmt), mime=mime,
+            label, text(report), file_name=exports.file_name(report, fmt), mime=mime,
             on_click="ignore", key=f"download_{fmt}",
         )  # fmt: skip
 
