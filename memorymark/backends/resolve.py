@@ -1,13 +1,14 @@
 """Which backend runs a measurement, on which GPU's numbers, judged by which fit policy.
 
 The only module that asks torch which accelerator this machine has (through `torch.cuda`, which
-tests replace with a fake module). Must not know which batch sizes are tried, what a report says,
-or how anything is shown.
+tests replace with a fake module); what the answer means for a `Settings` is decided, without
+torch, in memorymark/backends/selection.py. Must not know which batch sizes are tried, what a
+report says, or how anything is shown.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import functools
 from types import ModuleType
 from typing import Any
 
@@ -15,11 +16,12 @@ import torch
 
 from memorymark import gpus
 from memorymark.accounting import throughput
+from memorymark.backends import selection
 from memorymark.backends.base import Backend
 from memorymark.backends.device import CpuBackend, DeviceBackend
+from memorymark.backends.selection import rank_gpu
 from memorymark.backends.sim import SimBackend
 from memorymark.cuda_rules import versions
-from memorymark.distributed import topology
 from memorymark.fit import FitPolicy
 from memorymark.settings import Settings
 from memorymark.step.catalog import CatalogStep
@@ -49,43 +51,12 @@ def detect_cuda_gpu(cuda: ModuleType | None = None) -> gpus.GPU:
 
 def resolve_backend_name(settings: Settings, cuda: ModuleType | None = None) -> str:
     """The backend `auto` means here: the local GPU when it is the one asked about, else sim."""
-    if settings.backend != "auto":
-        return settings.backend
-    asks_other_gpu = settings.gpu is not None or settings.gpu_memory_gib is not None
-    if cuda_available(cuda):
-        if not asks_other_gpu:
-            return "cuda"
-        local = detect_cuda_gpu(cuda)
-        if settings.gpu is not None and gpus.find_gpu(settings.gpu).name == local.name:
-            return "cuda"
-        return "sim"
-    if mps_available() and not asks_other_gpu:
-        return "mps"
-    return "sim"
+    return selection.backend_name(settings, _TorchGPUs(cuda))
 
 
 def resolve_gpu(settings: Settings, backend_name: str, cuda: ModuleType | None = None) -> gpus.GPU:
     """The GPU whose memory the run is measured or simulated against."""
-    if backend_name == "cuda":
-        if not cuda_available(cuda):
-            raise ValueError(
-                "backend cuda asked for, but PyTorch sees no CUDA GPU; use --backend sim"
-            )
-        return detect_cuda_gpu(cuda)
-    if backend_name == "mps":
-        if not mps_available():
-            raise ValueError(
-                "backend mps asked for, but PyTorch sees no Apple GPU; use --backend sim"
-            )
-        total = int(torch.mps.recommended_max_memory())
-        return gpus.custom_gpu(total / GIB, name="Apple GPU (MPS)")
-    if settings.gpu_memory_gib is not None:
-        return gpus.custom_gpu(settings.gpu_memory_gib)
-    if settings.gpu is not None:
-        return gpus.find_gpu(settings.gpu)
-    if cuda_available(cuda):
-        return detect_cuda_gpu(cuda)
-    return gpus.find_gpu(gpus.DEFAULT_SIMULATED_GPU)
+    return selection.run_gpu(settings, backend_name, _TorchGPUs(cuda))
 
 
 def local_gpu(cuda: ModuleType | None = None) -> gpus.GPU | None:
@@ -93,23 +64,35 @@ def local_gpu(cuda: ModuleType | None = None) -> gpus.GPU | None:
     return detect_cuda_gpu(cuda) if cuda_available(cuda) else None
 
 
+def apple_gpu() -> gpus.GPU | None:
+    """The Apple GPU in this machine, with the memory PyTorch recommends as its most, or None."""
+    if not mps_available():
+        return None
+    total = int(torch.mps.recommended_max_memory())
+    return gpus.custom_gpu(total / GIB, name="Apple GPU (MPS)")
+
+
+class _TorchGPUs:
+    """`selection.Accelerators` asked of torch, each only when the decision reads it: a
+    simulation of a named GPU never initialises CUDA."""
+
+    def __init__(self, cuda: ModuleType | None) -> None:
+        self._cuda = cuda
+
+    @functools.cached_property
+    def cuda_gpu(self) -> gpus.GPU | None:
+        return local_gpu(self._cuda)
+
+    @functools.cached_property
+    def mps_gpu(self) -> gpus.GPU | None:
+        return apple_gpu()
+
+
 def fit_policy(settings: Settings, gpu: gpus.GPU) -> FitPolicy:
     """The capacity (what the caching allocator can reserve on `gpu`) and the margin the
     settings keep below it: what every verdict of a run on `gpu` is judged against."""
     capacity = rank_gpu(settings, gpu).usable_bytes
     return FitPolicy(capacity_bytes=capacity, margin_bytes=settings.margin_bytes(capacity))
-
-
-def rank_gpu(settings: Settings, gpu: gpus.GPU) -> gpus.GPU:
-    """`gpu` as one rank of the settings' distributed run sees it: less NCCL's buffers, which
-    live outside the caching allocator (memorymark/distributed/topology.py); itself on one GPU."""
-    count = settings.gpu_count
-    nccl = 0
-    if settings.dist != "none" and count is not None:
-        nccl = topology.nccl_bytes(settings.dist, count, settings.node_count)
-    if nccl >= gpu.total_bytes - gpu.context_bytes:
-        raise ValueError(f"the {gpu.name} has no memory left once NCCL's buffers are taken")
-    return gpu if nccl == gpu.nccl_bytes else replace(gpu, nccl_bytes=nccl)
 
 
 def simulated_backend(settings: Settings, gpu: gpus.GPU, name: str = "sim") -> Backend:
