@@ -147,7 +147,6 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[type]:
         created: list[Settings] = []
 
     monkeypatch.setattr(jobs, "Session", Fake)
-    monkeypatch.setattr(sweep_runner, "Session", Fake)
     service = thread_service()
     monkeypatch.setattr(sweep_runner, "sweep_service", lambda: service)
     yield Fake

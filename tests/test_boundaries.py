@@ -73,11 +73,23 @@ def test_the_ui_and_every_page_import_with_torch_blocked():
     front = {
         "memorymark.engine",
         "memorymark.service.jobs",
+        "memorymark.service.questions",  # what the server asks a worker instead of torch
+        "memorymark.backends.selection",  # the engine's GPU decision, which the server makes too
         "memorymark.ui.sweep_runner",
         "streamlit",
     }
     assert front <= loaded
     assert {"memorymark.history", "memorymark.ui.history_views", "sqlite3"} <= loaded
+
+
+def test_the_server_names_the_gpu_with_torch_blocked():
+    code = (
+        "from memorymark.backends.selection import LocalGPUs, answering_gpu\n"
+        "from memorymark.settings import Settings\n"
+        "gpu = answering_gpu(Settings(gpu='h100', dist='ddp', gpus='8'), LocalGPUs())\n"
+        "assert gpu.name.startswith('H100') and gpu.nccl_bytes > 0\n"
+    )
+    assert "torch" not in _modules_after(_NO_TORCH + code)
 
 
 def test_the_blocker_really_blocks_torch():

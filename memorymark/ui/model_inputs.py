@@ -8,6 +8,7 @@ server. Must not know how a sweep runs or how results are drawn.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import hashlib
 import tempfile
 from pathlib import Path
@@ -18,6 +19,7 @@ import streamlit as st
 from memorymark import models
 from memorymark.models import sources
 from memorymark.settings import Settings
+from memorymark.ui import sweep_runner
 from memorymark.ui.state_keys import key
 
 UPLOAD_KEY = "mm_upload"
@@ -31,10 +33,28 @@ SPEC_HELP = (
 sources.restrict_config_files(UPLOAD_DIR)
 
 
+COUNT_WAIT_SECONDS = 2.0
+"""How long the sidebar waits for a parameter count; one that lands later shows at the next run."""
+
+
 @st.cache_resource(show_spinner=False)
-def parameter_count(model: str, task: str) -> int:
-    """Parameters of a model, counted once on the meta device (the cached model loader)."""
-    return models.parameter_count(models.find_model(model), task)
+def _parameter_counts() -> sweep_runner.ResultCache:
+    """Every session's parameter counts (futures), by (model, task)."""
+    return sweep_runner.ResultCache(size=256)
+
+
+def parameter_count(model: str, task: str) -> int | None:
+    """Parameters of a model, counted once per server process on the meta device by a worker
+    (torch stays out of the server); None while the count is on its way."""
+    counts = _parameter_counts()
+    future: cf.Future | None = counts.get((model, task))
+    if future is None:
+        future = sweep_runner.page_service().parameter_count(model, task)
+        counts.put((model, task), future)
+    try:
+        return future.result(timeout=COUNT_WAIT_SECONDS)
+    except cf.TimeoutError:
+        return None
 
 
 def chosen_entry() -> models.ModelEntry | None:
@@ -138,9 +158,9 @@ def _task_input(sb: Any, entry: models.ModelEntry, spec: str) -> str:
     task = st.session_state[key("task")]
     try:
         count = parameter_count(spec or st.session_state[key("model")], task)
-        sb.caption(f"{count / 1e6:,.1f}M parameters · {task}")
     except Exception:  # noqa: BLE001 - the count is a nicety; Settings reports real problems
-        sb.caption(task)
+        count = None
+    sb.caption(task if count is None else f"{count / 1e6:,.1f}M parameters · {task}")
     return task
 
 

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import streamlit as st
 
-from memorymark.engine import Session
+from memorymark.backends import selection
 from memorymark.gpus import GPU
 from memorymark.limits import one_line
 from memorymark.settings import Settings
@@ -116,5 +116,7 @@ def run_streamed(
 
 
 def gpu_for(settings: Settings) -> GPU:
-    """The GPU `settings` measure or simulate against (resolved as the engine does)."""
-    return Session(settings).gpu
+    """The GPU `settings` measure or simulate against, as one rank sees it: the engine's own
+    decision (memorymark/backends/selection.py) on the GPUs a worker reported, so the server
+    builds no Session (no torch, no model read)."""
+    return selection.answering_gpu(settings, sweep_runner.local_gpus())

@@ -15,12 +15,11 @@ from typing import Any
 import streamlit as st
 
 from memorymark import gpus
-from memorymark.engine import local_gpu
 from memorymark.gpus import GPU
 from memorymark.limits import one_line
 from memorymark.reporting.markdown import escape
 from memorymark.settings import Costs, Settings, check_model
-from memorymark.ui import distribution_inputs, model_inputs, training_inputs
+from memorymark.ui import distribution_inputs, model_inputs, sweep_runner, training_inputs
 from memorymark.ui.state_keys import SETTING_FIELDS, STATE_KEYS, key
 from memorymark.units import memory_source
 
@@ -33,10 +32,10 @@ HOURS_MAX, RUNS_MAX = 168.0, 500.0
 ANALYZE_NEXT_KEY = "mm_analyze_next"
 
 
-@st.cache_resource(show_spinner=False)
 def detected_gpu() -> GPU | None:
-    """This machine's CUDA GPU, asked once per server process."""
-    return local_gpu()
+    """The CUDA GPU of the machine the sweeps run on (a worker's answer, asked once per server
+    process), or None."""
+    return sweep_runner.local_gpus().cuda_gpu
 
 
 def _gpu_choice(s: Settings) -> str:

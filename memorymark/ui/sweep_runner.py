@@ -2,9 +2,10 @@
 
 Owns the process-wide pieces every browser session shares (Streamlit resources): the server's
 configuration (environment or .streamlit/secrets.toml) and the ceilings it puts on every sweep,
-the `SweepService` sweeps run on (a local pool of worker processes, or a Dask cluster), the
-poller thread that takes in what each worker sends, cancels the job of a session that ended, and
-files finished reports in the process-wide result cache. Sweeps never run in the server process.
+the `SweepService` sweeps run on (a local pool of worker processes, or a Dask cluster) and the
+GPUs of the machine they run on (asked of a worker), the poller thread that takes in what each
+worker sends, cancels the job of a session that ended, and files finished reports in the
+process-wide result cache. Sweeps never run in the server process, nor does torch load there.
 Must not know how anything is drawn.
 
 A finished analysis is filed in `_finished`, in the result cache that was current when it
@@ -17,17 +18,15 @@ import contextlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from dataclasses import replace
 from typing import Any
 
 import streamlit as st
 
-from memorymark.engine import Session
+from memorymark.backends.selection import LocalGPUs
 from memorymark.measurement import Measurement
 from memorymark.report import Report
-from memorymark.service import jobs
-from memorymark.service.channels import ThreadChannel
 from memorymark.service.executors import SweepService, service_for, thread_service
 from memorymark.service.jobs import RUNNING_STATES, SweepJob, SweepRequest
 from memorymark.service.server_config import ServerConfig
@@ -98,6 +97,13 @@ def page_service() -> SweepService:
     return sweep_service() if _served() else thread_service(inline=True)
 
 
+@st.cache_resource(show_spinner=False)
+def local_gpus() -> LocalGPUs:
+    """The GPUs of the machine the sweeps run on, asked of a worker once per server process:
+    the server itself never loads torch."""
+    return page_service().local_gpus()
+
+
 def start_workers() -> None:
     """Start the worker pool (and its forkserver's warm-up) as a page opens, not at the first
     Analyze; only in a served app (AppTest and bare scripts have no runtime)."""
@@ -109,21 +115,6 @@ def within_server_limits(settings: Settings) -> tuple[Settings, list[str]]:
     """`settings` under the server's ceilings (what a link asked above them is brought down),
     with a sentence per change; ValueError for a backend the server does not allow."""
     return server_config().apply(settings)
-
-
-def needs_device(settings: Settings) -> bool:
-    """True when the step runs for real (cuda, mps, cpu) and must take turns on the machine."""
-    return Session(settings).measured
-
-
-@contextlib.contextmanager
-def device_turn(settings: Settings) -> Iterator[bool]:
-    """Hold the real device's lock (the workers' file lock) for the block; a simulation takes
-    none. For the pages that measure in the script thread."""
-    session = Session(settings)
-    backend = session.backend_name if session.measured else None
-    with jobs.device_turn(backend, ThreadChannel()) as ours:
-        yield ours
 
 
 def sweep_key(settings: Settings) -> Settings:
