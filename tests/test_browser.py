@@ -1,4 +1,5 @@
-"""End to end in a real browser: `streamlit run app.py`, headless Chromium, click Analyze, see it.
+"""End to end in a real browser: `streamlit run app.py`, headless Chromium, click Analyze, see it,
+and the server process itself never maps libtorch (its workers do).
 
 Uses Debian's /usr/bin/chromium through Playwright (a browser download is impossible here);
 skipped only when that binary is missing. The tiny model comes from the URL's query string.
@@ -7,6 +8,7 @@ skipped only when that binary is missing. The tiny model comes from the URL's qu
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -51,7 +53,8 @@ def wait_healthy(url: str, server: subprocess.Popen, log: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def app_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """The server's URL and the pid of the `streamlit run` process itself (no shell between)."""
     port = free_port()
     log = tmp_path_factory.mktemp("streamlit") / "server.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -62,13 +65,50 @@ def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, server, log)
-        yield url
+        yield url, server.pid
     finally:
         server.terminate()
         try:
             server.wait(timeout=10)
         except subprocess.TimeoutExpired:
             server.kill()
+
+
+@pytest.fixture(scope="module")
+def app_url(app_server: tuple[str, int]) -> str:
+    return app_server[0]
+
+
+def torch_lines(pid: int) -> list[str]:
+    """The lines of /proc/<pid>/maps that map PyTorch's native libraries (libtorch_cpu.so...)."""
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return [line for line in maps if "libtorch" in line or "torch/lib/" in line]
+
+
+def maps_torch(pid: int) -> bool:
+    """True when the process maps libtorch; False too when it has ended."""
+    try:
+        return bool(torch_lines(pid))
+    except OSError:
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (the forkserver, its workers, the resource tracker)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended while we looked
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, todo = [], [pid]
+    while todo:
+        above = todo.pop()
+        children = [child for child, parent in parents.items() if parent == above]
+        found += children
+        todo += children
+    return found
 
 
 def test_analyze_in_a_real_browser_draws_the_chart_and_the_answer(app_url: str) -> None:
@@ -95,3 +135,30 @@ def test_analyze_in_a_real_browser_draws_the_chart_and_the_answer(app_url: str) 
             expect(page.get_by_text("per_device_train_batch_size=64,")).to_be_visible()
         finally:
             browser.close()
+
+
+def test_the_server_process_never_maps_libtorch_during_an_analysis(
+    app_server: tuple[str, int],
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    url, pid = app_server
+    assert b"streamlit\0run\0app.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            # Settings of their own, so the sweep runs even after the other test's.
+            page.goto(f"{url}/?model=tiny-bert&max_batch=32&current_batch=4", timeout=60_000)
+            analyze = page.get_by_role("button", name="Analyze")
+            analyze.wait_for(timeout=60_000)
+            analyze.click()
+            expect(page.get_by_text("Optimal batch size")).to_be_visible(timeout=120_000)
+            expect(page.get_by_text("Every batch up to 32 fits")).to_be_visible()
+            # The sidebar's parameter count, counted by a worker (the server has no torch).
+            expect(page.get_by_text(re.compile(r"M parameters · "))).to_be_visible()
+        finally:
+            browser.close()
+    assert torch_lines(pid) == []
+    # The check sees torch where it is: the workers' forkserver has it loaded.
+    assert any(maps_torch(child) for child in descendants(pid))
