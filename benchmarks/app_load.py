@@ -41,15 +41,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(workers: int | None) -> tuple[subprocess.Popen, str]:
+def start_server(workers: int | None, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
+    """`streamlit run app.py` of the checkout at `root` on a free localhost port, once healthy;
+    the process is the server itself (its workers are its children)."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MEMORYMARK_MAX_TIME_LIMIT": "900"}
+    env = {**os.environ, "PYTHONPATH": str(root), "MEMORYMARK_MAX_TIME_LIMIT": "900"}
     if workers:
         env["MEMORYMARK_WORKERS"] = str(workers)
     command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
                "--server.address", "127.0.0.1", "--server.port", str(port)]  # fmt: skip
     server = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        command, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
