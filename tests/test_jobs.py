@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
+import types
 from collections.abc import Callable
 
 import pytest
@@ -77,6 +79,21 @@ def test_queued_jobs_know_their_place_and_move_up() -> None:
         assert p.position(third) is None  # a waiting job just leaves the queue
     finally:
         p.shutdown(wait=False, cancel_futures=True)
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_worker_never_reruns_the_main_script(tmp_path, monkeypatch, method) -> None:
+    # Under Streamlit, __main__ is the page script: a child that re-ran it would run the page.
+    script = tmp_path / "page.py"
+    script.write_text("raise SystemExit('the page ran again in the worker')\n")
+    page = types.ModuleType("__main__")
+    page.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", page)
+    p = WorkerPool(1, start_method=method)
+    try:
+        assert p.submit(os.getpid).result(timeout=60) != os.getpid()
+    finally:
+        p.shutdown()
 
 
 def test_cancel_kills_the_running_worker_at_once_and_the_pool_goes_on() -> None:
