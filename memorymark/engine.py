@@ -28,23 +28,28 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from memorymark import models
-from memorymark.environment import stamp
+from memorymark import gpus, models
+from memorymark.analyses import compare, scale_out
+from memorymark.analyses.compare import GpuFit
+from memorymark.analyses.fixes import FitAnswer, what_would_fit
+from memorymark.analyses.proof import PROTOCOLS, BackwardProof, ProtocolResult, protocol_settings
+from memorymark.analyses.scale_out import ScaleOutRow
+from memorymark.distributed import gpu_count
+from memorymark.distributed.gpu_count import GpuSearch, with_gpus
+from memorymark.environment import stamp, torch_version
+from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
-from memorymark.measurement import Measurement
+from memorymark.measurement import Measurement, is_measured, memory_source
 from memorymark.report import Report
+from memorymark.search import estimate
 from memorymark.search.plan import TrainingPlan, plan_for_target
+from memorymark.search.seq_len import SeqLenAnswer, SeqLenMeasurer, search_cap
+from memorymark.search.strategies import STRATEGIES
+from memorymark.search.sweep import SweepLimits, sweep
 from memorymark.settings import Costs, Settings, check_model
-from memorymark.units import memory_source
 
 if TYPE_CHECKING:
-    from memorymark.analyses.compare import GpuFit
-    from memorymark.analyses.fixes import FitAnswer
-    from memorymark.analyses.proof import BackwardProof, ProtocolResult
-    from memorymark.analyses.scale_out import GpuSearch, ScaleOutRow
     from memorymark.backends.base import Backend
-    from memorymark.fit import FitPolicy
-    from memorymark.search.seq_len import SeqLenAnswer
 
 
 class Session:
@@ -58,23 +63,22 @@ class Session:
     def __init__(self, settings: Settings, *, cuda: Any = None, gpu: GPU | None = None) -> None:
         # The model is resolved first (a `file:` config or the hub is read here, as Settings
         # validate with no I/O), so a model that cannot be read fails before torch loads.
-        check_model(settings)
-        from memorymark.backends import (
-            resolve,  # torch loads here, not when the front door is imported
-        )
+        self.model_entry: models.ModelEntry = check_model(settings)
+        """The model the settings name, resolved once."""
+        # torch loads here, not when the front door is imported
+        from memorymark.backends import resolve
 
         self.settings = settings
         self._cuda = cuda
-        self.backend_name = resolve.resolve_backend_name(settings, cuda)
+        self._resolution = resolve.resolve(settings, cuda, gpu)
+        self.backend_name = self._resolution.backend_name
         """cuda, mps, sim or cpu."""
-        self.gpu: GPU = resolve.rank_gpu(
-            settings, gpu or resolve.resolve_gpu(settings, self.backend_name, cuda)
-        )
+        self.gpu: GPU = self._resolution.gpu
         """The GPU every figure answers for: detected on this machine, or from the catalog;
         on many GPUs, one rank's view of it (NCCL's buffers taken out of usable memory)."""
         self.gpu.check_precision(settings.precision)
         self.gpu.check_attention(settings.attention)
-        self.policy: FitPolicy = resolve.fit_policy(settings, self.gpu)
+        self.policy: FitPolicy = self._resolution.policy
         """Capacity and margin: what every verdict of this session is judged against."""
         self.gpu_search: GpuSearch | None = None
         """How `--gpus auto` chose this session's GPU count (set by `with_min_gpus`)."""
@@ -88,25 +92,20 @@ class Session:
         self._plans: dict[int, tuple[TrainingPlan | None, tuple[Measurement, ...]]] = {}
 
     @property
-    def measured(self) -> bool:
-        """True when the step runs for real on this machine (cuda, mps, cpu), so it must take
-        turns with other real runs; False when simulated on fake tensors."""
+    def runs_for_real(self) -> bool:
+        """True when the step runs real kernels on this machine (cuda, mps, cpu), so it must
+        take turns with other real runs; False when it runs on fake tensors. Not the same as
+        measured: `cpu`'s figures are simulated (see `memory_source`)."""
         return self.backend_name != "sim"
 
     @property
     def memory_source(self) -> str:
         """'measured' (on a GPU) or 'simulated', as every memory figure of this session is."""
-        return memory_source(self.backend_name in ("cuda", "mps"))
+        return memory_source(is_measured(self.backend_name))
 
     def open_backend(self, settings: Settings | None = None) -> Backend:
         """A fresh backend for `settings` (this session's by default) on this session's GPU."""
-        from memorymark.backends import resolve
-
-        s = settings or self.settings
-        if self.backend_name in ("sim", "cpu"):
-            return resolve.simulated_backend(s, self.gpu, self.backend_name)
-        module = self._cuda if self.backend_name == "cuda" else None
-        return resolve.device_backend(s, self.gpu, self.backend_name, module)
+        return self._resolution.open_backend(settings)
 
     # -- one batch, a sweep, its report -----------------------------------------------------------
     def measure(self, batch_size: int) -> Measurement:
@@ -127,9 +126,6 @@ class Session:
         The settings' time and probe limits end it early (`stopped_by` says which); a simulated
         model whose shortest sweep is estimated to outlast the time limit is refused
         (ValueError) before the first probe."""
-        from memorymark.search.strategies import STRATEGIES
-        from memorymark.search.sweep import SweepLimits, sweep
-
         s = self.settings
         self.check_time_limit()
         if s.gpu_count is None:
@@ -137,8 +133,8 @@ class Session:
         strategy = STRATEGIES[s.strategy](
             step=s.step,
             max_batch=s.max_batch,
-            capacity_bytes=self.policy.limit_bytes,
-            run_capacity_bytes=self.policy.capacity_bytes,
+            capacity_bytes=self.policy.capacity_bytes,
+            limit_bytes=self.policy.limit_bytes,
         )
         limits = SweepLimits(time_limit_seconds=s.time_limit_seconds, max_probes=s.max_probes)
         start = time.perf_counter()
@@ -153,10 +149,8 @@ class Session:
     def check_time_limit(self) -> None:
         """Refuse (ValueError, one line) a simulated model whose shortest sweep is estimated to
         outlast the settings' time limit (memorymark/search/estimate.py)."""
-        from memorymark.search.estimate import check_time_limit
-
         if self.backend_name == "sim":
-            check_time_limit(self.settings)
+            estimate.check_time_limit(self.settings, self.model_entry)
 
     def resume(self, measurements: tuple[Measurement, ...], elapsed_seconds: float) -> None:
         """Take a finished sweep's measurements as this session's own, so `report` answers from
@@ -171,17 +165,13 @@ class Session:
         """Yield (sequence length, measurement) for each length a sequence-length search tries
         at batch `settings.current_batch`, on one backend whose model and optimizer state stay
         resident; the grid is `settings.seq_step` tokens up to the model's positions."""
-        from memorymark.search.seq_len import SeqLenMeasurer, search_cap
-        from memorymark.search.strategies import STRATEGIES
-        from memorymark.search.sweep import sweep
-
         s = self.settings
-        cap = search_cap(s, models.find_model(s.model).max_positions)
+        cap = search_cap(s, self.model_entry.max_positions)
         strategy = STRATEGIES[s.strategy](
             step=min(s.seq_step, cap),
             max_batch=cap,
-            capacity_bytes=self.policy.limit_bytes,
-            run_capacity_bytes=self.policy.capacity_bytes,
+            capacity_bytes=self.policy.capacity_bytes,
+            limit_bytes=self.policy.limit_bytes,
         )
         measurer = SeqLenMeasurer(self.open_backend(), s, s.current_batch)
         start = time.perf_counter()
@@ -194,14 +184,12 @@ class Session:
 
     def seq_len_answer(self) -> SeqLenAnswer:
         """The answer over every sequence length probed so far."""
-        from memorymark.search.seq_len import SeqLenAnswer, search_cap
-
         s = self.settings
         return SeqLenAnswer(
             settings=s,
             batch_size=s.current_batch,
             probes=tuple(self.seq_len_probes),
-            search_cap=search_cap(s, models.find_model(s.model).max_positions),
+            search_cap=search_cap(s, self.model_entry.max_positions),
             gpu_name=self.gpu.name,
             gpu_total_bytes=self.gpu.total_bytes,
             usable_bytes=self.gpu.usable_bytes,
@@ -232,13 +220,12 @@ class Session:
             measurements=tuple(self.measurements),
             elapsed_seconds=self.elapsed_seconds,
             stopped_by=self.stopped_by,
-            torch_version=versions.installed_version(),
+            torch_version=torch_version(),
             unverified_rules=versions.unverified_rules(),
             stamp=stamp(
                 backend=self.backend_name,
                 device=self.gpu.name,
                 memory_source=self.memory_source,
-                torch_version=versions.installed_version(),
             ),
             gpu_search=self.gpu_search,
         )
@@ -267,8 +254,6 @@ class Session:
 
     def fixes(self) -> FitAnswer:
         """When nothing fits: batch 1 as configured, and each change (or GPU) that might fit."""
-        from memorymark.analyses.fixes import what_would_fit
-
         if self._fixes is None:
             batch_1 = next((m for m in self.measurements if m.batch_size == 1), None)
             self._fixes = what_would_fit(self.settings, batch_1)
@@ -309,12 +294,9 @@ class Session:
     def min_gpus(self, counts: tuple[int, ...] | None = None) -> GpuSearch:
         """The smallest GPU count (of `counts`, a cluster's by default: 1-8, then whole 8-GPU
         nodes up to 1024) on which batch 1 trains under these settings' strategy."""
-        from memorymark.analyses.scale_out import min_gpus
-
         if self.settings.dist == "none":
             raise ValueError("--gpus auto needs a distributed strategy (--dist)")
-        from memorymark.analyses.scale_out import with_gpus
-        from memorymark.backends import resolve
+        from memorymark.backends import resolve  # loaded already: this session resolved
 
         gpu = self.gpu
 
@@ -324,13 +306,11 @@ class Session:
         def measure(s: Settings) -> Measurement:
             return Session(s, cuda=self._cuda).measure(1)
 
-        return min_gpus(self.settings, measure, counts, capacity)
+        return gpu_count.min_gpus(self.settings, measure, counts, capacity)
 
     def with_min_gpus(self, counts: tuple[int, ...] | None = None) -> Session:
         """A session on the smallest count that trains (the largest tried when none does),
         carrying the search for its report."""
-        from memorymark.analyses.scale_out import with_gpus
-
         search = self.min_gpus(counts)
         chosen = search.min_gpus or max(n for n, _ in search.tried)
         session = Session(with_gpus(self.settings, chosen), cuda=self._cuda)
@@ -342,19 +322,16 @@ class Session:
     ) -> Iterator[ScaleOutRow]:
         """Each GPU count's sweep as a row (per-rank memory, per-GPU batch, estimated time and
         cost of a run of `samples_per_run` samples), as it finishes."""
-        from memorymark import models
-        from memorymark.analyses.scale_out import scale_out
-
         if self.settings.dist == "none":
             raise ValueError("scaling out needs a distributed strategy (--dist)")
         s = self.settings
-        params = models.parameter_count(models.find_model(s.model), s.resolved_task)
+        params = models.parameter_count(self.model_entry, s.resolved_task)
         price = (costs or Costs()).usd_per_hour or self.gpu.usd_per_hour
 
         def analyze(settings: Settings) -> Report:
             return Session(settings, cuda=self._cuda).analyze(fixes=False, plan=False)
 
-        return scale_out(s, analyze, counts, params, samples_per_run, price)
+        return scale_out.scale_out(s, analyze, counts, params, samples_per_run, price)
 
     # -- across GPUs and protocols ---------------------------------------------------------------
     def compare(
@@ -362,9 +339,6 @@ class Session:
     ) -> tuple[list[GpuFit], list[Measurement]]:
         """Each catalog GPU's answer for these settings (simulated), priced against this
         session's GPU, and every measurement it took."""
-        from memorymark import gpus
-        from memorymark.analyses import compare
-
         return compare.compare_gpus(
             self.settings, costs, catalog or gpus.CATALOG, reference=self.gpu
         )
@@ -372,8 +346,6 @@ class Session:
     def proof(self, batch_size: int, *, sweeps: bool = False) -> Iterator[ProtocolResult]:
         """Forward-only, forward+backward, and the full step (eval and train) at `batch_size`,
         each as it lands (for live progress); with `sweeps`, each one's max batch too."""
-        from memorymark.analyses.proof import PROTOCOLS, ProtocolResult, protocol_settings
-
         for key, label, _ in PROTOCOLS:
             variant = protocol_settings(self.settings, key)
             m = Session(variant, cuda=self._cuda).measure(batch_size)
@@ -393,15 +365,7 @@ class Session:
 
     def prove_backward(self, batch_size: int, *, sweeps: bool = False) -> BackwardProof:
         """The four protocols at `batch_size`, with the prototype's verdict."""
-        from memorymark.analyses.proof import BackwardProof
-
         return BackwardProof(
             batch_size=batch_size, results=tuple(self.proof(batch_size, sweeps=sweeps))
         )
 
-
-def local_gpu() -> GPU | None:
-    """The CUDA GPU in this machine, or None (the app offers it as the "measured" choice)."""
-    from memorymark.backends import resolve
-
-    return resolve.local_gpu()

@@ -13,6 +13,21 @@ from typing import Any
 
 from memorymark.units import gib
 
+MEASURING_BACKENDS = ("cuda", "mps")
+"""The backends whose memory figures the device reports itself: "measured". `sim` and `cpu` are
+"simulated": `cpu` runs real kernels, but its figures come from the tracker and the allocator
+replay, as the simulation's do."""
+
+
+def is_measured(backend: str | None) -> bool:
+    """True when `backend`'s memory figures are measured on the device: the one place that
+    decides it for a backend's name (a `Measurement` carries the answer as `measured`)."""
+    return backend in MEASURING_BACKENDS
+
+
+def memory_source(measured: bool) -> str:
+    """How a memory figure was obtained, in the one word every output uses."""
+    return "measured" if measured else "simulated"
 
 class Category(str, Enum):
     """What a tracked byte is for: the kinds a peak is broken down into. Members are their
@@ -178,7 +193,7 @@ class Measurement:
             "breakdown": self.breakdown.to_dict() if self.breakdown else None,
             "step_seconds": self.step_seconds,
             "backend": self.backend,
-            "memory_source": "measured" if self.measured else "simulated",
+            "memory_source": memory_source(self.measured),
             "error": self.error,
             "quantized_weight_bytes": self.quantized_weight_bytes,
             "paged_bytes": self.paged_bytes,

@@ -30,7 +30,7 @@ def tiny_bert() -> Settings:
 
 class FunctionBackend:
     """A backend whose step allocates `timeline(batch)`: it fits when the peak is within
-    `capacity_bytes` (the margin's limit) and runs when it is within `run_capacity_bytes`.
+    `limit_bytes` (the capacity less the margin) and runs when it is within `capacity_bytes`.
     `required` replaces the peak as what the device holds (reserved > live); `demand`, what
     it would reserve with nothing limiting it, when more than that (a step that runs only
     after a cache flush): the fit verdict then reads it, as the simulation's does."""
@@ -41,8 +41,8 @@ class FunctionBackend:
     def __init__(
         self,
         timeline: Callable[[int], tuple[int, ...]],
-        capacity_bytes: int,
-        run_capacity_bytes: int | None = None,
+        limit_bytes: int,
+        capacity_bytes: int | None = None,
         required: Callable[[int], int] | None = None,
         demand: Callable[[int], int] | None = None,
     ) -> None:
@@ -50,8 +50,8 @@ class FunctionBackend:
         self.required = required
         """What the device holds at a batch, when not the timeline's peak (reserved > live)."""
         self.demand = demand
-        self.capacity_bytes = capacity_bytes
-        self.run_capacity_bytes = run_capacity_bytes or capacity_bytes
+        self.limit_bytes = limit_bytes
+        self.capacity_bytes = capacity_bytes or limit_bytes
         self.tried: list[int] = []
         self.released = False
 
@@ -61,10 +61,10 @@ class FunctionBackend:
         peak = max(timeline)
         required = self.required(batch_size) if self.required else peak
         demand = self.demand(batch_size) if self.demand else None
-        runs = required <= self.run_capacity_bytes
+        runs = required <= self.capacity_bytes
         return Measurement(
             batch_size=batch_size,
-            fits=runs and max(required, demand or 0) <= self.capacity_bytes,
+            fits=runs and max(required, demand or 0) <= self.limit_bytes,
             runs=runs,
             peak_bytes=peak,
             required_bytes=required if runs or demand is None else demand,

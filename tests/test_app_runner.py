@@ -46,7 +46,7 @@ class FakeSession:
     def __init__(self, settings: Settings) -> None:
         self.settings, self.gpu, self.measurements = settings, A10, []
         self.backend_name = "sim" if settings.backend == "auto" else settings.backend
-        self.measured = self.backend_name != "sim"
+        self.runs_for_real = self.backend_name != "sim"
 
     def stream(self) -> Iterator[Measurement]:
         for batch in self.batches:

@@ -14,6 +14,7 @@ from memorymark.backends.resolve import resolve_backend_name
 from memorymark.backends.sim import SimBackend
 from memorymark.cuda_rules import versions
 from memorymark.engine import Session
+from memorymark.fit import FitPolicy
 from memorymark.measurement import Category
 from memorymark.settings import Settings
 from memorymark.step.catalog import CatalogStep
@@ -34,8 +35,10 @@ TINY = [
 def test_sim_equals_real_cpu_execution(settings):
     # The cpu backend runs CPU's kernels; the simulation reproduces them with the CUDA rules off
     # (tests/test_cuda_rules.py checks each rule on its own).
-    sim = SimBackend(CatalogStep(settings), capacity_bytes=BIG, cuda_rules=False).measure(4)
-    cpu = CpuBackend(CatalogStep(settings), capacity_bytes=BIG).measure(4)
+    sim = SimBackend(
+        CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG), cuda_rules=False
+    ).measure(4)
+    cpu = CpuBackend(CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG)).measure(4)
     assert sim.fits and cpu.fits
     assert sim.peak_bytes == cpu.peak_bytes
     assert sim.breakdown == cpu.breakdown
@@ -50,11 +53,21 @@ def _param_bytes(settings):
 def test_adamw_keeps_two_moments_and_sgd_one_buffer(tiny_bert):
     param_bytes = _param_bytes(tiny_bert)
     n_tensors = len(list(CatalogStep(tiny_bert).build_model().parameters()))
-    adamw = SimBackend(CatalogStep(tiny_bert), capacity_bytes=BIG).measure(2).breakdown
+    adamw = (
+        SimBackend(CatalogStep(tiny_bert), policy=FitPolicy(capacity_bytes=BIG))
+        .measure(2)
+        .breakdown
+    )
     sgd_settings = replace(tiny_bert, optimizer="sgd")
-    sgd = SimBackend(CatalogStep(sgd_settings), capacity_bytes=BIG).measure(2).breakdown
+    sgd = (
+        SimBackend(CatalogStep(sgd_settings), policy=FitPolicy(capacity_bytes=BIG))
+        .measure(2)
+        .breakdown
+    )
     none = (
-        SimBackend(CatalogStep(replace(tiny_bert, optimizer="none")), capacity_bytes=BIG)
+        SimBackend(
+            CatalogStep(replace(tiny_bert, optimizer="none")), policy=FitPolicy(capacity_bytes=BIG)
+        )
         .measure(2)
         .breakdown
     )
@@ -66,17 +79,19 @@ def test_adamw_keeps_two_moments_and_sgd_one_buffer(tiny_bert):
 
 
 def test_peak_grows_with_batch_and_activations_dominate_at_large_batch(tiny_bert):
-    backend = SimBackend(CatalogStep(tiny_bert), capacity_bytes=BIG)
+    backend = SimBackend(CatalogStep(tiny_bert), policy=FitPolicy(capacity_bytes=BIG))
     small, large = backend.measure(2), backend.measure(64)
     assert large.peak_bytes > small.peak_bytes
     assert large.breakdown.activations > large.breakdown.parameters
 
 
 def test_a_step_past_the_capacity_says_what_it_needs_and_the_next_starts_afresh(tiny_bert):
-    first = SimBackend(CatalogStep(tiny_bert), capacity_bytes=BIG).measure(8)
-    unbounded = SimBackend(CatalogStep(tiny_bert), capacity_bytes=BIG).measure(64)
+    first = SimBackend(CatalogStep(tiny_bert), policy=FitPolicy(capacity_bytes=BIG)).measure(8)
+    unbounded = SimBackend(CatalogStep(tiny_bert), policy=FitPolicy(capacity_bytes=BIG)).measure(64)
     # The capacity is what the GPU would need at batch 8: the allocator's predicted reserved bytes.
-    backend = SimBackend(CatalogStep(tiny_bert), capacity_bytes=first.required_bytes)
+    backend = SimBackend(
+        CatalogStep(tiny_bert), policy=FitPolicy(capacity_bytes=first.required_bytes)
+    )
     before = backend.measure(8)
     oom = backend.measure(64)
     after = backend.measure(8)
@@ -111,8 +126,12 @@ def test_simulated_probes_predict_what_the_caching_allocator_holds(tiny_bert):
 def test_the_simulated_oom_is_what_the_gpu_would_reserve(tiny_bert):
     # A capacity of exactly the live tensor bytes would hold the tensors, but not the segments
     # the caching allocator needs for them: a GPU would run out of memory.
-    peak = SimBackend(CatalogStep(tiny_bert), capacity_bytes=BIG).measure(8).peak_bytes
-    m = SimBackend(CatalogStep(tiny_bert), capacity_bytes=peak).measure(8)
+    peak = (
+        SimBackend(CatalogStep(tiny_bert), policy=FitPolicy(capacity_bytes=BIG))
+        .measure(8)
+        .peak_bytes
+    )
+    m = SimBackend(CatalogStep(tiny_bert), policy=FitPolicy(capacity_bytes=peak)).measure(8)
     assert not m.fits
     assert m.error.startswith("simulated out of memory: needs ")
     assert m.predicted_reserved_bytes == m.required_bytes > peak
@@ -120,8 +139,14 @@ def test_the_simulated_oom_is_what_the_gpu_would_reserve(tiny_bert):
 
 
 def test_the_margin_separates_fits_from_runs(tiny_bert):
-    need = SimBackend(CatalogStep(tiny_bert), capacity_bytes=BIG).measure(8).required_bytes
-    inside = SimBackend(CatalogStep(tiny_bert), capacity_bytes=need, margin_bytes=2**20).measure(8)
+    need = (
+        SimBackend(CatalogStep(tiny_bert), policy=FitPolicy(capacity_bytes=BIG))
+        .measure(8)
+        .required_bytes
+    )
+    inside = SimBackend(
+        CatalogStep(tiny_bert), policy=FitPolicy(capacity_bytes=need, margin_bytes=2**20)
+    ).measure(8)
     assert inside.runs and not inside.fits  # it trains, but leaves less than the margin free
     assert inside.error is None
 
@@ -134,7 +159,7 @@ def test_a_step_that_runs_only_after_a_cache_flush_is_never_recommended(tiny_ber
         return allocator.Prediction(1000, 2000, alloc_retries=1)
 
     monkeypatch.setattr(backend_module.allocator, "replay", retried)
-    m = SimBackend(CatalogStep(tiny_bert), capacity_bytes=BIG).measure(8)
+    m = SimBackend(CatalogStep(tiny_bert), policy=FitPolicy(capacity_bytes=BIG)).measure(8)
     assert m.alloc_retries == 1
     assert m.runs and not m.fits  # it trains, counts towards the maximum, is not recommended
     assert "retried 1 allocation(s): not recommended" in m.error
@@ -143,7 +168,11 @@ def test_a_step_that_runs_only_after_a_cache_flush_is_never_recommended(tiny_ber
 def test_the_device_s_allocation_retries_keep_a_step_from_being_recommended(tiny_bert):
     cuda = FakeCuda(retries=0)
     backend = DeviceBackend(
-        CatalogStep(tiny_bert), capacity_bytes=BIG, name="cpu", device_module=cuda, peak_stats=True
+        CatalogStep(tiny_bert),
+        policy=FitPolicy(capacity_bytes=BIG),
+        name="cpu",
+        device_module=cuda,
+        peak_stats=True,
     )
     assert backend.measure(2).fits
 
@@ -164,7 +193,7 @@ def test_the_device_s_allocation_retries_keep_a_step_from_being_recommended(tiny
 
 def test_the_cublas_workspaces_are_served_by_the_allocator_before_the_step(tiny_bert):
     plain = Session(tiny_bert).open_backend()
-    bare = SimBackend(CatalogStep(tiny_bert), capacity_bytes=BIG).measure(8)
+    bare = SimBackend(CatalogStep(tiny_bert), policy=FitPolicy(capacity_bytes=BIG)).measure(8)
     with_ws = plain.measure(8)
     a10 = gpus.find_gpu("a10")
     # Allocated counts the live workspaces; the tensors' own peak does not.
@@ -186,7 +215,7 @@ def test_simulated_throughput_is_estimated_for_the_target_gpu(tiny_bert):
 
 
 def test_weights_that_alone_exceed_the_budget_fail_at_any_batch(tiny_bert):
-    m = SimBackend(CatalogStep(tiny_bert), capacity_bytes=10_000).measure(1)
+    m = SimBackend(CatalogStep(tiny_bert), policy=FitPolicy(capacity_bytes=10_000)).measure(1)
     assert not m.fits
     assert "simulated out of memory" in m.error
 
@@ -194,13 +223,19 @@ def test_weights_that_alone_exceed_the_budget_fail_at_any_batch(tiny_bert):
 def test_inference_style_peak_is_far_below_the_full_training_step():
     full = Settings(model="tiny-bert", seq_len=32)
     inference = full.with_protocol("inference-style")
-    full_peak = SimBackend(CatalogStep(full), capacity_bytes=BIG).measure(4).peak_bytes
-    inf_peak = SimBackend(CatalogStep(inference), capacity_bytes=BIG).measure(4).peak_bytes
+    full_peak = (
+        SimBackend(CatalogStep(full), policy=FitPolicy(capacity_bytes=BIG)).measure(4).peak_bytes
+    )
+    inf_peak = (
+        SimBackend(CatalogStep(inference), policy=FitPolicy(capacity_bytes=BIG))
+        .measure(4)
+        .peak_bytes
+    )
     assert inf_peak < 0.75 * full_peak
 
 
 def test_a_bug_in_the_step_is_not_an_oom(tiny_bert, monkeypatch):
-    backend = SimBackend(CatalogStep(tiny_bert), capacity_bytes=BIG)
+    backend = SimBackend(CatalogStep(tiny_bert), policy=FitPolicy(capacity_bytes=BIG))
 
     def broken(*args, **kwargs):
         raise RuntimeError("shape mismatch in layer 3")
@@ -245,7 +280,11 @@ class FakeCuda(SimpleNamespace):
 def test_cuda_backend_reads_the_device_peak_and_cleans_up_after_oom(tiny_bert):
     cuda = FakeCuda()
     backend = DeviceBackend(
-        CatalogStep(tiny_bert), capacity_bytes=BIG, name="cpu", device_module=cuda, peak_stats=True
+        CatalogStep(tiny_bert),
+        policy=FitPolicy(capacity_bytes=BIG),
+        name="cpu",
+        device_module=cuda,
+        peak_stats=True,
     )
     m = backend.measure(2)
     assert (m.peak_bytes, m.reserved_bytes, m.measured) == (1234, 4096, True)
@@ -261,7 +300,11 @@ def test_cuda_backend_reads_the_device_peak_and_cleans_up_after_oom(tiny_bert):
 def test_cuda_oom_is_caught_and_other_errors_are_not(tiny_bert, monkeypatch):
     cuda = FakeCuda()
     backend = DeviceBackend(
-        CatalogStep(tiny_bert), capacity_bytes=BIG, name="cpu", device_module=cuda, peak_stats=True
+        CatalogStep(tiny_bert),
+        policy=FitPolicy(capacity_bytes=BIG),
+        name="cpu",
+        device_module=cuda,
+        peak_stats=True,
     )
 
     def oom(*args, **kwargs):
@@ -296,15 +339,15 @@ def test_a_session_judges_the_simulation_against_usable_memory():
     assert gpu.name == gpus.find_gpu("H100").name
     margin = int(gpu.usable_bytes * 0.02)  # the default margin, 2%
     assert backend.policy.capacity_bytes == gpu.usable_bytes
-    assert backend.capacity_bytes == backend.policy.limit_bytes == gpu.usable_bytes - margin
+    assert backend.policy.limit_bytes == gpu.usable_bytes - margin
     assert backend.budget_bytes is None  # fake tensors trace to the end of any step
     session = Session(Settings(model="tiny-bert", gpu_memory_gib=12))
     custom_backend, custom = session.open_backend(), session.gpu
     assert custom.total_bytes == 12 * 2**30
-    assert custom_backend.capacity_bytes < custom.usable_bytes < custom.total_bytes
+    assert custom_backend.policy.limit_bytes < custom.usable_bytes < custom.total_bytes
     exact = Session(Settings(model="tiny-bert", gpu="t4", backend="sim", margin="1GiB"))
     exact = exact.open_backend()
-    assert exact.capacity_bytes == gpus.find_gpu("t4").usable_bytes - 2**30
+    assert exact.policy.limit_bytes == gpus.find_gpu("t4").usable_bytes - 2**30
 
 
 def test_compare_gives_each_gpu_the_answer_analyze_gives_it():

@@ -11,13 +11,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from memorymark import cuda_rules, gpus
 from memorymark.accounting.tracker import MemoryTracker
-from memorymark.backends.resolve import simulated_backend
+from memorymark.backends.resolve import resolve
 from memorymark.backends.sim import SimBackend
 from memorymark.cuda_rules import autocast_emulation, autocast_lists
 from memorymark.cuda_rules.dropout import fused_dropout
 from memorymark.cuda_rules.sdpa_choice import CUDNN, EFFICIENT, FLASH, MATH, SdpaCall
 from memorymark.cuda_rules.sdpa_choice import select_backend as choose
 from memorymark.engine import Session
+from memorymark.fit import FitPolicy
 from memorymark.settings import Settings
 from memorymark.step.catalog import CatalogStep
 
@@ -111,8 +112,10 @@ def test_math_attention_on_cuda_keeps_fp32_scores_and_a_bool_dropout_mask():
 
 def test_real_size_bert_peaks_far_lower_under_cuda_rules():
     settings = Settings(model="bert", seq_len=512, gpu="a10")
-    cpu = SimBackend(CatalogStep(settings), capacity_bytes=BIG, cuda_rules=False).measure(4)
-    cuda = SimBackend(CatalogStep(settings), capacity_bytes=BIG).measure(4)
+    cpu = SimBackend(
+        CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG), cuda_rules=False
+    ).measure(4)
+    cuda = SimBackend(CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG)).measure(4)
     # Each layer's 12 x 512 x 512 fp32 attention matrix and its mask are gone; BERT-base's
     # weights and AdamW state (~1.3 GB) stay.
     assert cuda.peak_bytes < 0.6 * cpu.peak_bytes
@@ -248,7 +251,7 @@ def test_the_simulated_gpu_decides_the_kernels():
     session = Session(replace(settings, gpu="a10"))
     a10, gpu = session.open_backend(), session.gpu
     # a Session refuses bf16 on a T4 (no bf16 units); the kernel rule itself still holds.
-    t4 = simulated_backend(replace(settings, gpu="t4"), gpus.find_gpu("t4"))
+    t4 = resolve(replace(settings, gpu="t4")).open_backend()
     assert (
         a10.compute_capability == gpu.compute_capability == gpus.find_gpu("A10").compute_capability
     )

@@ -195,7 +195,7 @@ class SlowFake:
         from memorymark import gpus
 
         self.settings, self.gpu, self.measurements = settings, gpus.find_gpu("A10"), []
-        self.backend_name, self.measured = "sim", False
+        self.backend_name, self.runs_for_real = "sim", False
 
     def stream(self):
         from memorymark.measurement import Measurement

@@ -11,6 +11,7 @@ from torch import nn
 from memorymark import models
 from memorymark.backends.sim import SimBackend
 from memorymark.engine import Session
+from memorymark.fit import FitPolicy
 from memorymark.models import sources
 from memorymark.settings import Settings
 from memorymark.step.catalog import CatalogStep
@@ -44,7 +45,10 @@ def test_a_config_file_trains_with_the_task_its_architecture_names(tmp_path):
     assert entry.default_task == models.CAUSAL_LM
     assert set(entry.tasks) >= {models.CAUSAL_LM, models.SEQUENCE_CLASSIFICATION}
     assert entry.max_positions == 64
-    m = SimBackend(CatalogStep(Settings(model=f"file:{path}", seq_len=16)), capacity_bytes=BIG)
+    m = SimBackend(
+        CatalogStep(Settings(model=f"file:{path}", seq_len=16)),
+        policy=FitPolicy(capacity_bytes=BIG),
+    )
     assert m.measure(2).fits
     with pytest.raises(ValueError, match="seq_len 65 exceeds"):
         Session(Settings(model=f"file:{path}", seq_len=65))
@@ -126,7 +130,7 @@ def fake_timm(monkeypatch):
 
 def test_timm_models_are_built_without_pretrained_weights_and_trained(fake_timm):
     settings = Settings(model="timm:convnext_tiny", image_size=32)
-    m = SimBackend(CatalogStep(settings), capacity_bytes=BIG).measure(4)
+    m = SimBackend(CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG)).measure(4)
     assert m.fits and m.breakdown.optimizer_state > 0
     assert fake_timm[0] == ("convnext_tiny", False, 1000)
     with pytest.raises(ValueError, match="timm has no model 'nope'"):
@@ -143,7 +147,8 @@ def test_torchvision_models_use_get_model_without_weights(monkeypatch):
     fake = types.SimpleNamespace(models=types.SimpleNamespace(get_model=get_model))
     monkeypatch.setitem(sys.modules, "torchvision", fake)
     m = SimBackend(
-        CatalogStep(Settings(model="torchvision:resnet18", image_size=32)), capacity_bytes=BIG
+        CatalogStep(Settings(model="torchvision:resnet18", image_size=32)),
+        policy=FitPolicy(capacity_bytes=BIG),
     ).measure(2)
     assert m.fits
     assert seen == {"name": "resnet18", "weights": None}

@@ -10,6 +10,7 @@ from memorymark import gpus
 from memorymark.backends import resolve
 from memorymark.backends.device import CpuBackend
 from memorymark.backends.sim import SimBackend
+from memorymark.fit import FitPolicy
 from memorymark.settings import Settings
 from memorymark.step.catalog import CatalogStep
 
@@ -46,7 +47,7 @@ CASES = {
 def _probes(settings, reuse):
     """Each probe's Measurement, the tracker's event log after it, and how many times the
     optimizer phase really ran."""
-    backend = resolve.simulated_backend(settings, gpus.find_gpu("a10"))  # with a roofline
+    backend = resolve.resolve(settings, gpu=gpus.find_gpu("a10")).open_backend()  # a roofline
     backend.reuse_optimizer_step = reuse
     ran = []
     run_optimizer = backend._run_optimizer
@@ -88,16 +89,16 @@ def test_a_spliced_optimizer_phase_gives_every_figure_running_it_gives(settings)
 
 def test_the_switch_and_the_environment_turn_reuse_off(monkeypatch):
     step = CatalogStep(CASES["bert-adamw"])
-    assert SimBackend(step, capacity_bytes=2**33).reuse_optimizer_step
+    assert SimBackend(step, policy=FitPolicy(capacity_bytes=2**33)).reuse_optimizer_step
     assert not SimBackend(
-        step, capacity_bytes=2**33, reuse_optimizer_step=False
+        step, policy=FitPolicy(capacity_bytes=2**33), reuse_optimizer_step=False
     ).reuse_optimizer_step
     monkeypatch.setenv("MEMORYMARK_REUSE_OPTIMIZER_STEP", "0")
-    assert not SimBackend(step, capacity_bytes=2**33).reuse_optimizer_step
+    assert not SimBackend(step, policy=FitPolicy(capacity_bytes=2**33)).reuse_optimizer_step
 
 
 def test_real_tensors_run_the_optimizer_at_every_probe():
-    backend = CpuBackend(CatalogStep(CASES["bert-adamw"]), capacity_bytes=2**33)
+    backend = CpuBackend(CatalogStep(CASES["bert-adamw"]), policy=FitPolicy(capacity_bytes=2**33))
     ran = []
     run_optimizer = backend._run_optimizer
     backend._run_optimizer = lambda phase: run_optimizer(lambda: (ran.append(1), phase()))

@@ -7,6 +7,7 @@ import torch
 
 from memorymark.backends.device import CpuBackend
 from memorymark.backends.sim import SimBackend
+from memorymark.fit import FitPolicy
 from memorymark.settings import Settings
 from memorymark.step.catalog import CatalogStep
 
@@ -15,7 +16,9 @@ TINY_BERT = Settings(model="tiny-bert", seq_len=32)
 
 
 def breakdown(settings, batch=4, **kwargs):
-    m = SimBackend(CatalogStep(settings), capacity_bytes=BIG, **kwargs).measure(batch)
+    m = SimBackend(CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG), **kwargs).measure(
+        batch
+    )
     assert m.fits
     return m.breakdown
 
@@ -44,7 +47,7 @@ def test_bf16_true_converts_every_floating_parameter_and_buffer_and_image_inputs
     floating = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
     assert {t.dtype for t in floating} == {torch.bfloat16}
     assert CatalogStep(settings).make_batch(2, "cpu")["pixel_values"].dtype == torch.bfloat16
-    assert SimBackend(CatalogStep(settings), capacity_bytes=BIG).measure(2).fits
+    assert SimBackend(CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG)).measure(2).fits
 
 
 @pytest.mark.parametrize(
@@ -73,8 +76,10 @@ def test_16_mixed_keeps_a_grad_scaler_whose_state_counts():
 
 def test_16_mixed_steps_through_a_real_grad_scaler_on_real_tensors():
     settings = replace(TINY_BERT, precision="16-mixed")
-    cpu = CpuBackend(CatalogStep(settings), capacity_bytes=BIG).measure(2)
-    sim = SimBackend(CatalogStep(settings), capacity_bytes=BIG, cuda_rules=False).measure(2)
+    cpu = CpuBackend(CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG)).measure(2)
+    sim = SimBackend(
+        CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG), cuda_rules=False
+    ).measure(2)
     assert cpu.fits and sim.peak_bytes == cpu.peak_bytes
 
 
@@ -82,8 +87,10 @@ def test_16_mixed_steps_through_a_real_grad_scaler_on_real_tensors():
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-gpt2"])
 def test_simulation_with_cpu_rules_equals_real_cpu_execution(model, precision):
     settings = Settings(model=model, seq_len=32, precision=precision)
-    sim = SimBackend(CatalogStep(settings), capacity_bytes=BIG, cuda_rules=False).measure(4)
-    cpu = CpuBackend(CatalogStep(settings), capacity_bytes=BIG).measure(4)
+    sim = SimBackend(
+        CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG), cuda_rules=False
+    ).measure(4)
+    cpu = CpuBackend(CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG)).measure(4)
     assert sim.peak_bytes == cpu.peak_bytes and sim.breakdown == cpu.breakdown
 
 

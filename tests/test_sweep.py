@@ -4,6 +4,7 @@ import contextlib
 
 import pytest
 
+from memorymark.fit import FitPolicy
 from memorymark.measurement import Measurement
 from memorymark.search.strategies import FastStrategy, LinearStrategy, predict_max_batch
 from memorymark.search.sweep import best_fit, sweep
@@ -137,9 +138,7 @@ def test_the_current_batch_is_measured_unless_already_known(function_backend):
 
 def run_margin(function_backend, strategy_cls, limit, capacity, step=8, timeline=affine_two_phases):
     backend = function_backend(timeline, limit, capacity)
-    strategy = strategy_cls(
-        step=step, max_batch=4096, capacity_bytes=limit, run_capacity_bytes=capacity
-    )
+    strategy = strategy_cls(step=step, max_batch=4096, capacity_bytes=capacity, limit_bytes=limit)
     measurements = list(sweep(backend, strategy))
     recommended, maximum = best_fit(measurements), best_fit(measurements, runs=True)
     return recommended.batch_size, maximum.batch_size, backend.tried
@@ -191,11 +190,11 @@ def test_fast_and_linear_agree_on_the_simulation_where_reserved_bytes_decide(tin
     from memorymark.backends.sim import SimBackend
     from memorymark.step.catalog import CatalogStep
 
-    unbounded = SimBackend(CatalogStep(tiny_bert), capacity_bytes=2**40)
+    unbounded = SimBackend(CatalogStep(tiny_bert), policy=FitPolicy(capacity_bytes=2**40))
     capacity = unbounded.measure(60).required_bytes
     answers = []
     for strategy_cls in (FastStrategy, LinearStrategy):
-        backend = SimBackend(CatalogStep(tiny_bert), capacity_bytes=capacity)
+        backend = SimBackend(CatalogStep(tiny_bert), policy=FitPolicy(capacity_bytes=capacity))
         strategy = strategy_cls(step=8, max_batch=512, capacity_bytes=capacity)
         answers.append(best_fit(list(sweep(backend, strategy))).batch_size)
     assert answers[0] == answers[1]
@@ -270,13 +269,19 @@ def test_at_step_one_fast_finds_what_walking_every_batch_finds():
     from memorymark.step.catalog import CatalogStep
 
     settings = Settings(model="tiny-bert", seq_len=32, gpu="a10", backend="sim")
-    capacity = SimBackend(CatalogStep(settings), capacity_bytes=2**40).measure(23).demand_bytes
+    capacity = (
+        SimBackend(CatalogStep(settings), policy=FitPolicy(capacity_bytes=2**40))
+        .measure(23)
+        .demand_bytes
+    )
     margin = capacity // 50
     answers, probes = [], []
     for strategy_cls in (FastStrategy, LinearStrategy):
-        backend = SimBackend(CatalogStep(settings), capacity_bytes=capacity, margin_bytes=margin)
+        backend = SimBackend(
+            CatalogStep(settings), policy=FitPolicy(capacity_bytes=capacity, margin_bytes=margin)
+        )
         strategy = strategy_cls(
-            step=1, max_batch=48, capacity_bytes=capacity - margin, run_capacity_bytes=capacity
+            step=1, max_batch=48, capacity_bytes=capacity, limit_bytes=capacity - margin
         )
         measurements = list(sweep(backend, strategy))
         fit, run = best_fit(measurements), best_fit(measurements, runs=True)
@@ -313,7 +318,7 @@ def test_the_maximum_is_searched_between_the_ratio_and_the_live_bytes(function_b
         return demand(batch) if demand(batch) <= 1120 else flushed
 
     backend = function_backend(affine_two_phases, 1000, 1120, required=required, demand=demand)
-    strategy = FastStrategy(step=1, capacity_bytes=1000, run_capacity_bytes=1120)
+    strategy = FastStrategy(step=1, capacity_bytes=1120, limit_bytes=1000)
     measurements = list(sweep(backend, strategy))
     fit, run = best_fit(measurements), best_fit(measurements, runs=True)
     assert (fit.batch_size, run.batch_size) == (129, 149)

@@ -89,8 +89,8 @@ def answers(strategy_cls, backend: TableBackend, step: int, max_batch: int):
     strategy = strategy_cls(
         step=step,
         max_batch=max_batch,
-        capacity_bytes=backend.limit,
-        run_capacity_bytes=backend.capacity,
+        capacity_bytes=backend.capacity,
+        limit_bytes=backend.limit,
     )
     measurements = list(sweep(backend, strategy))
     fit, run = best_fit(measurements), best_fit(measurements, runs=True)

@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 
 from memorymark.backends.sim import SimBackend
+from memorymark.fit import FitPolicy
 from memorymark.settings import Settings
 from memorymark.step.catalog import CatalogStep
 
@@ -12,7 +13,7 @@ BIG = 8 * 2**30
 
 
 def measure(settings, batch=16):
-    m = SimBackend(CatalogStep(settings), capacity_bytes=BIG).measure(batch)
+    m = SimBackend(CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG)).measure(batch)
     assert m.fits
     return m
 

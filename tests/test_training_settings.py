@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 
 from memorymark.backends.sim import SimBackend
+from memorymark.fit import FitPolicy
 from memorymark.settings import Settings
 from memorymark.step.catalog import CatalogStep
 
@@ -12,7 +13,7 @@ BIG = 8 * 2**30
 
 
 def measure(settings, batch=16):
-    m = SimBackend(CatalogStep(settings), capacity_bytes=BIG).measure(batch)
+    m = SimBackend(CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG)).measure(batch)
     assert m.fits
     return m
 
@@ -30,7 +31,7 @@ def test_checkpointing_lowers_the_peak_and_the_activations_kept(model):
 def test_checkpointing_a_model_without_support_is_a_clear_error():
     settings = Settings(model="tiny-resnet", image_size=32, grad_checkpointing=True)
     with pytest.raises(ValueError, match="does not support gradient checkpointing"):
-        SimBackend(CatalogStep(settings), capacity_bytes=BIG).measure(2)
+        SimBackend(CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG)).measure(2)
 
 
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-gpt2"])
@@ -48,7 +49,7 @@ def test_lora_removes_nearly_all_gradient_and_optimizer_state(model):
 def test_unknown_lora_targets_are_one_line():
     settings = Settings(model="tiny-bert", seq_len=32, lora_rank=4, lora_targets="nope")
     with pytest.raises(ValueError, match="LoRA: ") as info:
-        SimBackend(CatalogStep(settings), capacity_bytes=BIG).measure(2)
+        SimBackend(CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG)).measure(2)
     assert "\n" not in str(info.value)
 
 

@@ -73,15 +73,13 @@ def compare_gpus(
     """Each catalog GPU's max batch for `settings`, and every measurement it took; run times
     are scaled against `reference`, the GPU the user chose (their hours-per-run are for it).
     Called through `engine.Session.compare`."""
-    from memorymark.backends.resolve import (  # torch: only when comparing
-        fit_policy,
-        simulated_backend,
-    )
+    from memorymark.backends.resolve import resolve  # torch: only when comparing
 
     costs = costs or Costs()
-    kind = "cpu" if settings.backend == "cpu" else "sim"
+    # Every GPU of the catalog is simulated (a CPU run keeps its real CPU kernels).
+    settings = replace(settings, backend="cpu" if settings.backend == "cpu" else "sim")
     # What the user's hours per run are for: their current batch on the GPU they chose.
-    with simulated_backend(settings, reference, kind).session() as on_reference:
+    with resolve(settings, gpu=reference).open_backend().session() as on_reference:
         baseline = on_reference.measure(settings.current_batch).samples_per_second
     traces: dict[tuple[int, int], tuple[Measurement, Measurement]] = {}
     measured: list[Measurement] = []
@@ -90,13 +88,13 @@ def compare_gpus(
     catalog = tuple(g for g in catalog if g not in without_precision(settings, catalog))
     # Largest first, so each capability's traces come from the GPU most likely to fit them.
     for gpu in sorted(catalog, key=lambda g: -g.usable_bytes):
-        backend = simulated_backend(settings, gpu, kind)
-        policy = fit_policy(settings, gpu)
+        resolution = resolve(settings, gpu=gpu)
+        backend, policy = resolution.open_backend(), resolution.policy
         strategy = FastStrategy(
             step=settings.step,
             max_batch=settings.max_batch,
-            capacity_bytes=policy.limit_bytes,
-            run_capacity_bytes=policy.capacity_bytes,
+            capacity_bytes=policy.capacity_bytes,
+            limit_bytes=policy.limit_bytes,
             traces=traces.get(gpu.compute_capability),
             find_max=False,
         )

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from memorymark.measurement import memory_source
 from memorymark.settings import Settings
-from memorymark.units import memory_source
 
 # The ratio forward+backward / forward-only that a correct backward measurement shows for typical
 # models (the prototype's check): activations saved for backward plus gradients roughly double

@@ -63,13 +63,12 @@ class Backend:
         self,
         training_step: TrainingStep,
         *,
-        capacity_bytes: int,
-        margin_bytes: int = 0,
+        policy: FitPolicy,
         budget_bytes: int | None = None,
         resident_allocations: tuple[int, ...] = (),
     ) -> None:
         self.training_step = training_step
-        self.policy = FitPolicy(capacity_bytes=capacity_bytes, margin_bytes=margin_bytes)
+        self.policy = policy
         """Capacity and margin every verdict of this backend is judged against."""
         self.budget_bytes = budget_bytes
         """Live bytes past which the tracker raises an OOM: for real CPU tensors, which must not
@@ -88,11 +87,6 @@ class Backend:
         self._timing = False
         self._counters_before: dict[str, int] = {}
         self._quantized_bytes: int | None = None
-
-    @property
-    def capacity_bytes(self) -> int:
-        """The limit the recommended batch must stay within: what the search predicts against."""
-        return self.policy.limit_bytes
 
     # -- what subclasses provide -------------------------------------------------------------
     def _step_context(self) -> contextlib.AbstractContextManager[object]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from memorymark.accounting import throughput
 from memorymark.backends.base import Backend
+from memorymark.fit import FitPolicy
 from memorymark.step.protocol import TrainingStep
 
 # The `torch.cuda.memory_stats()` entries a measurement keeps (names as documented there): the
@@ -36,14 +37,13 @@ class DeviceBackend(Backend):
         self,
         training_step: TrainingStep,
         *,
-        capacity_bytes: int,
+        policy: FitPolicy,
         name: str,
         device_module: Any,
         peak_stats: bool,
-        margin_bytes: int = 0,
         timed_steps: int = 3,
     ) -> None:
-        super().__init__(training_step, capacity_bytes=capacity_bytes, margin_bytes=margin_bytes)
+        super().__init__(training_step, policy=policy)
         self.name = self.device = name
         self._module = device_module
         # torch.cuda keeps peak statistics; torch.mps does not, so there the tracker's peak
@@ -96,16 +96,14 @@ class CpuBackend(Backend):
         self,
         training_step: TrainingStep,
         *,
-        capacity_bytes: int,
-        margin_bytes: int = 0,
+        policy: FitPolicy,
         resident_allocations: tuple[int, ...] = (),
     ) -> None:
         # Real tensors: the tracker stops the step at the capacity before it exhausts this
         # machine's memory (no required bytes past it, unlike the simulation).
         super().__init__(
             training_step,
-            capacity_bytes=capacity_bytes,
-            margin_bytes=margin_bytes,
-            budget_bytes=capacity_bytes,
+            policy=policy,
+            budget_bytes=policy.capacity_bytes,
             resident_allocations=resident_allocations,
         )

@@ -9,6 +9,7 @@ report says, or how anything is shown.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -88,20 +89,59 @@ class _TorchGPUs:
         return apple_gpu()
 
 
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """What one `Settings` means on this machine, decided once: the backend that runs its step,
+    the GPU every figure answers for (as one rank of a many-GPU run sees it), and the fit policy
+    every verdict is judged by. `open_backend` builds backends from it and decides nothing."""
+
+    settings: Settings
+    backend_name: str
+    """cuda, mps, sim or cpu."""
+    gpu: gpus.GPU
+    policy: FitPolicy
+    cuda: ModuleType | None = None
+    """The CUDA device module real runs go through (`torch.cuda` unless a test passes a fake)."""
+
+    def open_backend(self, settings: Settings | None = None) -> Backend:
+        """A fresh backend for `settings` (these by default: a variant such as the accumulation
+        check's keeps this GPU and policy) on this resolution's GPU and policy."""
+        s = settings or self.settings
+        if self.backend_name in ("sim", "cpu"):
+            return simulated_backend(s, self.gpu, self.policy, self.backend_name)
+        return device_backend(s, self.policy, self.backend_name, self.cuda)
+
+
+def resolve(
+    settings: Settings, cuda: ModuleType | None = None, gpu: gpus.GPU | None = None
+) -> Resolution:
+    """Resolve `settings` once: the backend `auto` means here, the GPU (the one they name or
+    this machine's; `gpu` judges against another, such as calibrate's emulated GPU) as one
+    rank sees it, and the fit policy on it."""
+    name, ranked = selection.decide(settings, _TorchGPUs(cuda), gpu)
+    return Resolution(settings, name, ranked, _policy(settings, ranked), cuda)
+
+
 def fit_policy(settings: Settings, gpu: gpus.GPU) -> FitPolicy:
-    """The capacity (what the caching allocator can reserve on `gpu`) and the margin the
-    settings keep below it: what every verdict of a run on `gpu` is judged against."""
-    capacity = rank_gpu(settings, gpu).usable_bytes
+    """The capacity (what the caching allocator can reserve on `gpu`, as one rank of the
+    settings' run sees it) and the margin the settings keep below it: what every verdict of a
+    run on `gpu` is judged against."""
+    return _policy(settings, rank_gpu(settings, gpu))
+
+
+def _policy(settings: Settings, ranked_gpu: gpus.GPU) -> FitPolicy:
+    capacity = ranked_gpu.usable_bytes
     return FitPolicy(capacity_bytes=capacity, margin_bytes=settings.margin_bytes(capacity))
 
 
-def simulated_backend(settings: Settings, gpu: gpus.GPU, name: str = "sim") -> Backend:
-    """A `sim` (fake tensors) or `cpu` (real CPU kernels) backend answering for `gpu`."""
+def simulated_backend(
+    settings: Settings, gpu: gpus.GPU, policy: FitPolicy, name: str = "sim"
+) -> Backend:
+    """A `sim` (fake tensors) or `cpu` (real CPU kernels) backend answering for `gpu` (as one
+    rank sees it), judged by `policy`."""
     step = CatalogStep(settings)
-    policy = fit_policy(settings, gpu)
     limits = {
-        "capacity_bytes": policy.capacity_bytes,
-        "margin_bytes": policy.margin_bytes,
+        "policy": policy,
         "resident_allocations": gpus.workspace_allocations(
             gpu.compute_capability, versions.release()
         ),
@@ -137,17 +177,15 @@ def _ranked(kind: type[Backend], settings: Settings, device: str) -> Any:
 
 
 def device_backend(
-    settings: Settings, gpu: gpus.GPU, name: str, cuda: ModuleType | None = None
+    settings: Settings, policy: FitPolicy, name: str, cuda: ModuleType | None = None
 ) -> DeviceBackend:
-    """A real-device backend (`cuda`, through the `cuda` module, or `mps`) judged against
-    `gpu`'s capacity: the detected GPU, or the one a capped process emulates (calibrate)."""
+    """A real-device backend (`cuda`, through the `cuda` module, or `mps`) judged by `policy`:
+    the detected GPU's, or that of the one a capped process emulates (calibrate)."""
     module = _cuda(cuda) if name == "cuda" else torch.mps
-    policy = fit_policy(settings, gpu)
     kind = DeviceBackend if settings.dist == "none" else _ranked(DeviceBackend, settings, name)
     return kind(
         CatalogStep(settings),
-        capacity_bytes=policy.capacity_bytes,
-        margin_bytes=policy.margin_bytes,
+        policy=policy,
         name=name,
         device_module=module,
         # torch.mps keeps no peak statistics: there the tracker's live bytes are the peak.

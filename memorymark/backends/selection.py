@@ -92,6 +92,16 @@ def rank_gpu(settings: Settings, gpu: gpus.GPU) -> gpus.GPU:
     return gpu if nccl == gpu.nccl_bytes else replace(gpu, nccl_bytes=nccl)
 
 
+def decide(
+    settings: Settings, here: Accelerators, gpu: gpus.GPU | None = None
+) -> tuple[str, gpus.GPU]:
+    """The backend `auto` means here, and the GPU every figure answers for as one rank sees
+    it: the settings' (`run_gpu`), or `gpu` when the caller judges against another (calibrate's
+    emulated GPU, a compared catalog GPU)."""
+    name = backend_name(settings, here)
+    return name, rank_gpu(settings, gpu or run_gpu(settings, name, here))
+
+
 def answering_gpu(settings: Settings, here: Accelerators) -> gpus.GPU:
     """The GPU every figure of a `Session(settings)` answers for, as one rank sees it."""
-    return rank_gpu(settings, run_gpu(settings, backend_name(settings, here), here))
+    return decide(settings, here)[1]

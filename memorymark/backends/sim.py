@@ -36,6 +36,7 @@ from memorymark.accounting.throughput import Roofline, WorkCounter
 from memorymark.accounting.tracker import MemoryTracker, Segment
 from memorymark.backends.base import PHASE_CATEGORY, Backend
 from memorymark.cuda_rules.scoped_patch import ScopedPatch
+from memorymark.fit import FitPolicy
 from memorymark.settings import Settings
 from memorymark.step import liger
 from memorymark.step.protocol import Phase, TrainingStep
@@ -162,8 +163,7 @@ class SimBackend(Backend):
         self,
         training_step: TrainingStep,
         *,
-        capacity_bytes: int,
-        margin_bytes: int = 0,
+        policy: FitPolicy,
         gpu: gpus.GPU | None = None,
         resident_allocations: tuple[int, ...] = (),
         cuda_rules: bool = True,
@@ -173,8 +173,7 @@ class SimBackend(Backend):
         # its end and the replay says what it would need.
         super().__init__(
             training_step,
-            capacity_bytes=capacity_bytes,
-            margin_bytes=margin_bytes,
+            policy=policy,
             resident_allocations=resident_allocations,
         )
         self._fake_mode = FakeTensorMode()

@@ -52,14 +52,13 @@ def sweep_seconds(config: dict[str, Any], labels: int, probes: int) -> float:
     return first + (probes - 1) * LATER_PROBE_SECONDS_PER_LAYER * layers
 
 
-def check_time_limit(settings: Settings) -> None:
-    """Refuse (ValueError, one line) a simulated model whose shortest sweep is estimated to take
-    longer than `settings.time_limit_seconds`; models with no config.json (timm, torchvision)
-    are not estimated."""
+def check_time_limit(settings: Settings, entry: models.ModelEntry) -> None:
+    """Refuse (ValueError, one line) a simulated model (`entry`, the settings' model) whose
+    shortest sweep is estimated to take longer than `settings.time_limit_seconds`; models with
+    no config.json (timm, torchvision) are not estimated."""
     limit = settings.time_limit_seconds
     if limit is None:
         return
-    entry = models.find_model(settings.model)
     config = models.config_of(entry)
     if config is None:
         return

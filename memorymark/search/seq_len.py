@@ -45,11 +45,6 @@ class SeqLenMeasurer:
         self.probes: dict[int, Measurement] = {}
         """Each probed sequence length's measurement, as the backend took it."""
 
-    @property
-    def capacity_bytes(self) -> int:
-        """The limit the recommended length must stay within (the backend's)."""
-        return int(self._backend.capacity_bytes)
-
     def measure(self, seq_len: int) -> Measurement:
         """One step at `seq_len` tokens and the fixed batch; relabelled with the length."""
         self._backend.training_step = self._make_step(replace(self._settings, seq_len=seq_len))

@@ -35,7 +35,9 @@ class Strategy:
     Two boundaries are searched, both by the fit policy's verdicts (memorymark/fit.py): the
     recommended batch, the largest that `fits` (its reserved peak leaves the margin free), then
     the maximum, the largest that `runs` (no OOM within the capacity).
-    `capacity_bytes` is the margin's limit, `run_capacity_bytes` the whole capacity.
+    `capacity_bytes` and `limit_bytes` mean what they mean in the fit policy: the whole
+    capacity a step must run within, and that less the margin, which a recommended step's
+    reserved peak must stay within (the capacity when no limit is given).
     """
 
     traces: tuple[Measurement, Measurement] | None = None
@@ -47,16 +49,14 @@ class Strategy:
         step: int = 8,
         max_batch: int = 4096,
         capacity_bytes: int = 0,
-        run_capacity_bytes: int | None = None,
+        limit_bytes: int | None = None,
     ) -> None:
         if step < 1 or max_batch < step:
             raise ValueError(f"step must be at least 1 and max_batch at least step ({step})")
         self.step = step
         self.max_grid = max_batch // step * step
         self.capacity_bytes = capacity_bytes
-        self.run_capacity_bytes = (
-            capacity_bytes if run_capacity_bytes is None else run_capacity_bytes
-        )
+        self.limit_bytes = capacity_bytes if limit_bytes is None else limit_bytes
         self.results: dict[int, Measurement] = {}
 
     def observe(self, measurement: Measurement) -> None:
@@ -145,7 +145,7 @@ class Strategy:
         return measurement.required_bytes
 
     def _capacity_for(self, passes: Predicate) -> int:
-        return self.run_capacity_bytes if passes == self._runs else self.capacity_bytes
+        return self.capacity_bytes if passes == self._runs else self.limit_bytes
 
     def _reference(self, lo: int, passes: Predicate) -> tuple[Measurement, int] | None:
         """The measured step (and its need) whose need/live ratio corrects the traces' guess,

@@ -5,7 +5,7 @@ each on a backend, shows the strategy the result and yields it, so a UI can draw
 live; the backend is released however the consumer stops. `SweepLimits` ends a sweep early at a
 wall time or a probe count and says which one did. `best_fit` reads the answer off the
 measurements. This module knows nothing about models or devices: a backend is anything with
-`measure(batch_size)`, `capacity_bytes` and `release()`.
+`measure(batch_size)` and `release()`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from memorymark.search.strategies import Strategy
 
 class Measurer(Protocol):
     """What a sweep needs from a backend."""
-
-    capacity_bytes: int
 
     def measure(self, batch_size: int) -> Measurement: ...
 

@@ -84,10 +84,10 @@ def run_sweep(request: SweepRequest, channel: Channel) -> SweepOutcome:
 
 def _run(request: SweepRequest, channel: Channel) -> SweepOutcome:
     session = Session(request.settings)  # torch loads here, in the worker
-    if session.measured:
+    if session.runs_for_real:
         lift_memory_limit()  # the ceiling is for simulations; a real GPU is the machine's own
     channel.put(("resolved", (session.backend_name, session.gpu)))
-    with device_turn(session.backend_name if session.measured else None, channel) as ours:
+    with device_turn(session.backend_name if session.runs_for_real else None, channel) as ours:
         if not ours:
             return SweepOutcome(cancelled=True)
         channel.put(("state", "running"))
@@ -116,10 +116,10 @@ def run_items(
     sent back as ("item", it) the moment it exists; all of them are the result. Real devices
     take their lock, as sweeps do."""
     session = Session(settings)
-    if session.measured:
+    if session.runs_for_real:
         lift_memory_limit()  # as run_sweep: the ceiling is for simulations
     items: list[Any] = []
-    with device_turn(session.backend_name if session.measured else None, channel) as ours:
+    with device_turn(session.backend_name if session.runs_for_real else None, channel) as ours:
         if not ours:
             return items
         for item in call(session, *args):

@@ -478,10 +478,12 @@ def _check_quantization(s: Workload, source: str) -> None:
         )
 
 
-def check_model(settings: Settings) -> None:
+def check_model(settings: Settings) -> models.ModelEntry:
     """Resolve the model `settings` name (a `file:` spec reads its config, `hf:` the hub) and
     refuse a task it does not train, a seq_len past its positions, a fused loss for a model
-    that is not a causal LM, or a sequence search of an image model (one-line ValueErrors)."""
+    that is not a causal LM, or a sequence search of an image model (one-line ValueErrors).
+    Returns the model's entry, so the caller need not look it up again."""
     entry = models.find_model(settings.model)
     _check_model_entry(settings.workload, entry)
     _check_search_axis(settings, entry)
+    return entry

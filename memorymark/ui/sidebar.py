@@ -17,11 +17,11 @@ import streamlit as st
 from memorymark import gpus
 from memorymark.gpus import GPU
 from memorymark.limits import one_line
+from memorymark.measurement import memory_source
 from memorymark.reporting.markdown import escape
 from memorymark.settings import Costs, Settings, check_model
 from memorymark.ui import distribution_inputs, model_inputs, sweep_runner, training_inputs
 from memorymark.ui.state_keys import SETTING_FIELDS, STATE_KEYS, key
-from memorymark.units import memory_source
 
 LOCAL = "this machine"
 CUSTOM = "custom"

@@ -13,13 +13,13 @@ from collections.abc import Sequence
 import streamlit as st
 
 from memorymark.gpus import GPU
-from memorymark.measurement import Measurement
+from memorymark.measurement import Measurement, is_measured
+from memorymark.measurement import memory_source as source_of
 from memorymark.report import Report
 from memorymark.reporting.markdown import escape
 from memorymark.settings import Settings
 from memorymark.ui import charts, probe_log, throughput_chart
 from memorymark.ui.sweep_runner import SweepJob, sweep_progress
-from memorymark.units import memory_source as source_of
 
 POLL_SECONDS = 0.5
 LOG_HEIGHT = 220
@@ -73,7 +73,7 @@ def show_error(error: str) -> None:
 
 def header(settings: Settings, gpu: GPU, backend: str | None) -> str:
     """The log's `$` line: the CLI command that runs these very settings, and where it runs."""
-    how = "measured" if backend in ("cuda", "mps") else (backend or "sim")
+    how = "measured" if is_measured(backend) else (backend or "sim")
     return f"{settings.to_command_line()}  # {gpu.name}, {how}, {settings.strategy}"
 
 
@@ -131,7 +131,7 @@ def _draw_job(job: SweepJob) -> None:
     st.progress(progress, text=f"{label}: {len(ms)} probes, {job.elapsed_seconds:.1f} s")
     if job.gpu is None:
         return
-    real = any(m.measured for m in ms) or (not ms and job.backend_name in ("cuda", "mps"))
+    real = any(m.measured for m in ms) or (not ms and is_measured(job.backend_name))
     source = source_of(real)
     footer = {"cancelled": "cancelled.", "failed": f"failed: {job.error}"}.get(job.state)
     log = probe_log.log_text(
