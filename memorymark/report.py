@@ -17,16 +17,16 @@ bytes in simulation.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from memorymark.analyses.fixes import Fix
 from memorymark.environment import Stamp
 from memorymark.gpus import GPU
-from memorymark.measurement import Measurement
+from memorymark.measurement import Measurement, memory_source
 from memorymark.search.plan import TrainingPlan
 from memorymark.search.sweep import best_fit
 from memorymark.settings import Costs, Settings
-from memorymark.units import gib, memory_source
+from memorymark.units import gib
 
 if TYPE_CHECKING:
     from memorymark.analyses.scale_out import GpuSearch
@@ -355,9 +355,3 @@ class Report:
             f"no plan reaches a global batch of {target}: no micro-batch that divides it fits "
             "with gradient accumulation (every gradient stays alive through the next micro-batch)"
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The `analyze --json` object (see memorymark/reporting/json_form.py)."""
-        from memorymark.reporting.json_form import report_to_dict
-
-        return report_to_dict(self)

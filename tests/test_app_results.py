@@ -100,12 +100,12 @@ def fixes_for(settings: Settings) -> tuple[Fix, ...]:
     h100 = gpus.find_gpu("H100")
     return (
         Fix(label="gradient checkpointing", settings=replace(settings, grad_checkpointing=True),
-            gpu=A10, peak_bytes=2 * GIB, required_bytes=2 * GIB, capacity_bytes=limit),
+            gpu=A10, peak_bytes=2 * GIB, required_bytes=2 * GIB, limit_bytes=limit),
         Fix(label="LoRA rank 16", settings=replace(settings, lora_rank=16), gpu=A10,
-            peak_bytes=43 * GIB, required_bytes=43 * GIB, capacity_bytes=limit),
+            peak_bytes=43 * GIB, required_bytes=43 * GIB, limit_bytes=limit),
         Fix(label="a bigger GPU: H100 80GB", settings=replace(settings, gpu=h100.name), gpu=h100,
             peak_bytes=31 * GIB, required_bytes=31 * GIB,
-            capacity_bytes=h100.usable_bytes),
+            limit_bytes=h100.usable_bytes),
     )  # fmt: skip
 
 

@@ -10,10 +10,11 @@ import pytest
 import torch.distributed as dist
 
 from memorymark import Session, Settings
-from memorymark.analyses.scale_out import min_gpus
 from memorymark.cli.parser import main
 from memorymark.distributed import topology
+from memorymark.distributed.gpu_count import min_gpus
 from memorymark.measurement import Measurement
+from memorymark.reporting.json_form import report_to_dict
 from memorymark.units import MIB
 
 # A 2-layer GPT-2 whose every dimension divides by 4, so FSDP2's shards carry no padding.
@@ -75,7 +76,7 @@ def test_a_sweep_reports_per_gpu_and_global_batch_and_nccl_in_json():
     session = Session(_on("fsdp", 2))
     one_gpu = Session(ONE_GPU)
     assert one_gpu.gpu.usable_bytes - session.gpu.usable_bytes == 256 * MIB
-    d = session.analyze(fixes=False, plan=False).to_dict()
+    d = report_to_dict(session.analyze(fixes=False, plan=False))
     per_gpu = d["distributed"]["per_gpu_batch"]
     assert per_gpu == d["optimal_batch_size"] == 64
     assert d["distributed"]["global_batch"] == 2 * per_gpu

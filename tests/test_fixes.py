@@ -21,7 +21,7 @@ def test_each_fix_says_how_far_off_it_is():
     assert lora.peak_bytes < base.peak_bytes
     assert lora.required_bytes >= lora.peak_bytes
     assert lora.settings.lora_rank == 16
-    assert all(f.capacity_bytes > 0 for f in fixes.values())
+    assert all(f.limit_bytes > 0 for f in fixes.values())
 
 
 def test_the_bigger_gpu_is_the_smallest_catalog_gpu_that_fits():

@@ -18,6 +18,7 @@ from memorymark import gpus, history
 from memorymark.analyses.fixes import Fix
 from memorymark.environment import Stamp, stamp
 from memorymark.history import History, HistoryError, HistoryWarning, db_file, store
+from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.record import record_to_report, report_to_record
 from memorymark.search.plan import TrainingPlan
 from memorymark.settings import Costs, Settings
@@ -43,8 +44,8 @@ def test_a_saved_run_reopens_as_the_same_report(history_db: Path) -> None:
         saved = h.get(run_id)
         assert h.path == history_db
         probes = h.probes(run_id)
-    assert saved.report().to_dict() == report.to_dict()
-    assert saved.report_json == json.loads(json.dumps(report.to_dict()))
+    assert report_to_dict(saved.report()) == report_to_dict(report)
+    assert saved.report_json == json.loads(json.dumps(report_to_dict(report)))
     assert saved.settings == report.settings.to_dict()
     assert saved.costs["usd_per_hour"] == 2.5
     assert saved.environment["finished_utc"] == "2026-01-02T03:04:05Z"
@@ -66,7 +67,7 @@ def test_a_record_keeps_fixes_and_a_custom_gpu() -> None:
         gpu=gpu,
         peak_bytes=10,
         required_bytes=20,
-        capacity_bytes=30,
+        limit_bytes=30,
         lower_bound=True,
     )
     report = dataclasses.replace(
@@ -75,7 +76,11 @@ def test_a_record_keeps_fixes_and_a_custom_gpu() -> None:
     back = record_to_report(json.loads(json.dumps(report_to_record(report))))
     assert back.gpu == gpu
     assert back.fixes == (fix,)
-    assert back.to_dict() == report.to_dict()
+    assert report_to_dict(back) == report_to_dict(report)
+    # A record saved before the fix's limit took the fit policy's name still reopens.
+    older = report_to_record(report)
+    older["fixes"][0]["capacity_bytes"] = older["fixes"][0].pop("limit_bytes")
+    assert record_to_report(older).fixes == (fix,)
 
 
 def test_a_record_that_cannot_be_read_back_is_one_value_error() -> None:

@@ -8,6 +8,7 @@ import pytest
 from memorymark import gpus
 from memorymark.measurement import Measurement
 from memorymark.report import Report
+from memorymark.reporting.json_form import report_to_dict
 from memorymark.settings import Costs, Settings
 
 GIB = 2**30
@@ -114,7 +115,7 @@ def test_a_current_batch_that_crashes_is_never_priced_as_if_it_ran():
         "Batch 184 crashes with out of memory on this A10 "
         f"(needs 21.00 of {A10.usable_gib:.2f} GiB); batch 176 trains"
     )
-    d = r.to_dict()
+    d = report_to_dict(r)
     assert (d["waste_gb"], d["speedup"], d["cost_savings_annual"]) == (None, None, None)
     # The plan keeps the current global batch with accumulation (the engine fills it in).
     assert r.global_batch == 184
@@ -126,7 +127,7 @@ def test_a_current_batch_inside_the_margin_runs_and_is_priced():
     assert r.current_fits and r.waste_bytes == A10.usable_bytes - 2 * GIB
     assert r.optimal.batch_size == 8 and r.max_fit.batch_size == 16
     assert r.verdict().startswith("Batch 16 runs on this A10 but leaves less than the margin free")
-    assert r.to_dict()["max_batch_size"] == 16
+    assert report_to_dict(r)["max_batch_size"] == 16
 
 
 def test_verdict_names_the_share_used_and_the_boundary():
@@ -139,12 +140,12 @@ def test_verdict_names_the_share_used_and_the_boundary():
 def test_no_fit_at_all():
     r = report([m(8, 30, fits=False), m(1, 25, fits=False)])
     assert r.optimal is None
-    assert r.to_dict()["optimal_batch_size"] is None
+    assert report_to_dict(r)["optimal_batch_size"] is None
     assert "even batch 1 runs out of memory" in r.verdict()
 
 
 def test_json_keeps_the_original_api_fields_in_gib():
-    d = json.loads(json.dumps(report(PROBES).to_dict()))
+    d = json.loads(json.dumps(report_to_dict(report(PROBES))))
     original = {
         "model_name",
         "device",
@@ -189,7 +190,7 @@ def test_json_keeps_the_original_api_fields_in_gib():
 
 def test_json_says_which_memory_number_is_which():
     r = report(THROUGHPUT)
-    d = json.loads(json.dumps(r.to_dict()))
+    d = json.loads(json.dumps(report_to_dict(r)))
     margin = int(A10.usable_bytes * 0.02)  # the default margin, 2% of usable
     assert d["optimal_memory_gb"] == 20.0  # live tensor bytes at the peak
     assert d["optimal_reserved_gb"] == 20.5  # what the caching allocator would hold

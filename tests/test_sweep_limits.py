@@ -11,6 +11,7 @@ from app_helpers import app
 
 from memorymark.cli.parser import main
 from memorymark.engine import Session
+from memorymark.reporting.json_form import report_to_dict
 from memorymark.search import estimate
 from memorymark.search.strategies import LinearStrategy
 from memorymark.search.sweep import SweepLimits, sweep
@@ -60,7 +61,7 @@ def test_a_limited_session_reports_a_partial_answer_and_measures_nothing_more(ti
     assert len(report.measurements) == 2 and report.stopped_by == "the probe limit (2 probes)"
     assert report.partial_note.startswith("Partial answer: the sweep stopped at the probe limit")
     assert report.plan is None and report.plan_probes == ()  # no plan steps past the limit
-    data = report.to_dict()
+    data = report_to_dict(report)
     assert data["stopped_by"] == report.stopped_by and data["partial_note"] == report.partial_note
 
 

@@ -8,6 +8,7 @@ import pytest
 from memorymark import gpus
 from memorymark.cuda_rules import versions
 from memorymark.report import Report
+from memorymark.reporting.json_form import report_to_dict
 from memorymark.settings import Costs, Settings
 
 
@@ -41,7 +42,7 @@ def test_the_report_says_which_rules_rest_on_another_release():
         measurements=(), elapsed_seconds=0.0, torch_version="2.15.0",
         unverified_rules=versions.unverified_rules("2.15.0"),
     )  # fmt: skip
-    d = json.loads(json.dumps(report.to_dict()))
+    d = json.loads(json.dumps(report_to_dict(report)))
     assert d["torch_version"] == "2.15.0"
     assert "SDPA kernel choice" in d["rules_unverified"]
     assert d["rules_note"].startswith("PyTorch 2.15.0 is outside the releases")

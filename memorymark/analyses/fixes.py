@@ -36,7 +36,9 @@ class Fix:
     """Peak of live tensor bytes at batch 1 (the report's "memory")."""
     required_bytes: int
     """What the GPU must hold at batch 1: predicted reserved bytes, as a sweep decides fit."""
-    capacity_bytes: int
+    limit_bytes: int
+    """What batch 1 must stay within on that GPU: usable memory less the margin (the fit
+    policy's limit)."""
     lower_bound: bool = False
     """True when the states alone decided it without a step: it needs at least `required_bytes`
     (weights, gradients and optimizer state), which already pass the limit."""
@@ -44,7 +46,7 @@ class Fix:
     @property
     def fits(self) -> bool:
         """True when batch 1 fits within the GPU's usable memory less the margin."""
-        return self.required_bytes <= self.capacity_bytes
+        return self.required_bytes <= self.limit_bytes
 
     def to_dict(self) -> dict[str, Any]:
         """The fix as one entry of the JSON report's `fixes` list (GiB are 2**30 bytes)."""
@@ -53,7 +55,7 @@ class Fix:
             "gpu_name": self.gpu.name,
             "batch_1_memory_gb": gib(self.peak_bytes),
             "batch_1_required_gb": gib(self.required_bytes),
-            "limit_gb": gib(self.capacity_bytes),
+            "limit_gb": gib(self.limit_bytes),
             "fits": self.fits,
             "at_least": self.lower_bound,
             "settings": self.settings.to_dict(),
@@ -72,9 +74,9 @@ class FitAnswer:
 def simulated_step(settings: Settings, gpu: gpus.GPU, batch_size: int = 1) -> Measurement:
     """One simulated step at `batch_size` for `gpu`: past its capacity, the step still traces
     to its end and reports what it would need (`required_bytes`)."""
-    from memorymark.backends.resolve import simulated_backend
+    from memorymark.backends.resolve import resolve
 
-    backend = simulated_backend(replace(settings, backend="sim"), gpu)
+    backend = resolve(replace(settings, backend="sim"), gpu=gpu).open_backend()
     with backend.session():
         return backend.measure(batch_size)
 
@@ -239,7 +241,7 @@ def _bound(label: str, settings: Settings, gpu: gpus.GPU, states: int, limit: in
         gpu=gpu,
         peak_bytes=states,
         required_bytes=states,
-        capacity_bytes=limit,
+        limit_bytes=limit,
         lower_bound=True,
     )
 
@@ -257,5 +259,5 @@ def _fix(label: str, settings: Settings, gpu: gpus.GPU, m: Measurement, limit: i
         gpu=gpu,
         peak_bytes=m.peak_bytes,
         required_bytes=_required(m),
-        capacity_bytes=limit,
+        limit_bytes=limit,
     )

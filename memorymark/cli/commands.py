@@ -24,6 +24,7 @@ from memorymark.cli import render
 from memorymark.engine import Session
 from memorymark.report import Report
 from memorymark.reporting import exports
+from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.snippets import snippet
 from memorymark.settings import Costs, Settings
 
@@ -86,7 +87,7 @@ def _analyze(args: argparse.Namespace, settings: Settings) -> int:
             print(render.probe_line(m, session.gpu.usable_bytes), flush=True)
     # Under torchrun the ways out would be simulated, which needs a process group of its own.
     report = session.report(costs, fixes="RANK" not in os.environ)
-    data = report.to_dict()  # once: printed and saved alike
+    data = report_to_dict(report)  # once: printed and saved alike
     # Under torchrun every rank has the same report: rank 0 alone saves it, as it alone prints.
     saved = None if args.no_save or os.environ.get("RANK", "0") != "0" else _save(report, data)
     if fmt == "json":

@@ -20,6 +20,7 @@ from memorymark.cli.arg_types import positive_whole_number
 from memorymark.history import History, RunSummary, SavedRun
 from memorymark.history.db_file import DB_ENV
 from memorymark.reporting.exports import FORMATS, export_text, file_name
+from memorymark.reporting.json_form import report_to_dict
 from memorymark.units import gib
 
 
@@ -113,7 +114,7 @@ def _show(history: History, args: argparse.Namespace) -> int:
     print(render.header_line(report.settings.model, gpu, report.backend, report.memory_source))
     for m in report.measurements:
         print(render.probe_line(m, gpu.usable_bytes))
-    render.print_report(report, report.to_dict())
+    render.print_report(report, report_to_dict(report))
     return 0
 
 

@@ -14,12 +14,12 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from memorymark.measurement import Measurement
+from memorymark.measurement import Measurement, memory_source
 from memorymark.report import Report
 from memorymark.reporting import exports
 from memorymark.settings import Settings
 from memorymark.step import paging
-from memorymark.units import gib, memory_source
+from memorymark.units import gib
 
 if TYPE_CHECKING:
     from memorymark.analyses.proof import BackwardProof
@@ -145,7 +145,7 @@ def _weight_and_paging_lines(m: Measurement) -> list[str]:
 
 def print_report(r: Report, d: dict[str, Any]) -> None:
     """The text report `analyze` prints and `history show` prints again; `d` is the report's
-    `analyze --json` object (`r.to_dict()`), which every figure here is read from."""
+    `analyze --json` object (`report_to_dict(r)`), which every figure here is read from."""
     print()
     print(r.verdict())
     if r.partial_note:
@@ -226,7 +226,7 @@ def _print_plan_and_fixes(r: Report) -> None:
             print(
                 f"  {fix.label:<34} {'>=' if fix.lower_bound else '  '}"
                 f"{gib(fix.required_bytes):9.2f} GiB of "
-                f"{gib(fix.capacity_bytes):.2f} on {fix.gpu.name}  {verdict}"
+                f"{gib(fix.limit_bytes):.2f} on {fix.gpu.name}  {verdict}"
             )
 
 

@@ -34,6 +34,7 @@ from memorymark import gpus
 from memorymark.environment import stamp as make_stamp
 from memorymark.history.db_file import HistoryError, connect, db_path, transaction
 from memorymark.report import Report
+from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.record import record_to_report, report_to_record
 
 __all__ = ["History", "HistoryError", "HistoryWarning", "SavedRun", "saving_enabled"]
@@ -332,7 +333,7 @@ def _run_row(report: Report, source: str, data: dict[str, Any] | None) -> dict[s
         "settings_json": json.dumps(s.to_dict()),
         "costs_json": json.dumps(report.costs.to_dict()),
         "environment_json": json.dumps(env.to_dict()),
-        "report_json": json.dumps(report.to_dict() if data is None else data),
+        "report_json": json.dumps(report_to_dict(report) if data is None else data),
         "record_json": json.dumps(report_to_record(report)),
     }
 

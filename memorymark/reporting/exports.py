@@ -20,6 +20,7 @@ from typing import Any
 from memorymark.environment import stamp, utc_now
 from memorymark.measurement import CATEGORIES, Measurement
 from memorymark.report import Report
+from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.markdown import report_markdown
 
 FORMATS = {"json": "json", "csv": "csv", "markdown": "md"}
@@ -44,7 +45,7 @@ def environment(report: Report) -> dict[str, str]:
 
 def report_json(report: Report) -> str:
     """The `analyze --json` object, indented, with its `environment` stamp."""
-    return json.dumps(stamped(report).to_dict(), indent=2)
+    return json.dumps(report_to_dict(stamped(report)), indent=2)
 
 
 def markdown(report: Report, data: dict[str, Any] | None = None) -> str:

@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from memorymark.report import Report
+from memorymark.reporting.json_form import report_to_dict
 
 # Characters that make Markdown (GitHub's included) do something inside a line: links (a link
 # needs its `[`), emphasis, strikethrough, code, table cells, HTML. User text is never put at
@@ -139,8 +140,8 @@ def _environment(d: dict[str, Any]) -> str:
 
 
 def report_markdown(r: Report, data: dict[str, Any] | None = None) -> str:
-    """The whole page, ending in a newline; `data` is `r.to_dict()` when the caller has it."""
-    d = r.to_dict() if data is None else data
+    """The whole page, ending in a newline; `data` is `report_to_dict(r)` when the caller has it."""
+    d = report_to_dict(r) if data is None else data
     rate = d["throughput_source"]
     how = "timed on the GPU" if rate == "measured" else "from FLOPs and bytes"
     rate_note = f" Throughput is {rate} ({how})." if rate else ""

@@ -70,13 +70,15 @@ def _fix_record(fix: Fix) -> dict[str, Any]:
         "gpu": gpu_record(fix.gpu),
         "peak_bytes": fix.peak_bytes,
         "required_bytes": fix.required_bytes,
-        "capacity_bytes": fix.capacity_bytes,
+        "limit_bytes": fix.limit_bytes,
         "lower_bound": fix.lower_bound,
     }
 
 
 def _fix_from_record(data: dict[str, Any]) -> Fix:
     values = _known(Fix, data)
+    if "capacity_bytes" in data:  # records saved before the field took the fit policy's name
+        values.setdefault("limit_bytes", data["capacity_bytes"])
     values["settings"] = Settings.from_dict(values["settings"])
     values["gpu"] = gpu_from_record(values["gpu"])
     return Fix(**values)

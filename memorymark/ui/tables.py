@@ -12,10 +12,11 @@ from typing import Any
 
 from memorymark.analyses.compare import GpuFit
 from memorymark.analyses.proof import BackwardProof, ProtocolResult
-from memorymark.measurement import Measurement
+from memorymark.measurement import Measurement, memory_source
 from memorymark.report import Report
+from memorymark.reporting.json_form import report_to_dict
 from memorymark.search.seq_len import SeqLenAnswer
-from memorymark.units import gib, memory_source
+from memorymark.units import gib
 
 
 def rescale_hours(rows: Sequence[GpuFit], hours_per_run: float) -> list[GpuFit]:
@@ -91,7 +92,7 @@ def _gib_text(value: float | None) -> str:
 def memory_rows(report: Report) -> list[dict[str, str]]:
     """Which memory number is which: allocated vs reserved at the optimal batch, usable capacity,
     the margin, the limit, the headroom and the first batch out of memory."""
-    d, src = report.to_dict(), report.memory_source
+    d, src = report_to_dict(report), report.memory_source
     at = f" at batch {d['optimal_batch_size']}" if d["optimal_batch_size"] else ""
     over, oom = d["gpu_overheads_gb"], d["predicted_oom_batch"]
     gpu_src = "measured total" if report.gpu.measured else "catalog"

@@ -84,7 +84,7 @@ def fixes(report: Report) -> None:
         text_col.markdown(
             f"{mark} · **{fix.label}** on {fix.gpu.name}: batch 1 peaks at "
             f"{'at least ' if fix.lower_bound else ''}"
-            f"{tables.how_far_off(fix.required_bytes, fix.capacity_bytes)}"
+            f"{tables.how_far_off(fix.required_bytes, fix.limit_bytes)}"
         )
         button_col.button(
             "Apply and analyze", key=f"apply_fix_{i}", on_click=sidebar.apply_and_analyze,
