@@ -21,7 +21,6 @@ from benchmarks.calibration_table import summary, table
 from memorymark.backends.device import CpuBackend, DeviceBackend
 from memorymark.backends.sim import SimBackend
 from memorymark.calibration import run as calibration
-from memorymark.calibration.environment import Environment, driver_version, git_commit
 from memorymark.calibration.record import COLUMNS, CalibrationRow, file_stem, write
 from memorymark.calibration.run import (
     RECOMMENDED_MARGIN,
@@ -31,7 +30,8 @@ from memorymark.calibration.run import (
     settings_grid,
 )
 from memorymark.cli.parser import build_parser, main
-from memorymark.environment import memorymark_version
+from memorymark.environment import GpuEnvironment, driver_version, git_commit, memorymark_version
+from memorymark.fit import FitPolicy
 from memorymark.gpus import find_gpu
 from memorymark.measurement import Measurement
 from memorymark.settings import Settings
@@ -138,11 +138,11 @@ class FakeCuda:
 
 def cpu_stand_in(settings, gpu):
     """Real CPU kernels under the tracker: with the CUDA rules off, the simulation must match."""
-    return CpuBackend(CatalogStep(settings), capacity_bytes=BIG)
+    return CpuBackend(CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG))
 
 
 def cpu_sim(settings, gpu):
-    return SimBackend(CatalogStep(settings), capacity_bytes=BIG, cuda_rules=False)
+    return SimBackend(CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG), cuda_rules=False)
 
 
 def test_the_grid_has_each_combination_once_inference_style_without_an_optimizer():
@@ -197,7 +197,7 @@ def test_a_cuda_row_reads_the_first_steps_memory_stats_and_counts_its_own_retrie
     def device(settings, gpu):
         return DeviceBackend(
             Step(settings),
-            capacity_bytes=gpu.usable_bytes,
+            policy=FitPolicy(capacity_bytes=gpu.usable_bytes),
             name="cpu",
             device_module=cuda,
             peak_stats=True,
@@ -484,7 +484,7 @@ def test_the_accuracy_table_says_so_when_there_is_no_data(tmp_path):
 
 
 def test_the_accuracy_table_reads_every_csv(tmp_path):
-    env = Environment(
+    env = GpuEnvironment(
         gpu_name="NVIDIA A10",
         gpu_total_bytes=A10_TOTAL,
         emulated_gpu="",
@@ -521,7 +521,7 @@ def test_the_accuracy_table_reads_every_csv(tmp_path):
     oom = CalibrationRow(
         **{
             **{f: getattr(row, f) for f in row.__dataclass_fields__},
-            "environment": Environment(**{**env.to_dict(), "emulated_gpu": "T4"}),
+            "environment": GpuEnvironment(**{**env.to_dict(), "emulated_gpu": "T4"}),
             "batch_size": 72,
             "boundary_check": "max+step OOM",
             "measured_allocated_bytes": None,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from memorymark.calibration.environment import Environment
+from memorymark.environment import GpuEnvironment
 
 BOUNDARY_RECOMMENDED = "recommended"
 """`boundary_check` of the row at the batch MemoryMark recommends (default margin, no
@@ -31,7 +31,7 @@ BOUNDARY_PAST_MAX = "max+step OOM"
 class CalibrationRow:
     """One settings combination at one batch size: measured against predicted bytes."""
 
-    environment: Environment
+    environment: GpuEnvironment
     model: str
     task: str
     precision: str
@@ -106,7 +106,7 @@ def _relative(predicted: int | None, measured: int | None) -> float | None:
 
 
 COLUMNS: tuple[str, ...] = (
-    *(f.name for f in fields(Environment)),
+    *(f.name for f in fields(GpuEnvironment)),
     *(f.name for f in fields(CalibrationRow) if f.name != "environment"),
     "allocated_error",
     "reserved_error",

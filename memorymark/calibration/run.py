@@ -22,7 +22,6 @@ import torch
 from memorymark import gpus, models
 from memorymark.backends.base import Backend
 from memorymark.backends.resolve import cuda_available, detect_cuda_gpu
-from memorymark.calibration.environment import Environment, environment
 from memorymark.calibration.record import (
     BOUNDARY_MAX,
     BOUNDARY_PAST_MAX,
@@ -30,6 +29,7 @@ from memorymark.calibration.record import (
     CalibrationRow,
 )
 from memorymark.engine import Session
+from memorymark.environment import GpuEnvironment, gpu_environment
 from memorymark.measurement import Measurement
 from memorymark.settings import Search, Settings
 from memorymark.settings.choices import PROTOCOLS
@@ -110,7 +110,7 @@ def calibrate(
         raise NoGpuError("calibrate needs a CUDA GPU and PyTorch sees none")
     device_gpu = detect_cuda_gpu(cuda)
     target = emulate or device_gpu
-    env = environment(cuda, emulate.name if emulate else "", nvml=nvml)
+    env = gpu_environment(cuda, emulate.name if emulate else "", nvml=nvml)
     # Both judged against `target`: the detected GPU, or the one the capped process emulates.
     real = real or (lambda settings, gpu: _session(settings, gpu, "cuda", cuda).open_backend())
     simulated = simulated or (lambda settings, gpu: _session(settings, gpu, "sim").open_backend())
@@ -214,7 +214,7 @@ def _counters(cuda: Any) -> dict[str, int]:
 
 
 def _row(
-    env: Environment,
+    env: GpuEnvironment,
     settings: Settings,
     gpu: gpus.GPU,
     measured: Measurement,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import torch
+from memorymark.environment import torch_version
 
 Release = tuple[int, int]
 
@@ -45,14 +45,9 @@ RULES = (
 )  # fmt: skip
 
 
-def installed_version() -> str:
-    """The installed torch's version string."""
-    return str(torch.__version__)
-
-
 def release(version: str | None = None) -> Release:
     """(major, minor) of a torch version string ("2.13.0+cpu"); the installed torch's by default."""
-    text = torch.__version__ if version is None else version
+    text = torch_version() if version is None else version
     match = re.match(r"(\d+)\.(\d+)", str(text))
     if match is None:
         raise ValueError(f"not a torch version: {text!r}")
