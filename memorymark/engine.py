@@ -368,4 +368,3 @@ class Session:
         return BackwardProof(
             batch_size=batch_size, results=tuple(self.proof(batch_size, sweeps=sweeps))
         )
-

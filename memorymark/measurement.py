@@ -29,6 +29,7 @@ def memory_source(measured: bool) -> str:
     """How a memory figure was obtained, in the one word every output uses."""
     return "measured" if measured else "simulated"
 
+
 class Category(str, Enum):
     """What a tracked byte is for: the kinds a peak is broken down into. Members are their
     names as strings, so they key JSON and the breakdown as the names do. (str, Enum) rather

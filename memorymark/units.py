@@ -31,4 +31,3 @@ def gib_text(n_bytes: float) -> str:
 def size_text(n_bytes: float) -> str:
     """Bytes for a message: GiB from 1 GiB up, else MiB (`2.00 GiB`, `12.5 MiB`)."""
     return f"{n_bytes / GIB:.2f} GiB" if n_bytes >= GIB else f"{n_bytes / MIB:.1f} MiB"
-
