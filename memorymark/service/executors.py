@@ -24,6 +24,7 @@ from memorymark.service.jobs import SweepJob, SweepRequest, run_items, run_sweep
 from memorymark.service.server_config import ServerConfig
 from memorymark.service.worker_pool import WorkerPool
 from memorymark.settings import Settings
+from memorymark.units import in_gib
 
 # Imported once by the forkserver so each worker starts with torch, transformers and the engine
 # loaded and warmed up (see memorymark/service/warmup.py).
@@ -111,7 +112,7 @@ def local_service(
     )
     note = ""
     if memory_limit_bytes is not None:
-        note = f" ({memory_limit_bytes / 2**30:g} GiB beyond its libraries)"
+        note = f" ({in_gib(memory_limit_bytes):g} GiB beyond its libraries)"
     # The GPU probe gets a spawned process: the first page waits for its answer, and a forked
     # worker would first wait for the forkserver's warm-up (17-26 s on 2 cores, against 3-15 s
     # to import torch). Parameter counts (well under a second, forked warm) get a slot of their

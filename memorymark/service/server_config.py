@@ -18,6 +18,7 @@ from typing import Any
 
 from memorymark import limits
 from memorymark.settings import Settings
+from memorymark.units import GIB
 
 PREFIX = "MEMORYMARK_"
 # What a hosted app allows when the server says nothing: a BERT-large sweep takes about 15 s
@@ -77,7 +78,7 @@ class ServerConfig:
         """The workers' memory ceiling in bytes, or None."""
         if not self.worker_memory_gib:
             return None
-        return int(self.worker_memory_gib * 2**30)
+        return int(self.worker_memory_gib * GIB)
 
     def apply(self, settings: Settings) -> tuple[Settings, list[str]]:
         """`settings` under the ceilings, and a sentence for each value brought down; ValueError
