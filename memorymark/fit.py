@@ -17,6 +17,11 @@ same counter). This module is arithmetic: no torch, no devices.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memorymark.gpus import GPU
+    from memorymark.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,13 @@ class FitPolicy:
                 f"the margin ({self.margin_bytes} bytes) must be below the capacity "
                 f"({self.capacity_bytes} bytes)"
             )
+
+    @classmethod
+    def on(cls, settings: Settings, gpu: GPU) -> FitPolicy:
+        """The policy of a run of `settings` on `gpu` as one rank sees it: what its caching
+        allocator can reserve (usable memory), and the margin the settings keep below that."""
+        capacity = gpu.usable_bytes
+        return cls(capacity_bytes=capacity, margin_bytes=settings.margin_bytes(capacity))
 
     @property
     def limit_bytes(self) -> int:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from memorymark.analyses.fixes import Fix
 from memorymark.environment import Stamp
+from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement, memory_source
 from memorymark.search.plan import TrainingPlan
@@ -172,15 +173,19 @@ class Report:
         return None if waste is None else round(100 * waste / self.gpu.usable_bytes, 1)
 
     @property
+    def policy(self) -> FitPolicy:
+        """The fit policy every probe was judged by: the GPU's usable memory and the margin."""
+        return FitPolicy.on(self.settings, self.gpu)
+
+    @property
     def margin_bytes(self) -> int:
         """The headroom the user asked the search to keep below usable memory."""
-        return self.settings.margin_bytes(self.gpu.usable_bytes)
+        return self.policy.margin_bytes
 
     @property
     def limit_bytes(self) -> int:
-        """Usable memory less the margin: what each probe's reserved bytes had to fit in (the
-        fit policy's `limit_bytes`, memorymark/fit.py, which the search is given)."""
-        return self.gpu.usable_bytes - self.margin_bytes
+        """Usable memory less the margin: what each probe's reserved bytes had to fit in."""
+        return self.policy.limit_bytes
 
     @property
     def headroom_bytes(self) -> int | None:

@@ -119,19 +119,14 @@ def resolve(
     this machine's; `gpu` judges against another, such as calibrate's emulated GPU) as one
     rank sees it, and the fit policy on it."""
     name, ranked = selection.decide(settings, _TorchGPUs(cuda), gpu)
-    return Resolution(settings, name, ranked, _policy(settings, ranked), cuda)
+    return Resolution(settings, name, ranked, FitPolicy.on(settings, ranked), cuda)
 
 
 def fit_policy(settings: Settings, gpu: gpus.GPU) -> FitPolicy:
     """The capacity (what the caching allocator can reserve on `gpu`, as one rank of the
     settings' run sees it) and the margin the settings keep below it: what every verdict of a
     run on `gpu` is judged against."""
-    return _policy(settings, rank_gpu(settings, gpu))
-
-
-def _policy(settings: Settings, ranked_gpu: gpus.GPU) -> FitPolicy:
-    capacity = ranked_gpu.usable_bytes
-    return FitPolicy(capacity_bytes=capacity, margin_bytes=settings.margin_bytes(capacity))
+    return FitPolicy.on(settings, rank_gpu(settings, gpu))
 
 
 def simulated_backend(

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import streamlit as st
 
+from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement, is_measured
 from memorymark.measurement import memory_source as source_of
@@ -95,7 +96,7 @@ def sweep_panel(
         memory_source=memory_source,
         max_batch=settings.max_batch,
         optimal=optimal,
-        limit_bytes=gpu.usable_bytes - settings.margin_bytes(gpu.usable_bytes),
+        limit_bytes=FitPolicy.on(settings, gpu).limit_bytes,
     )
     memory_col.plotly_chart(fig, key="sweep_chart", width="stretch")
     speed = throughput_chart.throughput_figure(
