@@ -67,7 +67,7 @@ class FakeSession:
             raise type(self).error
         self.settings, self.gpu, self.measurements = settings, A10, []
         self.backend_name = "sim" if settings.backend == "auto" else settings.backend
-        self.measured = self.backend_name != "sim"
+        self.runs_for_real = self.backend_name != "sim"
 
     def _probe(self, batch: int) -> Measurement:
         base = GIB if self.settings.grad_checkpointing else type(self).base_bytes
