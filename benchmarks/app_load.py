@@ -18,12 +18,14 @@ The server is warmed first (one tiny analysis), as a running server is. Each use
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -41,9 +43,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(workers: int | None, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
-    """`streamlit run app.py` of the checkout at `root` on a free localhost port, once healthy;
-    the process is the server itself (its workers are its children)."""
+@contextlib.contextmanager
+def serving(workers: int | None, root: Path = ROOT) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`streamlit run app.py` of the checkout at `root` on a free localhost port, once healthy,
+    stopped on leaving; the process is the server itself (its workers are its children)."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(root), "MEMORYMARK_MAX_TIME_LIMIT": "900"}
     if workers:
@@ -59,11 +62,20 @@ def start_server(workers: int | None, root: Path = ROOT) -> tuple[subprocess.Pop
         try:
             with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
                 if response.status == 200:
-                    return server, url
+                    break
         except OSError:
             time.sleep(0.25)
-    server.kill()
-    raise SystemExit("streamlit did not start")
+    else:
+        server.kill()
+        raise SystemExit("streamlit did not start")
+    try:
+        yield server, url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
 
 
 def analyze_in_page(page, url: str, query: str) -> float:
@@ -133,6 +145,7 @@ def three_clis(model: str, gpu: str, batches: list[int]) -> float:
 
 
 def rss_mib(pid: int) -> float:
+    """The process's resident memory, in MiB."""
     return psutil.Process(pid).memory_info().rss / 2**20
 
 
@@ -148,8 +161,7 @@ def main() -> None:
 
     batches = [8, 16, 32]
     queries = [f"model={args.model}&gpu={args.gpu}&current_batch={b}" for b in batches]
-    server, url = start_server(args.workers)
-    try:
+    with serving(args.workers) as (server, url):
         with sync_playwright() as p:  # warm the server: one tiny analysis
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page()
@@ -177,12 +189,6 @@ def main() -> None:
               f"{before:.0f} MiB, after the first {rss[0]:.0f} MiB, after the last {rss[-1]:.0f} "
               f"MiB (last / first = {rss[-1] / rss[0]:.2f}); each: "
               + " ".join(f"{r:.0f}" for r in rss))  # fmt: skip
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Starts `streamlit run app.py` (of this checkout, or of `--root`: another checkout, such as a git
 worktree of an older commit) on a free localhost port, opens it in headless Chromium, clicks
 Analyze on a tiny model and waits for the answer (app_load.py's helpers), then reads the server's
-/proc/<pid>/status (VmRSS) and /proc/<pid>/maps (any libtorch mapping), and stops it. The pid is
+resident memory (VmRSS) and /proc/<pid>/maps (any libtorch mapping), and stops it. The pid is
 the `streamlit` process itself: the workers that run the sweep are its children and are not
 counted. Linux only (/proc).
 
@@ -14,21 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 from pathlib import Path
 
-from app_load import CHROMIUM, CHROMIUM_ARGS, ROOT, analyze_in_page, start_server
+from app_load import CHROMIUM, CHROMIUM_ARGS, ROOT, analyze_in_page, rss_mib, serving
 
 TORCH_LIBRARY_MARKS = ("libtorch", "torch/lib/")
 """A mapped file path with one of these is PyTorch's native library (libtorch_cpu.so, ...)."""
-
-
-def rss_mib(pid: int) -> float:
-    """The process's resident memory (VmRSS), in MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
 
 
 def torch_mappings(pid: int) -> list[str]:
@@ -49,8 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    server, url = start_server(None, args.root.resolve())
-    try:
+    with serving(None, args.root.resolve()) as (server, url):
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
@@ -63,14 +53,8 @@ def main() -> None:
         print(f"checkout {args.root.resolve()}; {os.cpu_count()} cores; analysis {args.query} "
               f"answered in {seconds:.1f} s")  # fmt: skip
         names = ", ".join(Path(m).name for m in mapped)
-        print(f"server pid {server.pid}: VmRSS {rss_mib(server.pid):.0f} MiB; libtorch mapped: "
+        print(f"server pid {server.pid}: RSS {rss_mib(server.pid):.0f} MiB; libtorch mapped: "
               f"{f'yes ({names})' if mapped else 'no'}")  # fmt: skip
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 if __name__ == "__main__":

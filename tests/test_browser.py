@@ -7,6 +7,7 @@ skipped only when that binary is missing. The tiny model comes from the URL's qu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -16,6 +17,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,14 +113,17 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def test_analyze_in_a_real_browser_draws_the_chart_and_the_answer(app_url: str) -> None:
+@contextlib.contextmanager
+def answered(url: str, query: str) -> Iterator[Any]:
+    """A headless Chromium page of the app at `url?query`, once Analyze was clicked and the
+    answer shows."""
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{app_url}/?model=tiny-bert&max_batch=64", timeout=60_000)
+            page.goto(f"{url}/?{query}", timeout=60_000)
             analyze = page.get_by_role("button", name="Analyze")
             analyze.wait_for(timeout=60_000)
             analyze.click()
@@ -126,39 +131,36 @@ def test_analyze_in_a_real_browser_draws_the_chart_and_the_answer(app_url: str) 
             # torch and transformers and simulates a tiny model of each kind: 17-26 s measured
             # on a loaded 2-core machine).
             expect(page.get_by_text("Optimal batch size")).to_be_visible(timeout=120_000)
-            expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=30_000)
-            expect(page.get_by_text("Every batch up to 64 fits")).to_be_visible()
-            # expect() retries: right after the rerun, Streamlit may still show the live log.
-            expect(page.locator("code").first).to_contain_text("batch   64 fits", timeout=30_000)
-            expect(page.locator(".js-plotly-plot").nth(1)).to_be_visible()  # throughput chart
-            expect(page.get_by_role("tab", name="Hugging Face")).to_be_visible()
-            expect(page.get_by_text("per_device_train_batch_size=64,")).to_be_visible()
+            yield page
         finally:
             browser.close()
+
+
+def test_analyze_in_a_real_browser_draws_the_chart_and_the_answer(app_url: str) -> None:
+    from playwright.sync_api import expect
+
+    with answered(app_url, "model=tiny-bert&max_batch=64") as page:
+        expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=30_000)
+        expect(page.get_by_text("Every batch up to 64 fits")).to_be_visible()
+        # expect() retries: right after the rerun, Streamlit may still show the live log.
+        expect(page.locator("code").first).to_contain_text("batch   64 fits", timeout=30_000)
+        expect(page.locator(".js-plotly-plot").nth(1)).to_be_visible()  # throughput chart
+        expect(page.get_by_role("tab", name="Hugging Face")).to_be_visible()
+        expect(page.get_by_text("per_device_train_batch_size=64,")).to_be_visible()
 
 
 def test_the_server_process_never_maps_libtorch_during_an_analysis(
     app_server: tuple[str, int],
 ) -> None:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, pid = app_server
     assert b"streamlit\0run\0app.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            # Settings of their own, so the sweep runs even after the other test's.
-            page.goto(f"{url}/?model=tiny-bert&max_batch=32&current_batch=4", timeout=60_000)
-            analyze = page.get_by_role("button", name="Analyze")
-            analyze.wait_for(timeout=60_000)
-            analyze.click()
-            expect(page.get_by_text("Optimal batch size")).to_be_visible(timeout=120_000)
-            expect(page.get_by_text("Every batch up to 32 fits")).to_be_visible()
-            # The sidebar's parameter count, counted by a worker (the server has no torch).
-            expect(page.get_by_text(re.compile(r"M parameters · "))).to_be_visible()
-        finally:
-            browser.close()
+    # Settings of their own, so the sweep runs even after the other test's.
+    with answered(url, "model=tiny-bert&max_batch=32&current_batch=4") as page:
+        expect(page.get_by_text("Every batch up to 32 fits")).to_be_visible()
+        # The sidebar's parameter count, counted by a worker (the server has no torch).
+        expect(page.get_by_text(re.compile(r"M parameters · "))).to_be_visible()
     assert torch_lines(pid) == []
     # The check sees torch where it is: the workers' forkserver has it loaded.
     assert any(maps_torch(child) for child in descendants(pid))
