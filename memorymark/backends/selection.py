@@ -2,7 +2,7 @@
 
 The decision alone, with no torch: the engine (memorymark/backends/resolve.py) hands it the GPUs
 torch sees, asked only as the decision needs them, and the app's server the ones a worker
-reported (memorymark/service/gpu_probe.py), so both resolve a `Settings` to the same `GPU`
+reported (memorymark/service/questions.py), so both resolve a `Settings` to the same `GPU`
 record from one place. Must not know torch, devices, which batch sizes are tried or how anything
 is shown.
 """
