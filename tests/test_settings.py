@@ -153,3 +153,18 @@ def test_settings_survive_pickling_for_worker_processes():
     s = Settings(model="gpt2", gpu="a10", margin="1GiB")
     assert pickle.loads(pickle.dumps(s)) == s
     assert hash(pickle.loads(pickle.dumps(s))) == hash(s)
+
+
+def test_a_section_field_without_its_flat_view_fails_at_import(monkeypatch) -> None:
+    from memorymark.settings import sections
+
+    sections._check_flat_views()  # as shipped: every field has its view, reading its section
+    monkeypatch.delattr(Settings, "margin")
+    with pytest.raises(TypeError, match="'margin', 'search'"):
+        sections._check_flat_views()
+
+
+def test_a_flat_view_reads_its_sections_field() -> None:
+    s = Settings(model="gpt2", precision="bf16-mixed", gpus="1", margin="1GiB")
+    assert (s.model, s.precision, s.gpus, s.margin) == ("gpt2", "bf16-mixed", "1", "1GiB")
+    assert s.precision is s.workload.precision and s.margin is s.search.margin
