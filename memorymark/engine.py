@@ -34,6 +34,7 @@ from memorymark.analyses.compare import GpuFit
 from memorymark.analyses.fixes import FitAnswer, what_would_fit
 from memorymark.analyses.proof import PROTOCOLS, BackwardProof, ProtocolResult, protocol_settings
 from memorymark.analyses.scale_out import ScaleOutRow
+from memorymark.backends import selection
 from memorymark.distributed import gpu_count
 from memorymark.distributed.gpu_count import GpuSearch, with_gpus
 from memorymark.environment import stamp, torch_version
@@ -296,12 +297,11 @@ class Session:
         nodes up to 1024) on which batch 1 trains under these settings' strategy."""
         if self.settings.dist == "none":
             raise ValueError("--gpus auto needs a distributed strategy (--dist)")
-        from memorymark.backends import resolve  # loaded already: this session resolved
 
         gpu = self.gpu
 
         def capacity(n: int) -> int:
-            return resolve.fit_policy(with_gpus(self.settings, n), gpu).capacity_bytes
+            return selection.fit_policy(with_gpus(self.settings, n), gpu).capacity_bytes
 
         def measure(s: Settings) -> Measurement:
             return Session(s, cuda=self._cuda).measure(1)

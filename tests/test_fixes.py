@@ -79,7 +79,7 @@ def test_what_the_states_alone_decide_is_not_stepped(monkeypatch):
     monkeypatch.setattr(fixes, "_variants", lambda s, gpu: [("checkpointing", s)])
     tiny = gpus.custom_gpu(1)
     monkeypatch.setattr(
-        "memorymark.backends.resolve.fit_policy",
+        "memorymark.backends.selection.fit_policy",
         lambda s, gpu: FitPolicy(capacity_bytes=states, margin_bytes=states // 2),
     )
     answer = fixes.what_would_fit(settings)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from memorymark import gpus
+from memorymark.backends import selection
 from memorymark.measurement import Measurement
 from memorymark.settings import Settings
 from memorymark.units import gib
@@ -186,10 +187,10 @@ def what_would_fit(settings: Settings, batch_1: Measurement | None = None) -> Fi
 
     `batch_1` is the sweep's own simulated step at batch 1 as configured, when it took one: it
     is not stepped again."""
-    from memorymark.backends.resolve import fit_policy, resolve_gpu
+    from memorymark.backends.resolve import resolve_gpu  # torch: only when nothing fits
 
     gpu = resolve_gpu(settings, "sim")
-    limit = fit_policy(settings, gpu).limit_bytes
+    limit = selection.fit_policy(settings, gpu).limit_bytes
     fixes = []
     for label, variant in _variants(settings, gpu):
         try:
@@ -213,7 +214,7 @@ def what_would_fit(settings: Settings, batch_1: Measurement | None = None) -> Fi
         if settings.precision in gpus.BF16_PRECISIONS and not bigger.supports_bf16:
             continue
         variant = replace(settings, gpu=bigger.name, gpu_memory_gib=None)
-        bigger_limit = fit_policy(variant, bigger).limit_bytes
+        bigger_limit = selection.fit_policy(variant, bigger).limit_bytes
         if states > bigger_limit:
             continue
         if bigger.compute_capability not in by_arch:

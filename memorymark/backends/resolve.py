@@ -20,7 +20,6 @@ from memorymark.accounting import throughput
 from memorymark.backends import selection
 from memorymark.backends.base import Backend
 from memorymark.backends.device import CpuBackend, DeviceBackend
-from memorymark.backends.selection import rank_gpu
 from memorymark.backends.sim import SimBackend
 from memorymark.cuda_rules import versions
 from memorymark.fit import FitPolicy
@@ -120,13 +119,6 @@ def resolve(
     rank sees it, and the fit policy on it."""
     name, ranked = selection.decide(settings, _TorchGPUs(cuda), gpu)
     return Resolution(settings, name, ranked, FitPolicy.on(settings, ranked), cuda)
-
-
-def fit_policy(settings: Settings, gpu: gpus.GPU) -> FitPolicy:
-    """The capacity (what the caching allocator can reserve on `gpu`, as one rank of the
-    settings' run sees it) and the margin the settings keep below it: what every verdict of a
-    run on `gpu` is judged against."""
-    return FitPolicy.on(settings, rank_gpu(settings, gpu))
 
 
 def simulated_backend(

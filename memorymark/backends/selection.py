@@ -14,6 +14,7 @@ from typing import Protocol
 
 from memorymark import gpus
 from memorymark.distributed import topology
+from memorymark.fit import FitPolicy
 from memorymark.settings import Settings
 
 
@@ -90,6 +91,12 @@ def rank_gpu(settings: Settings, gpu: gpus.GPU) -> gpus.GPU:
     if nccl >= gpu.total_bytes - gpu.context_bytes:
         raise ValueError(f"the {gpu.name} has no memory left once NCCL's buffers are taken")
     return gpu if nccl == gpu.nccl_bytes else replace(gpu, nccl_bytes=nccl)
+
+
+def fit_policy(settings: Settings, gpu: gpus.GPU) -> FitPolicy:
+    """The fit policy of a run of `settings` on `gpu` (a whole GPU, ranked here): what every
+    verdict of such a run is judged against."""
+    return FitPolicy.on(settings, rank_gpu(settings, gpu))
 
 
 def decide(

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from memorymark import limits
 from memorymark.models import config_checks
 
-# The tasks and the entry record live in model_entry, so that model_sources (entries for
-# configs outside the catalog) needs nothing from this module; re-exported for callers.
+# The tasks and the entry record live in entry.py, so that sources.py (entries for configs
+# outside the catalog) needs nothing from this module; the package re-exports them.
 from memorymark.models.entry import (
     CAUSAL_LM,
     DECODER_TASKS,
