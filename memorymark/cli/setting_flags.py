@@ -17,9 +17,8 @@ from typing import Any
 
 from memorymark.cli.arg_types import number, positive_whole_number, whole_number
 from memorymark.settings import Settings, field_help
-from memorymark.settings.choices import field_types
 from memorymark.settings.codecs import flag_of
-from memorymark.settings.sections import SECTIONS
+from memorymark.settings.sections import flat_types
 
 # Every field but `model` (a positional), in the order `--help` lists them: what is trained and
 # the loop (before `--protocol`, the shortcut for mode, loss and optimizer), where and how the
@@ -89,16 +88,11 @@ def _parse(name: str, kind: Any) -> Callable[[str], Any] | None:
 
 def _value_type(name: str) -> Any:
     """The field's type, without its `| None`."""
-    kind = _flat_types()[name]
+    kind = flat_types()[name]
     args = [a for a in typing.get_args(kind) if a is not type(None)]
     if type(None) in typing.get_args(kind) and len(args) == 1:
         return args[0]
     return kind
-
-
-@cache
-def _flat_types() -> dict[str, Any]:
-    return {name: kind for cls in SECTIONS.values() for name, kind in field_types(cls).items()}
 
 
 @cache

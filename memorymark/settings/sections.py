@@ -367,7 +367,7 @@ class Settings:
     @classmethod
     def from_query(cls, params: Mapping[str, str]) -> Settings:
         """Parse URL query parameters (strings); unknown keys are ignored, bad values raise."""
-        return cls(**codecs.parse_query(_flat_types(), params))
+        return cls(**codecs.parse_query(flat_types(), params))
 
     # Read-only flat views of the sections' fields: the names the CLI flags, URL query parameters
     # and JSON use, so code that only reads a setting need not know which section holds it.
@@ -424,8 +424,8 @@ _check_flat_views()
 
 
 @cache
-def _flat_types() -> dict[str, Any]:
-    """Each flat name's field type, for parsing query parameters."""
+def flat_types() -> dict[str, Any]:
+    """Each flat name's field type (query parameters and command-line flags parse by it)."""
     return {name: field_types(SECTIONS[s])[name] for name, s in _SECTION_OF.items()}
 
 
