@@ -4,8 +4,10 @@ The public API is the front door, `Session` (memorymark/engine.py), with the pla
 takes and returns: `Settings` (in sections: `Workload`, what is trained; `Hardware`, where;
 `Search`, how batch sizes are searched) and `Costs` say what to analyse; a Session measures one
 batch, streams a sweep, and returns a `Report` (the arithmetic: optimal and max batch, waste,
-speedup, the plan); a `Measurement` is one batch size's result. Importing the package loads no
-torch; a Session loads it when made. The engine never imports Streamlit.
+speedup, the plan); a `Measurement` is one batch size's result. A user's own training code,
+`Training(model=, batch=, step=, optimizer=)`, is sized by `Session(settings, training=job)`.
+Importing the package loads no torch; a Session loads it when made. The engine never imports
+Streamlit.
 
     >>> from memorymark import Session, Settings
     >>> Session(Settings(model="tiny-bert", seq_len=32, max_batch=16)).measure(8).fits
@@ -16,6 +18,7 @@ from memorymark.engine import Session
 from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.settings import Costs, Hardware, Search, Settings, Workload
+from memorymark.step.training import SimulationError, Training, simulating
 
 __all__ = [
     "Costs",
@@ -25,6 +28,9 @@ __all__ = [
     "Search",
     "Session",
     "Settings",
+    "SimulationError",
+    "Training",
     "Workload",
+    "simulating",
 ]
 __version__ = "0.1.0"

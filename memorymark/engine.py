@@ -48,6 +48,8 @@ from memorymark.search.seq_len import SeqLenAnswer, SeqLenMeasurer, search_cap
 from memorymark.search.strategies import STRATEGIES
 from memorymark.search.sweep import SweepLimits, sweep
 from memorymark.settings import Costs, Settings, check_model
+from memorymark.step import training as user_training
+from memorymark.step.training import Training
 
 if TYPE_CHECKING:
     from memorymark.backends.base import Backend
@@ -58,20 +60,39 @@ class Session:
 
     `cuda` is the device module real runs go through (`torch.cuda` unless a test passes a fake);
     `gpu` judges every verdict against another GPU than the settings name (calibrate's emulated
-    GPU on a capped real one).
+    GPU on a capped real one). `training` is the user's own training code
+    (`memorymark.Training`), sized instead of the catalog model the settings name: then the
+    settings say only where it runs and how to search.
     """
 
-    def __init__(self, settings: Settings, *, cuda: Any = None, gpu: GPU | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        cuda: Any = None,
+        gpu: GPU | None = None,
+        training: Training | None = None,
+    ) -> None:
+        if training is not None and not isinstance(training, Training):
+            raise ValueError(
+                f"training must be a memorymark.Training (got {type(training).__name__})"
+            )
+        self.training = training
+        """The user's own training code, or None for the catalog model the settings name."""
         # The model is resolved first (a `file:` config or the hub is read here, as Settings
         # validate with no I/O), so a model that cannot be read fails before torch loads.
-        self.model_entry: models.ModelEntry = check_model(settings)
-        """The model the settings name, resolved once."""
+        self.model_entry: models.ModelEntry | None = None
+        """The catalog model the settings name, resolved once (None for a training job)."""
+        if training is None:
+            self.model_entry = check_model(settings)
+        else:
+            user_training.check_settings(settings)
         # torch loads here, not when the front door is imported
         from memorymark.backends import resolve
 
         self.settings = settings
         self._cuda = cuda
-        self._resolution = resolve.resolve(settings, cuda, gpu)
+        self._resolution = resolve.resolve(settings, cuda, gpu, training)
         self.backend_name = self._resolution.backend_name
         """cuda, mps, sim or cpu."""
         self.gpu: GPU = self._resolution.gpu
@@ -149,9 +170,19 @@ class Session:
 
     def check_time_limit(self) -> None:
         """Refuse (ValueError, one line) a simulated model whose shortest sweep is estimated to
-        outlast the settings' time limit (memorymark/search/estimate.py)."""
-        if self.backend_name == "sim":
+        outlast the settings' time limit (memorymark/search/estimate.py). A user's training
+        has no estimate before it runs: the time limit stops its sweep instead."""
+        if self.backend_name == "sim" and self.model_entry is not None:
             estimate.check_time_limit(self.settings, self.model_entry)
+
+    def _catalog_entry(self, what: str) -> models.ModelEntry:
+        """The catalog model, for what only a catalog model can do yet (ValueError otherwise)."""
+        if self.model_entry is None:
+            raise ValueError(
+                f"{what} is for catalog models for now: a training job is sized by "
+                "analyze and measure"
+            )
+        return self.model_entry
 
     def resume(self, measurements: tuple[Measurement, ...], elapsed_seconds: float) -> None:
         """Take a finished sweep's measurements as this session's own, so `report` answers from
@@ -167,7 +198,7 @@ class Session:
         at batch `settings.current_batch`, on one backend whose model and optimizer state stay
         resident; the grid is `settings.seq_step` tokens up to the model's positions."""
         s = self.settings
-        cap = search_cap(s, self.model_entry.max_positions)
+        cap = search_cap(s, self._catalog_entry("a sequence-length search").max_positions)
         strategy = STRATEGIES[s.strategy](
             step=min(s.seq_step, cap),
             max_batch=cap,
@@ -190,7 +221,7 @@ class Session:
             settings=s,
             batch_size=s.current_batch,
             probes=tuple(self.seq_len_probes),
-            search_cap=search_cap(s, self.model_entry.max_positions),
+            search_cap=search_cap(s, self._catalog_entry("--find seq-len").max_positions),
             gpu_name=self.gpu.name,
             gpu_total_bytes=self.gpu.total_bytes,
             usable_bytes=self.gpu.usable_bytes,
@@ -223,6 +254,7 @@ class Session:
             stopped_by=self.stopped_by,
             torch_version=torch_version(),
             unverified_rules=versions.unverified_rules(),
+            training=self.training.label if self.training is not None else None,
             stamp=stamp(
                 backend=self.backend_name,
                 device=self.gpu.name,
@@ -235,7 +267,7 @@ class Session:
         if plan and report.optimal is not None:
             planned, probes = self._plan(report.optimal.batch_size, report.global_batch)
             report = replace(report, plan=planned, plan_probes=probes)
-        if fixes and self.measurements and report.optimal is None:
+        if fixes and self.measurements and report.optimal is None and self.training is None:
             answer = self.fixes()
             report = replace(
                 report, fixes=answer.fixes, batch_1_required_bytes=answer.required_bytes
@@ -266,7 +298,9 @@ class Session:
         """The plan for `target` (once per target): divisors of it are checked with
         accumulation on a backend of their own, since the sweep's steps did not accumulate."""
         accumulating = self.settings.grad_accum
-        if target is None:
+        if target is None or self.training is not None:
+            # A training job accumulates in its own step, which no setting can change: its
+            # plan is the batch it was measured at.
             plan = TrainingPlan(
                 micro_batch=optimal_batch, accumulation_steps=accumulating, target_batch=None
             )
@@ -295,6 +329,7 @@ class Session:
     def min_gpus(self, counts: tuple[int, ...] | None = None) -> GpuSearch:
         """The smallest GPU count (of `counts`, a cluster's by default: 1-8, then whole 8-GPU
         nodes up to 1024) on which batch 1 trains under these settings' strategy."""
+        self._catalog_entry("--gpus auto")
         if self.settings.dist == "none":
             raise ValueError("--gpus auto needs a distributed strategy (--dist)")
 
@@ -325,7 +360,7 @@ class Session:
         if self.settings.dist == "none":
             raise ValueError("scaling out needs a distributed strategy (--dist)")
         s = self.settings
-        params = models.parameter_count(self.model_entry, s.resolved_task)
+        params = models.parameter_count(self._catalog_entry("scaling out"), s.resolved_task)
         price = (costs or Costs()).usd_per_hour or self.gpu.usd_per_hour
 
         def analyze(settings: Settings) -> Report:
@@ -339,6 +374,7 @@ class Session:
     ) -> tuple[list[GpuFit], list[Measurement]]:
         """Each catalog GPU's answer for these settings (simulated), priced against this
         session's GPU, and every measurement it took."""
+        self._catalog_entry("comparing GPUs")
         return compare.compare_gpus(
             self.settings, costs, catalog or gpus.CATALOG, reference=self.gpu
         )
@@ -346,6 +382,7 @@ class Session:
     def proof(self, batch_size: int, *, sweeps: bool = False) -> Iterator[ProtocolResult]:
         """Forward-only, forward+backward, and the full step (eval and train) at `batch_size`,
         each as it lands (for live progress); with `sweeps`, each one's max batch too."""
+        self._catalog_entry("the backward-pass proof")
         for key, label, _ in PROTOCOLS:
             variant = protocol_settings(self.settings, key)
             m = Session(variant, cuda=self._cuda).measure(batch_size)

@@ -50,6 +50,21 @@ CATEGORIES: tuple[str, ...] = tuple(c.value for c in Category)
 """The categories' names, in the breakdown's order (the UI's and the JSON's keys)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ValueRead:
+    """One place the user's step read a tensor's value (`loss.item()`, `float(t)`, `bool(t)`),
+    which the simulation answered with zero: control flow after it followed that zero."""
+
+    file: str
+    line: int
+    op: str
+    """The source line that read it, as written."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: {file, line, op}."""
+        return {"file": self.file, "line": self.line, "op": self.op}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Breakdown:
     """Live bytes by kind at the moment of the peak."""
@@ -144,6 +159,8 @@ class Measurement:
     optimizer state paging to host memory (slower). None when not paged."""
     timeline: tuple[int, ...] = field(default=(), repr=False, compare=False)
     """Live bytes after each operator of the step: what the fast strategy extrapolates."""
+    value_reads: tuple[ValueRead, ...] = ()
+    """Where a user's step read a tensor value the simulation answered with zero."""
 
     @property
     def held_back(self) -> str | None:
@@ -199,6 +216,7 @@ class Measurement:
             "quantized_weight_bytes": self.quantized_weight_bytes,
             "paged_bytes": self.paged_bytes,
             "pages_to_host": self.pages_to_host,
+            "value_reads": [read.to_dict() for read in self.value_reads],
         }
 
 

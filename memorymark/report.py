@@ -23,7 +23,7 @@ from memorymark.analyses.fixes import Fix
 from memorymark.environment import Stamp
 from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
-from memorymark.measurement import Measurement, memory_source
+from memorymark.measurement import Measurement, ValueRead, memory_source
 from memorymark.search.plan import TrainingPlan
 from memorymark.search.sweep import best_fit
 from memorymark.settings import Costs, Settings
@@ -72,6 +72,23 @@ class Report:
     """Versions, backend, device and the time the analysis ended (memorymark/environment.py)."""
     gpu_search: GpuSearch | None = None
     """`--gpus auto`: the smallest GPU count that trains batch 1, and the counts tried."""
+    training: str | None = None
+    """The name of the user's own training code that was sized (`memorymark.Training`), or
+    None for the catalog model the settings name."""
+
+    @property
+    def model_name(self) -> str:
+        """What was sized: the user's training, or the settings' catalog model."""
+        return self.training or self.settings.model
+
+    @property
+    def value_reads(self) -> tuple[ValueRead, ...]:
+        """Each place the step read a tensor value the simulation answered with zero (control
+        flow after it followed that zero), once, in the order first seen."""
+        seen: dict[ValueRead, None] = {}
+        for m in (*self.measurements, *self.plan_probes):
+            seen.update(dict.fromkeys(m.value_reads))
+        return tuple(seen)
 
     # -- many GPUs ---------------------------------------------------------------------------------
     @property

@@ -24,12 +24,14 @@ from torch import nn
 from memorymark.accounting import allocator, throughput
 from memorymark.accounting.throughput import Roofline, WorkCounter
 from memorymark.accounting.tracker import MemoryTracker
+from memorymark.backends import user_code
 from memorymark.backends.oom import StepError, is_oom
 from memorymark.fit import FitPolicy
 from memorymark.limits import MAX_ERROR_CHARS, one_line
-from memorymark.measurement import Category, Measurement
+from memorymark.measurement import Category, Measurement, ValueRead
 from memorymark.step import paging, quantization
 from memorymark.step.protocol import Phase, TrainingStep
+from memorymark.step.training import SimulationError
 from memorymark.units import size_text
 
 LOOP_STEPS = 2
@@ -94,8 +96,20 @@ class Backend:
         return contextlib.nullcontext()
 
     def _build_model(self) -> nn.Module:
-        with torch.device(self.device):
+        with torch.device(self.device), self._user_code(self.device):
             return self.training_step.build_model()
+
+    def _user_code(self, host: str) -> contextlib.AbstractContextManager[object]:
+        """Around a user's code on this machine: its `cuda` calls run on `host` (the `cpu` and
+        simulated backends; a real GPU runs them as written)."""
+        if self.training_step.user_code and not self.measured:
+            return user_code.on_host(host)
+        return contextlib.nullcontext()
+
+    def _value_reads(self) -> tuple[ValueRead, ...]:
+        """The places the step read a tensor's value that had none (fake tensors), since the
+        last call."""
+        return ()
 
     def _reset_device_peak(self) -> None:
         """Start the device's own peak counters afresh (CUDA); nothing for tracked backends."""
@@ -161,6 +175,8 @@ class Backend:
             device = self._device_peak(), self._device_stats()
             seconds = self._time_steps(batch_size)
         except Exception as exc:  # everything that is not an OOM is re-raised below
+            if isinstance(exc, SimulationError):
+                raise  # one line naming the user's code already
             if isinstance(exc, ValueError) and self._tracker is None:
                 raise  # the settings cannot build this model (LoRA targets, checkpointing...)
             if not is_oom(exc):
@@ -310,6 +326,7 @@ class Backend:
             measured=self.measured,
             error=error or note,
             timeline=tuple(tracker.timeline) if traced and tracker is not None else (),
+            value_reads=self._value_reads(),
         )
 
     def _paged_bytes(self, tracker: MemoryTracker | None) -> int | None:

@@ -9,6 +9,7 @@ anything is shown.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from memorymark.accounting import throughput
@@ -107,3 +108,6 @@ class CpuBackend(Backend):
             budget_bytes=policy.capacity_bytes,
             resident_allocations=resident_allocations,
         )
+
+    def _step_context(self) -> contextlib.AbstractContextManager[object]:
+        return self._user_code(self.device)

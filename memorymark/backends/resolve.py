@@ -25,6 +25,9 @@ from memorymark.cuda_rules import versions
 from memorymark.fit import FitPolicy
 from memorymark.settings import Settings
 from memorymark.step.catalog import CatalogStep
+from memorymark.step.protocol import TrainingStep
+from memorymark.step.training import Training
+from memorymark.step.user import UserStep
 from memorymark.units import GIB
 
 
@@ -101,32 +104,48 @@ class Resolution:
     policy: FitPolicy
     cuda: ModuleType | None = None
     """The CUDA device module real runs go through (`torch.cuda` unless a test passes a fake)."""
+    training: Training | None = None
+    """The user's own training code, when it is what runs (else the step the settings say)."""
 
     def open_backend(self, settings: Settings | None = None) -> Backend:
         """A fresh backend for `settings` (these by default: a variant such as the accumulation
         check's keeps this GPU and policy) on this resolution's GPU and policy."""
         s = settings or self.settings
+        step = training_step(s, self.training)
         if self.backend_name in ("sim", "cpu"):
-            return simulated_backend(s, self.gpu, self.policy, self.backend_name)
-        return device_backend(s, self.policy, self.backend_name, self.cuda)
+            return simulated_backend(s, self.gpu, self.policy, self.backend_name, step)
+        return device_backend(s, self.policy, self.backend_name, self.cuda, step)
+
+
+def training_step(settings: Settings, training: Training | None = None) -> TrainingStep:
+    """The step that runs: the user's `training`, or the catalog's step for `settings`."""
+    return CatalogStep(settings) if training is None else UserStep(training, settings)
 
 
 def resolve(
-    settings: Settings, cuda: ModuleType | None = None, gpu: gpus.GPU | None = None
+    settings: Settings,
+    cuda: ModuleType | None = None,
+    gpu: gpus.GPU | None = None,
+    training: Training | None = None,
 ) -> Resolution:
     """Resolve `settings` once: the backend `auto` means here, the GPU (the one they name or
     this machine's; `gpu` judges against another, such as calibrate's emulated GPU) as one
-    rank sees it, and the fit policy on it."""
+    rank sees it, and the fit policy on it. `training` is the user's code, when it runs."""
     name, ranked = selection.decide(settings, _TorchGPUs(cuda), gpu)
-    return Resolution(settings, name, ranked, FitPolicy.on(settings, ranked), cuda)
+    return Resolution(settings, name, ranked, FitPolicy.on(settings, ranked), cuda, training)
 
 
 def simulated_backend(
-    settings: Settings, gpu: gpus.GPU, policy: FitPolicy, name: str = "sim"
+    settings: Settings,
+    gpu: gpus.GPU,
+    policy: FitPolicy,
+    name: str = "sim",
+    step: TrainingStep | None = None,
 ) -> Backend:
     """A `sim` (fake tensors) or `cpu` (real CPU kernels) backend answering for `gpu` (as one
-    rank sees it), judged by `policy`."""
-    step = CatalogStep(settings)
+    rank sees it), judged by `policy`, running `step` (the catalog's for `settings` unless
+    given)."""
+    step = step or CatalogStep(settings)
     limits = {
         "policy": policy,
         "resident_allocations": gpus.workspace_allocations(
@@ -164,14 +183,19 @@ def _ranked(kind: type[Backend], settings: Settings, device: str) -> Any:
 
 
 def device_backend(
-    settings: Settings, policy: FitPolicy, name: str, cuda: ModuleType | None = None
+    settings: Settings,
+    policy: FitPolicy,
+    name: str,
+    cuda: ModuleType | None = None,
+    step: TrainingStep | None = None,
 ) -> DeviceBackend:
     """A real-device backend (`cuda`, through the `cuda` module, or `mps`) judged by `policy`:
-    the detected GPU's, or that of the one a capped process emulates (calibrate)."""
+    the detected GPU's, or that of the one a capped process emulates (calibrate); it runs
+    `step` (the catalog's for `settings` unless given)."""
     module = _cuda(cuda) if name == "cuda" else torch.mps
     kind = DeviceBackend if settings.dist == "none" else _ranked(DeviceBackend, settings, name)
     return kind(
-        CatalogStep(settings),
+        step or CatalogStep(settings),
         policy=policy,
         name=name,
         device_module=module,

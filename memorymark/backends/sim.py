@@ -35,11 +35,15 @@ from memorymark import cuda_rules, gpus
 from memorymark.accounting.throughput import Roofline, WorkCounter
 from memorymark.accounting.tracker import MemoryTracker, Segment
 from memorymark.backends.base import PHASE_CATEGORY, Backend
+from memorymark.backends.user_code import ReadingFakeMode
 from memorymark.cuda_rules.scoped_patch import ScopedPatch
 from memorymark.fit import FitPolicy
+from memorymark.measurement import ValueRead
 from memorymark.settings import Settings
 from memorymark.step import liger
 from memorymark.step.protocol import Phase, TrainingStep
+from memorymark.step.training import simulation_scope
+from memorymark.step.user import each_optimizer
 
 
 def to_fake(module: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
@@ -176,14 +180,16 @@ class SimBackend(Backend):
             policy=policy,
             resident_allocations=resident_allocations,
         )
-        self._fake_mode = FakeTensorMode()
+        # A user's code may hold real tensors and read values: a mode that answers for them.
+        user = training_step.user_code
+        self._fake_mode = ReadingFakeMode() if user else FakeTensorMode()
         self.compute_capability = target_capability(training_step.settings, gpu)
         """(major, minor) of the GPU whose kernel choices the step imitates."""
         self.cuda_rules = cuda_rules
         """Apply `cuda_rules` (True) or keep CPU's kernels, as the `cpu` backend does (False)."""
         self.reuse_optimizer_step = (
             _reuse_by_default() if reuse_optimizer_step is None else reuse_optimizer_step
-        )
+        ) and not user  # a user's step calls its optimizers itself, never `run_optimizer`
         """Run the optimizer phase once and splice its record into later probes (True), or run
         it at every probe (False); set it before the first probe. None: on unless
         MEMORYMARK_REUSE_OPTIMIZER_STEP=0."""
@@ -195,6 +201,8 @@ class SimBackend(Backend):
     @contextlib.contextmanager
     def _step_context(self) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(simulation_scope())
+            stack.enter_context(self._user_code("cpu"))
             stack.enter_context(self._fake_mode)
             for patch in _valueless_patches():
                 stack.enter_context(patch.active())
@@ -205,11 +213,23 @@ class SimBackend(Backend):
             yield
 
     def _build_model(self) -> nn.Module:
-        with torch.device("meta"):
+        with torch.device("meta"), simulation_scope(), self._user_code("meta"):
             model = self.training_step.build_model(emulate_kernels=True)
         if self.training_step.settings.kernels == "liger":
             self._kernel_patches = liger.rope_patches(model)
         return to_fake(model, self._fake_mode)
+
+    def _build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
+        optimizer = super()._build_optimizer(model)
+        if self.cuda_rules:
+            for one in each_optimizer(optimizer):
+                cuda_rules.default_to_foreach(one)
+        return optimizer
+
+    def _value_reads(self) -> tuple[ValueRead, ...]:
+        if isinstance(self._fake_mode, ReadingFakeMode):
+            return self._fake_mode.take_reads()
+        return ()
 
     def _prime(
         self, model: nn.Module, optimizer: torch.optim.Optimizer | None, tracker: MemoryTracker

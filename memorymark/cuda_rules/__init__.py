@@ -67,6 +67,23 @@ def optimizer_kwargs(name: str) -> dict[str, Any]:
     raise ValueError(f"no CUDA rule for optimizer {name!r}")
 
 
+def default_to_foreach(optimizer: torch.optim.Optimizer) -> None:
+    """Give `optimizer` the implementation CUDA would pick for it where its user left the
+    choice to PyTorch (`foreach=None`, not fused, not differentiable): foreach, as
+    torch/optim/optimizer.py `_default_to_fused_or_foreach` picks for CUDA tensors. Fake CPU
+    tensors would get the for-loop kernels, whose temporaries are one parameter at a time.
+    Optimizers without a foreach implementation (no `foreach` default) are left as they are."""
+    if "foreach" not in optimizer.defaults:
+        return
+    for group in optimizer.param_groups:
+        if (
+            group.get("foreach") is None
+            and not group.get("fused")
+            and not group.get("differentiable")
+        ):
+            group["foreach"] = True
+
+
 def parameter_dtype(precision: str) -> torch.dtype | None:
     """The dtype `precision` stores weights, buffers and optimizer state in (None: keep fp32)."""
     return PARAMETER_DTYPES.get(precision)

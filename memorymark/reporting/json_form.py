@@ -32,8 +32,10 @@ def report_to_dict(r: Report) -> dict[str, Any]:
     optimal, current, maximum = r.optimal, r.current, r.max_fit
     breakdown: Breakdown | None = optimal.breakdown if optimal else None
     return {
-        "model_name": r.settings.model,
-        "model_display_name": models.find_model(r.settings.model).display_name,
+        "model_name": r.model_name,
+        "model_display_name": r.training or models.find_model(r.settings.model).display_name,
+        "training": r.training is not None,
+        "value_reads": [read.to_dict() for read in r.value_reads],
         "device": r.backend,
         "gpu_name": r.gpu.name,
         "gpu_total_gb": gib(r.gpu.total_bytes),
@@ -77,7 +79,8 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "torch_version": r.torch_version,
         "rules_unverified": list(r.unverified_rules),
         "rules_note": r.rules_note,
-        "settings": r.settings.to_dict(),
+        # A training job's model is its own code's, not the settings' default one.
+        "settings": {**r.settings.to_dict(), **({"model": None} if r.training else {})},
         "costs": r.costs.to_dict(),
         "environment": r.stamp.to_dict() if r.stamp else None,
     }

@@ -94,6 +94,14 @@ def _answer(d: dict[str, Any], r: Report) -> list[str]:
 
 def _settings(r: Report) -> list[str]:
     s = r.settings
+    if r.training is not None:
+        # The job's own code says its model, precision and optimizer: only where and how.
+        rows = [
+            ("Training", f"{escape(r.training)} (your own code)"),
+            ("GPU", f"{escape(r.gpu.name)} ({r.backend}: memory {r.memory_source})"),
+            ("Search", f"{s.strategy}, step {s.step}, up to batch {s.max_batch}"),
+        ]
+        return ["| Setting | Value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
     text_model = s.resolved_task != "image-classification"
     size = f"seq len {s.seq_len}" if text_model else f"image {s.image_size} px"
     rows = [
@@ -146,7 +154,7 @@ def report_markdown(r: Report, data: dict[str, Any] | None = None) -> str:
     how = "timed on the GPU" if rate == "measured" else "from FLOPs and bytes"
     rate_note = f" Throughput is {rate} ({how})." if rate else ""
     parts = [
-        f"## MemoryMark: {escape(r.settings.model)} on {escape(r.gpu.name)} ({r.memory_source})",
+        f"## MemoryMark: {escape(r.model_name)} on {escape(r.gpu.name)} ({r.memory_source})",
         "",
         f"**{escape(r.verdict())}**",
         "",
@@ -165,13 +173,38 @@ def report_markdown(r: Report, data: dict[str, Any] | None = None) -> str:
         "",
         *_probes(d),
         "",
+        *_value_reads(r),
         "### Environment",
         "",
         _environment(d),
         "",
         "### Reproduce",
         "",
-        _fence(r.settings.to_command_line()),
+        _fence(reproduce_line(r)),
         "",
     ]
     return "\n".join(parts)
+
+
+def reproduce_line(r: Report) -> str:
+    """The command line that runs this analysis again (a training job's file is the user's to
+    name: the report does not know where it lives)."""
+    line = r.settings.to_command_line()
+    if r.training is None:
+        return line
+    head = f"memorymark analyze {r.settings.model}"
+    return "memorymark analyze --training FILE.py:FUNCTION" + line[len(head) :]
+
+
+def _value_reads(r: Report) -> list[str]:
+    if not r.value_reads:
+        return []
+    lines = [
+        "### Values read",
+        "",
+        "The step read these tensor values; fake tensors have none, so each read was 0 and "
+        "control flow after it followed that 0.",
+        "",
+    ]
+    lines += [f"- `{escape(v.file)}:{v.line}`: `{v.op}`" for v in r.value_reads]
+    return [*lines, ""]

@@ -18,7 +18,7 @@ import contextlib
 import weakref
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -41,6 +41,8 @@ class CatalogStep:
     catalog's implementation of `memorymark.step.protocol.TrainingStep`."""
 
     settings: Settings
+    user_code: ClassVar[bool] = False
+    """MemoryMark wrote this step: it reads no values and names no device."""
 
     @property
     def entry(self) -> models.ModelEntry:

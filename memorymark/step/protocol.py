@@ -61,14 +61,19 @@ class TrainingStep(Protocol):
     """
 
     settings: Settings
+    user_code: bool
+    """True when the step runs code MemoryMark did not write (`memorymark.Training`): the
+    backends then answer its value reads and map its `cuda` devices onto theirs."""
 
     def build_model(self, *, emulate_kernels: bool = False) -> nn.Module:
         """The model with random weights on the current default device. `emulate_kernels`
         (the simulation) stands in for CUDA-only kernels with what they allocate."""
         ...
 
-    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
-        """The optimizer over the parameters that train, or None for a forward-only step."""
+    def build_optimizer(self, model: nn.Module) -> Any:
+        """The optimizer over the parameters that train (an `Optimizer`, or an object with
+        `state`, `step()` and `zero_grad()` standing for several), or None for a forward-only
+        step."""
         ...
 
     def make_batch(self, batch_size: int, device: torch.device | str) -> Any:
