@@ -10,8 +10,10 @@ nor how an answer reads (`render`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +23,15 @@ from memorymark.calibration import record
 from memorymark.calibration import run as calibration
 from memorymark.calibration.run import NoGpuError
 from memorymark.cli import render
+from memorymark.cli.training_file import load_training
 from memorymark.engine import Session
+from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.reporting import exports
 from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.snippets import snippet
 from memorymark.settings import Costs, Settings
+from memorymark.step.training import Training
 
 __all__ = ["NoGpuError", "StepError", "run"]
 
@@ -45,31 +50,40 @@ def run(args: argparse.Namespace, settings: Settings | None) -> int:
         # Under torchrun every rank sweeps in lock-step (memorymark/backends/torchrun.py); rank 0
         # speaks.
         sys.stdout = open(os.devnull, "w")  # kept for the process's life
+    training = load_training(args.training) if getattr(args, "training", None) else None
     if args.command == "measure":
-        m = Session(settings).measure(args.batch_size)
+        with _user_output(training):
+            m = Session(settings, training=training).measure(args.batch_size)
         if args.json:
             render.print_json(m.to_dict())
         else:
             render.print_measurement(m)
         return 0
     if args.command == "validate-backward":
-        proof = Session(settings).prove_backward(args.batch_size, sweeps=args.sweeps)
+        proof = Session(settings, training=training).prove_backward(
+            args.batch_size, sweeps=args.sweeps
+        )
         if args.json:
             render.print_json(proof.to_dict())
         else:
             render.print_proof(proof)
         return 0
-    return _analyze(args, settings)
+    return _analyze(args, settings, training)
 
 
-def _analyze(args: argparse.Namespace, settings: Settings) -> int:
+def _analyze(args: argparse.Namespace, settings: Settings, training: Training | None) -> int:
     if settings.find == "seq-len":
         return _find_seq_len(args, settings)
     fmt = "json" if args.json else (args.format or "text")
     costs = Costs(
         usd_per_hour=args.price, hours_per_run=args.hours_per_run, runs_per_year=args.runs_per_year
     )
-    session = Session(settings)
+    if training is not None and fmt in ("hf", "lightning", "torch"):
+        raise ValueError(
+            f"--format {fmt} writes settings for a catalog model; a training job's answer is "
+            "its report (text, json or markdown)"
+        )
+    session = Session(settings, training=training)
     session.check_time_limit()  # before the header: a refusal is the only line printed
     talk = fmt == "text"
     if settings.gpu_count is None:
@@ -81,15 +95,19 @@ def _analyze(args: argparse.Namespace, settings: Settings) -> int:
         s = session.settings
         ranks = "" if s.dist == "none" else render.ranks_text(s)
         gpu, backend, source = session.gpu, session.backend_name, session.memory_source
-        print(render.header_line(settings.model, gpu, backend, source, ranks))
-    for m in session.stream():
+        subject = training.label if training is not None else settings.model
+        print(render.header_line(subject, gpu, backend, source, ranks))
+    for m in _quietly(session.stream(), training):
         if talk:
             print(render.probe_line(m, session.gpu.usable_bytes), flush=True)
     # Under torchrun the ways out would be simulated, which needs a process group of its own.
-    report = session.report(costs, fixes="RANK" not in os.environ)
+    with _user_output(training):
+        report = session.report(costs, fixes="RANK" not in os.environ)
     data = report_to_dict(report)  # once: printed and saved alike
     # Under torchrun every rank has the same report: rank 0 alone saves it, as it alone prints.
-    saved = None if args.no_save or os.environ.get("RANK", "0") != "0" else _save(report, data)
+    # A training job's code is not in the history, so its run could not be shown again there.
+    unsaved = args.no_save or training is not None or os.environ.get("RANK", "0") != "0"
+    saved = None if unsaved else _save(report, data)
     if fmt == "json":
         render.print_json(data)
     elif fmt == "text":
@@ -105,6 +123,25 @@ def _analyze(args: argparse.Namespace, settings: Settings) -> int:
             raise ValueError(f"there are no {fmt} settings to print: {reason}")
         print(snippet(fmt, settings, report.plan), end="")
     return 0
+
+
+def _user_output(training: Training | None) -> contextlib.AbstractContextManager[object]:
+    """While a user's step runs, what it prints (its loss, every step) goes to stderr: stdout
+    holds the answer alone, so `--json` stays one object."""
+    if training is None:
+        return contextlib.nullcontext()
+    return contextlib.redirect_stdout(sys.stderr)
+
+
+def _quietly(probes: Iterator[Measurement], training: Training | None) -> Iterator[Measurement]:
+    """`probes`, each computed under `_user_output`, printed between them as usual."""
+    with contextlib.closing(probes):  # type: ignore[type-var]
+        while True:
+            with _user_output(training):
+                m = next(probes, None)
+            if m is None:
+                return
+            yield m
 
 
 def _save(report: Report, data: dict[str, Any]) -> int | None:

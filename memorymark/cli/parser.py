@@ -40,6 +40,12 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config-file", metavar="PATH", help="any transformers config.json (instead of MODEL)"
     )
+    p.add_argument(
+        "--training",
+        metavar="FILE.py:FUNCTION",
+        help="your own training code instead of MODEL: FUNCTION() returns a "
+        "memorymark.Training (model, batch, step, optimizer); see the README's 'Your own code'",
+    )
     setting_flags.add_setting_flags(p, setting_flags.TRAINING_FLAGS)
     p.add_argument(
         "--protocol",
@@ -172,7 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _model_spec(args: argparse.Namespace) -> str:
+def _model_spec(args: argparse.Namespace) -> str | None:
+    if getattr(args, "training", None):
+        if args.model or args.config_file:
+            raise ValueError("give either MODEL, --config-file or --training, not two")
+        return None  # the training job's own code says the model
     if args.config_file and args.model:
         raise ValueError("give either MODEL or --config-file, not both")
     if args.config_file:
@@ -186,7 +196,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     """The Settings that parsed flags describe (validation errors raise ValueError): each
     setting's flag stores under the field's own name (memorymark/cli/setting_flags.py)."""
     given = {n: getattr(args, n) for n in FIELD_NAMES if n != "model" and hasattr(args, n)}
-    settings = Settings(model=_model_spec(args), **given)
+    model = _model_spec(args)
+    settings = Settings(**given) if model is None else Settings(model=model, **given)
     return settings.with_protocol(args.protocol) if args.protocol else settings
 
 

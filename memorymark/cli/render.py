@@ -14,7 +14,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from memorymark.measurement import Measurement, memory_source
+from memorymark.measurement import Measurement, ValueRead, memory_source
 from memorymark.report import Report
 from memorymark.reporting import exports
 from memorymark.settings import Settings
@@ -117,6 +117,14 @@ def print_measurement(m: Measurement) -> None:
         print(f"  {line}")
     if m.error:
         print(f"  {m.error}")
+    _print_value_reads(m.value_reads)
+
+
+def _print_value_reads(reads: tuple[ValueRead, ...]) -> None:
+    """Where a user's step read a value the simulation answered with zero (control flow after
+    it followed that zero)."""
+    for read in reads:
+        print(f"  value read as 0 (simulated): {read.file}:{read.line}  {read.op}")
 
 
 def print_proof(proof: BackwardProof) -> None:
@@ -154,6 +162,7 @@ def print_report(r: Report, d: dict[str, Any]) -> None:
         print(f"  note: {r.rules_note}")
     if r.optimal is None:
         print(f"  usable memory        {d['usable_gb']} GiB, less a {d['margin_gb']} GiB margin")
+        _print_value_reads(r.value_reads)
         _print_plan_and_fixes(r)
         return
     for line in _weight_and_paging_lines(r.optimal):
@@ -184,6 +193,7 @@ def print_report(r: Report, d: dict[str, Any]) -> None:
             f" {r.costs.hours_per_run:g} h/run, {r.costs.runs_per_year:g} runs/year"
         )
     print(f"  {d['probes']} probes in {d['elapsed_seconds']:.1f} s")
+    _print_value_reads(r.value_reads)
     _print_distributed(r, d["distributed"])
     _print_plan_and_fixes(r)
 
