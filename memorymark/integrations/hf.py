@@ -18,8 +18,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-import itertools
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +27,7 @@ from accelerate.utils import convert_to_fp32
 from torch import nn
 
 from memorymark import Report, Session, Settings
+from memorymark.integrations import hf_batches, hf_loop
 from memorymark.step.training import Training
 from memorymark.step.user import copy_module
 
@@ -118,8 +117,8 @@ def as_training(
     accumulation = accumulation or trainer.args.gradient_accumulation_steps
     return Training(
         model=lambda: _model_copy(trainer),
-        batch=_batches(trainer, scan_samples),
-        step=_step(trainer, accumulation),
+        batch=hf_batches.batches(trainer, scan_samples),
+        step=hf_loop.step(trainer, accumulation),
         optimizer=lambda model: _optimizer(trainer, model),
         name=type(trainer.model).__name__,
         optimizer_takes="model",
@@ -234,114 +233,6 @@ def _rebuild(optimizer: torch.optim.Optimizer, source: nn.Module, model: nn.Modu
     return type(optimizer)(groups, **defaults)
 
 
-# -- the batch: the collator over the longest samples --------------------------------------------
-def _batches(trainer: transformers.Trainer, scan_samples: int) -> Callable[[int], Any]:
-    """batch(N): the Trainer's collator (with its unused-column removal) over the N longest of
-    the first `scan_samples` samples, repeated when there are fewer than N."""
-    view = copy.copy(trainer)  # the column removal caches the model's signature on `self`
-    dataset, collate = trainer.train_dataset, trainer.data_collator
-    if hasattr(dataset, "column_names") and hasattr(view, "_remove_unused_columns"):
-        dataset = view._remove_unused_columns(dataset, description="training")
-    elif hasattr(view, "_get_collator_with_removed_columns"):
-        collate = view._get_collator_with_removed_columns(collate, description="training")
-    samples = sorted(_first(dataset, scan_samples), key=_length, reverse=True)
-    if not samples:
-        raise ValueError("the Trainer's train_dataset is empty: give it the samples it trains on")
-
-    def batch(batch_size: int) -> Any:
-        collated = collate([samples[i % len(samples)] for i in range(batch_size)])
-        # a plain dict: collators return BatchEncoding (a UserDict), and compute_loss may pop
-        # from what it is given
-        return dict(collated) if isinstance(collated, Mapping) else collated
-
-    return batch
-
-
-def _first(dataset: Any, count: int) -> list[Any]:
-    """The first `count` samples: by index when the dataset has a length, else as a stream."""
-    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
-        return list(itertools.islice(iter(dataset), count))
-    return [dataset[i] for i in range(min(len(dataset), count))]
-
-
-def _length(value: Any) -> int:
-    """Elements of a sample's sequences (token ids, masks, labels, pixels); text and numbers
-    count none, as the collator pads what the model takes."""
-    if isinstance(value, Mapping):
-        return sum(_length(v) for v in value.values())
-    if isinstance(value, torch.Tensor):
-        return value.numel()
-    if hasattr(value, "shape") and isinstance(getattr(value, "size", None), int):
-        return int(value.size)  # a numpy array
-    if isinstance(value, (list, tuple)):
-        return sum(max(_length(v), 1) for v in value) if _nested(value) else len(value)
-    return 0
-
-
-def _nested(value: Iterable[Any]) -> bool:
-    return any(isinstance(v, (list, tuple, Mapping, torch.Tensor)) for v in value)
-
-
-# -- the step: Trainer.training_step, accumulated, then the optimizer step ------------------------
-def _step(trainer: transformers.Trainer, accumulation: int) -> Callable[[Any, Any, Any], None]:
-    """One optimizer step as `Trainer.train()` runs it: each micro-batch through
-    `trainer.compute_loss`, the loss divided by the accumulation unless already scaled for it,
-    backward (through a GradScaler for fp16), clipping at `max_grad_norm`, the optimizer step,
-    and the gradients freed. Two micro-batches stand for any accumulation: from the second on,
-    each runs with the gradients already held, so the peak repeats."""
-    args = trainer.args
-    micro_batches = min(accumulation, 2)
-
-    def step(model: nn.Module, batch: Any, optimizer: Any) -> None:
-        model.train()
-        if callable(getattr(optimizer, "train", None)):
-            optimizer.train()  # schedule-free optimizers, as training_step does
-        scaler = torch.amp.GradScaler("cuda") if args.fp16 else None
-        items = _items_in_batch(trainer, batch, accumulation)
-        for _ in range(micro_batches):
-            inputs = dict(batch) if isinstance(batch, Mapping) else batch
-            loss = trainer.compute_loss(model, inputs, num_items_in_batch=items)
-            if not _loss_scaled_for_accumulation(trainer, items):
-                loss = loss / accumulation
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-        if args.max_grad_norm is not None and args.max_grad_norm > 0:
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        model.zero_grad(set_to_none=True)
-
-    return step
-
-
-def _items_in_batch(trainer: transformers.Trainer, batch: Any, accumulation: int) -> Any:
-    """The label count Trainer passes to compute_loss when the model or `compute_loss_func`
-    takes it (`Trainer._get_num_items_in_batch`), over every micro-batch; else None."""
-    takes_it = getattr(trainer, "model_accepts_loss_kwargs", False) or (
-        getattr(trainer, "compute_loss_func", None) is not None
-    )
-    if not takes_it or not isinstance(batch, Mapping) or "labels" not in batch:
-        return None
-    labels = batch["labels"]
-    return labels.ne(-100).sum() * accumulation if isinstance(labels, torch.Tensor) else None
-
-
-def _loss_scaled_for_accumulation(trainer: transformers.Trainer, items: Any) -> bool:
-    """Whether compute_loss already scaled the loss for accumulation (training_step's test)."""
-    declared = getattr(trainer, "loss_is_scaled_for_ga", None)
-    if declared is not None:
-        return bool(declared)
-    accepts = getattr(trainer, "model_accepts_loss_kwargs", False)
-    return (
-        bool(accepts and items is not None)
-        or getattr(trainer, "compute_loss_func", None) is not None
-    )
-
-
 # -- the answer: per-device batch x accumulation for the arguments' global batch -----------------
 def _plan(
     report: Report, training: Training, trainer: transformers.Trainer, settings: Settings
@@ -363,7 +254,7 @@ def _plan(
         if accumulation == 1 or swept_accumulates:
             return per_device, accumulation
         if checked is None:
-            accumulated = dataclasses.replace(training, step=_step(trainer, accumulation))
+            accumulated = dataclasses.replace(training, step=hf_loop.step(trainer, accumulation))
             checked = Session(settings, training=accumulated)
         if checked.measure(per_device).fits:
             return per_device, accumulation
