@@ -459,3 +459,40 @@ def test_the_example_training_file_sizes_from_the_cli():
     data = json.loads(proc.stdout)
     assert data["success"] and data["peak_bytes"] < 16 * GIB
     assert data["value_reads"] and data["value_reads"][0]["line"] > 0
+
+
+def test_a_job_on_a_real_device_runs_its_step_as_written_and_reads_the_devices_peak():
+    from types import SimpleNamespace
+
+    from memorymark.backends.device import DeviceBackend
+    from memorymark.fit import FitPolicy
+    from memorymark.step.user import UserStep
+
+    # torch.cuda's memory API on CPU: the real-device path's logic, with no GPU.
+    cuda = SimpleNamespace(
+        reset_peak_memory_stats=lambda: None,
+        max_memory_allocated=lambda: 1234,
+        max_memory_reserved=lambda: 4096,
+        memory_stats=lambda: {"num_alloc_retries": 0, "num_ooms": 0},
+        synchronize=lambda: None,
+        empty_cache=lambda: None,
+    )
+    steps = []
+
+    def step(model, batch, optimizer):
+        steps.append(mm.simulating())
+        logging_step(model, batch, optimizer)
+
+    job = mm.Training(model=TinyCNN, batch=cnn_batch, step=step, optimizer=adamw)
+    backend = DeviceBackend(
+        UserStep(job, mm.Settings()),
+        policy=FitPolicy(capacity_bytes=GIB),
+        name="cpu",
+        device_module=cuda,
+        peak_stats=True,
+        timed_steps=2,
+    )
+    m = backend.measure(4)
+    assert (m.peak_bytes, m.reserved_bytes, m.measured, m.fits) == (1234, 4096, True, True)
+    assert m.throughput_source == "measured" and m.value_reads == ()
+    assert steps == [False] * (1 + 1 + 2)  # the tracked step, a warm-up, two timed steps
