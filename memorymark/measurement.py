@@ -114,9 +114,19 @@ class Measurement:
     """Simulated: peak allocated bytes as CUDA would report them (512-byte rounded blocks), from
     the allocator model; None when measured."""
     predicted_reserved_bytes: int | None = None
-    """Simulated: peak bytes the caching allocator would reserve in a fresh process (weights and
-    optimizer state first, then this step), from the allocator model; for an OOM the allocator
-    model found, the reserved bytes its failing cudaMalloc needed. None when measured."""
+    """Simulated: peak bytes the caching allocator would reserve at step 1 of a fresh process
+    (weights and optimizer state first, the cache emptied, then this step), from the allocator
+    model: what a first-step measurement reports. For an OOM, replayed with no limit. None
+    when measured."""
+    loop_reserved_bytes: int | None = None
+    """Simulated: the reserved peak of the whole training loop replayed (every step until the
+    allocator's segments stop changing), which the verdict reads; `predicted_reserved_bytes`
+    is step 1's. None when measured."""
+    predicted_retries: tuple[int, ...] | None = None
+    """Simulated: the allocation retries of each loop step replayed, in order (a recommended
+    batch has none at any step). None when measured."""
+    loop_steps: int | None = None
+    """Simulated: how many loop steps the replay ran (until steady, an OOM, or its cap)."""
     breakdown: Breakdown | None = None
     """Live bytes by kind at the peak (None for an OOM)."""
     step_seconds: float | None = None
@@ -205,6 +215,11 @@ class Measurement:
             "reserved_bytes": self.reserved_bytes,
             "predicted_allocated_bytes": self.predicted_allocated_bytes,
             "predicted_reserved_bytes": self.predicted_reserved_bytes,
+            "loop_reserved_bytes": self.loop_reserved_bytes,
+            "predicted_retries": list(self.predicted_retries)
+            if self.predicted_retries is not None
+            else None,
+            "loop_steps": self.loop_steps,
             "samples_per_second": _round(self.samples_per_second),
             "throughput_source": self.throughput_source,
             "step_flops": self.step_flops,

@@ -8,7 +8,6 @@ import pytest
 
 from memorymark.accounting.allocator import (
     CachingAllocator,
-    Prediction,
     replay,
     round_size,
     segment_size,
@@ -145,7 +144,8 @@ def test_log_events_replay_a_fresh_process():
     # Step: 12 MiB fits the cached 16 MiB remainder (4 MiB left); 3 MiB takes those 4 MiB whole
     # (1 MiB left is not split off); 14 MiB fits no cached block: a 14 MiB segment.
     # Peak allocated over the step: 4 MiB + 512 + 12 MiB + 14 MiB (the 3 MiB was freed first).
-    assert p == Prediction(allocated_bytes=30 * MIB + 512, reserved_bytes=36 * MIB)
+    assert (p.allocated_bytes, p.reserved_bytes) == (30 * MIB + 512, 36 * MIB)
+    assert (p.first_reserved_bytes, p.retries_per_step, p.steps) == (36 * MIB, (0,), 1)
 
 
 def test_replay_reports_the_failing_cudamalloc():
@@ -155,10 +155,14 @@ def test_replay_reports_the_failing_cudamalloc():
     assert p.reserved_bytes == 32 * MIB  # what the failing cudaMalloc would have needed
 
 
-def test_the_setup_peak_is_not_the_steps_but_its_segments_stay_reserved():
-    # Priming the optimizer holds 12 MiB and frees it; the step then needs 1 MiB.
+def test_what_setting_up_freed_is_flushed_before_step_1_as_a_measurement_does():
+    # Priming the optimizer holds 12 MiB and frees it; the step then needs 1 MiB. A probe
+    # empties the cache first (Backend.measure, calibrate), so the 12 MiB segment is gone.
     p = replay((0, [12 * MIB, ~0]), (1, [MIB]))
-    assert p == Prediction(allocated_bytes=MIB, reserved_bytes=14 * MIB)
+    assert (p.allocated_bytes, p.reserved_bytes) == (MIB, 2 * MIB)
+    # What setting up keeps (the weights) stays reserved.
+    kept = replay((0, [12 * MIB, 3 * MIB, ~1]), (2, [MIB]))
+    assert kept.reserved_bytes == 12 * MIB + 2 * MIB
 
 
 def test_a_cudamalloc_past_the_budget_releases_cached_segments_and_counts_a_retry():
@@ -189,13 +193,20 @@ PINNING_STEP = (0, [40 * MIB, ~0, 22 * MIB, 2 * MIB, ~2])
 
 def test_a_second_step_starts_from_the_segments_the_first_left_cached():
     first = replay((0, []), PINNING_STEP, 40 * MIB)
-    assert first == Prediction(40 * MIB, 40 * MIB)
+    assert (first.allocated_bytes, first.reserved_bytes, first.out_of_memory) == (
+        40 * MIB,
+        40 * MIB,
+        False,
+    )
     # Step 2 asks for 40 MiB again. The only segment holds the kept 22 MiB, so it is not a
     # whole cached segment that a release could return, and a second one is past the budget.
     second = replay((0, []), PINNING_STEP, 40 * MIB, steps=2)
     assert second.out_of_memory
     assert second.requested_bytes == 40 * MIB
     assert second.reserved_bytes == 80 * MIB
+    assert (second.first_reserved_bytes, second.steps) == (40 * MIB, 2)
+    # The loop replay finds it too: it runs until an OOM or until nothing changes.
+    assert replay((0, []), PINNING_STEP, 40 * MIB, steps=None) == second
 
 
 def test_a_repeated_step_does_not_remake_what_the_first_kept():
@@ -203,10 +214,34 @@ def test_a_repeated_step_does_not_remake_what_the_first_kept():
     # The kept 22 MiB is allocated once; each later step holds it beside its own 40 MiB.
     assert unlimited.allocated_bytes == 62 * MIB
     assert unlimited.reserved_bytes == 80 * MIB
-    assert replay((0, []), PINNING_STEP, steps=3) == replay((0, []), PINNING_STEP, steps=2)
+    two, three = replay((0, []), PINNING_STEP, steps=2), replay((0, []), PINNING_STEP, steps=3)
+    assert (two.allocated_bytes, two.reserved_bytes) == (three.allocated_bytes, 80 * MIB)
+    # Steady from step 2: the loop replay stops once a step leaves the segments as it found
+    # them (step 3 then repeats step 2).
+    steady = replay((0, []), PINNING_STEP, steps=None)
+    assert (steady.steps, steady.reserved_bytes, steady.first_reserved_bytes) == (
+        3,
+        80 * MIB,
+        40 * MIB,
+    )
 
 
 def test_a_step_that_frees_everything_replays_the_same_every_time():
     step = (3, [30 * MIB, 12 * MIB, ~3, 4 * MIB, ~4, ~5])
     setup = (0, [8 * MIB, 8 * MIB, 100, ~1])
-    assert replay(setup, step, 64 * MIB, steps=2) == replay(setup, step, 64 * MIB)
+    one, loop = replay(setup, step, 64 * MIB), replay(setup, step, 64 * MIB, steps=None)
+    assert (loop.allocated_bytes, loop.reserved_bytes) == (one.allocated_bytes, one.reserved_bytes)
+    assert (loop.steps, loop.retries_per_step) == (2, (0, 0))  # step 2 changed nothing
+
+
+def test_an_evaluation_pass_between_steps_counts_with_the_loop():
+    # The eval pass was logged later (numbered from 50): it keeps 6 MiB of predictions alive
+    # while a 10 MiB forward runs, then frees both.
+    step = (3, [30 * MIB, ~3])
+    eval_pass = (50, [6 * MIB, 10 * MIB, ~51, ~50])
+    alone = replay((0, [8 * MIB]), step, steps=None)
+    with_eval = replay((0, [8 * MIB]), step, steps=None, between=eval_pass)
+    assert alone.allocated_bytes == 38 * MIB
+    assert with_eval.allocated_bytes == 38 * MIB  # eval's 16 MiB fit in the step's freed 30
+    tight = replay((0, [8 * MIB]), step, 38 * MIB, steps=None, between=(50, [20 * MIB, 12 * MIB]))
+    assert tight.out_of_memory  # 20 + 12 kept past the budget beside the weights

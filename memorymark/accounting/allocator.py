@@ -106,6 +106,8 @@ class CachingAllocator:
         # first entry not smaller than a request is the best fit, lowest address first.
         self._cached: dict[bool, list[tuple[int, int, _Block]]] = {True: [], False: []}
         self._next_addr = 0
+        self.live: dict[int, _Block] | None = None
+        """The blocks a replay holds, by allocation number (set by `replay`, for `layout`)."""
 
     def reset_peak(self) -> None:
         """Peaks restart from what is allocated and reserved now (`reset_peak_memory_stats`)."""
@@ -172,6 +174,30 @@ class CachingAllocator:
             self.peak_reserved_bytes = self.reserved_bytes
         return block
 
+    def empty_cache(self) -> None:
+        """Return every whole cached segment to the device (`torch.cuda.empty_cache()`, which
+        calls `release_cached_blocks`; allocation retries call the same)."""
+        self._release_cached_segments()
+
+    def layout(self) -> tuple[tuple[tuple[int, bool], ...], ...]:
+        """The segments in address order, each as its blocks' (size, free): what decides how
+        the next requests are served. Two allocators with the same layout and the same live
+        blocks serve the same requests the same way (addresses differ only by an offset)."""
+        blocks = [entry[2] for cached in self._cached.values() for entry in cached]
+        blocks += self._live_blocks()
+        heads = sorted((b for b in blocks if b.prev is None), key=lambda b: b.addr)
+        segments = []
+        for head in heads:
+            segment, block = [], head
+            while block is not None:
+                segment.append((block.size, block.free))
+                block = block.next
+            segments.append(tuple(segment))
+        return tuple(segments)
+
+    def _live_blocks(self) -> list[_Block]:
+        return list(self.live.values()) if self.live is not None else []
+
     def _release_cached_segments(self) -> None:
         # release_blocks: only blocks with no neighbours (`!prev && !next`) are whole segments.
         for cached in self._cached.values():
@@ -194,7 +220,20 @@ class Prediction:
     requested_bytes: int = 0
     """The segment that did not fit, when out_of_memory."""
     alloc_retries: int = 0
-    """cudaMallocs that succeeded only after the cached segments went back to the device."""
+    """cudaMallocs that succeeded only after the cached segments went back to the device, over
+    every step replayed."""
+    first_reserved_bytes: int | None = None
+    """Step 1's reserved peak (what a first-step measurement reports); `reserved_bytes` is the
+    loop's. None when step 1 did not finish."""
+    retries_per_step: tuple[int, ...] = ()
+    """Allocation retries of each step replayed, in order (the last one's OOM included)."""
+    reserved_per_step: tuple[int, ...] = ()
+    """Each finished step's reserved peak, in order (as `reset_peak_memory_stats` before each
+    step and `max_memory_reserved` after it report)."""
+    allocated_per_step: tuple[int, ...] = ()
+    """Each finished step's allocated peak, in order."""
+    steps: int = 1
+    """Steps replayed: until the segments stopped changing, an OOM, or `MAX_LOOP_STEPS`."""
 
 
 EventLog = tuple[int, Sequence[int]]
@@ -203,50 +242,110 @@ and takes the next sequence number; an event n < 0 frees the allocation numbered
 allocations outside the logs replayed together are ignored."""
 
 
+MAX_LOOP_STEPS = 8
+"""Most steps a loop replay runs when its segments keep changing. Every loop measured on an H100
+(docs/calibration/steady-state-*.jsonl) settled by its second step; the cap bounds the cost
+(a replayed step costs about 1% of a simulated probe)."""
+
+
 def replay(
     setup: EventLog,
     step: EventLog,
     budget_bytes: int | None = None,
     resident: Sequence[int] = (),
-    steps: int = 1,
+    steps: int | None = 1,
+    between: EventLog | None = None,
 ) -> Prediction:
-    """Replay a fresh process: the `setup` events (weights, optimizer state), then `steps`
-    consecutive runs of `step`.
+    """Replay a fresh process: the `setup` events (weights, optimizer state), a cache flush,
+    then consecutive runs of `step`: `steps` of them, or with `steps=None` until the loop is
+    steady (its segments stop changing: every later step would replay the same), an OOM, or
+    `MAX_LOOP_STEPS`. `between` (an evaluation pass, logged after one step) runs after each
+    step, as a loop that evaluates between training steps; its peaks count with the step's.
 
-    `resident` lists requests made through the allocator outside the tracked storages that live
-    through the step (the cuBLAS workspaces, allocated at the first matmul and kept). Peak
-    allocated is taken over the steps only, as a measurement that resets peak statistics before
-    the first; peak reserved includes the segments the setup reserved, which stay cached.
+    The flush is the measurement's own (`Backend.measure` empties the cache before a probe, as
+    calibration does): what setting up freed is not cached when step 1 starts. `resident` lists
+    requests made through the allocator outside the tracked storages that live through the step
+    and are made before it. Peaks are over the steps only, as a measurement that resets peak
+    statistics before the first: allocated the highest of any step; reserved the loop's
+    (`reserved_bytes`) and step 1's (`first_reserved_bytes`).
 
     From the second step on, the allocator starts with the segments the first left cached,
-    carved for the first step's order of requests. On a real GPU near its capacity that is
-    where a loop dies: a step that ran only after a cache flush can leave segments the next
-    step cannot reuse (GPT-2 and BERT in bf16-mixed, capped at an A10's capacity on an H100:
-    step 1 ran after a retry, step 2 ran out of memory; docs/calibration/README.md).
+    carved for the first step's order of requests, around what the first step allocated and
+    kept (the backward thread's cuBLAS workspace, taken from a block the forward freed). On a
+    real GPU that is where a loop's reserved bytes grow, and near the capacity where it dies:
+    GPT-2 in fp32 at batch 64 reserved 14.30 GiB at step 1 and 15.83 GiB from step 2 on; GPT-2
+    and BERT in bf16-mixed, capped at an A10's capacity, ran step 1 after a retry and ran out
+    of memory at step 2 (docs/calibration/README.md).
     """
     allocator = CachingAllocator(budget_bytes)
     live: dict[int, _Block] = {}
+    allocator.live = live
+    loop = step if between is None else _joined(step, between)
+    retries: list[int] = []
+    reserved: list[int] = []
+    allocated: list[int] = []
+    first_reserved: int | None = None
+    peak_allocated = peak_reserved = before = 0
     try:
         _run(allocator, live, *setup)
+        allocator.empty_cache()
         for nbytes in resident:
             allocator.malloc(nbytes)
-        allocator.reset_peak()
-        _run(allocator, live, *step)
-        for n in range(1, steps):
-            _run(allocator, live, *_repeated(step, n))
+        last = None
+        for n in range(MAX_LOOP_STEPS if steps is None else steps):
+            allocator.reset_peak()
+            before = allocator.alloc_retries
+            retries.append(0)
+            _run(allocator, live, *(loop if n == 0 else _repeated(loop, n)))
+            retries[-1] = allocator.alloc_retries - before
+            reserved.append(allocator.peak_reserved_bytes)
+            allocated.append(allocator.peak_allocated_bytes)
+            peak_allocated = max(peak_allocated, allocator.peak_allocated_bytes)
+            peak_reserved = max(peak_reserved, allocator.peak_reserved_bytes)
+            if first_reserved is None:
+                first_reserved = allocator.peak_reserved_bytes
+            if steps is None:
+                layout = allocator.layout()
+                if layout == last and not retries[-1]:
+                    break  # steady: each step from here replays as this one did
+                last = layout
     except AllocatorOutOfMemory as oom:
+        if retries:  # else setting up alone did not fit
+            retries[-1] = allocator.alloc_retries - before
         return Prediction(
-            allocator.peak_allocated_bytes,
-            oom.reserved_bytes + oom.requested_bytes,
+            max(peak_allocated, allocator.peak_allocated_bytes),
+            max(peak_reserved, oom.reserved_bytes + oom.requested_bytes),
             out_of_memory=True,
             requested_bytes=oom.requested_bytes,
             alloc_retries=allocator.alloc_retries,
+            first_reserved_bytes=first_reserved,
+            retries_per_step=tuple(retries),
+            reserved_per_step=tuple(reserved),
+            allocated_per_step=tuple(allocated),
+            steps=len(retries),
         )
     return Prediction(
-        allocator.peak_allocated_bytes,
-        allocator.peak_reserved_bytes,
+        peak_allocated,
+        peak_reserved,
         alloc_retries=allocator.alloc_retries,
+        first_reserved_bytes=first_reserved,
+        retries_per_step=tuple(retries),
+        reserved_per_step=tuple(reserved),
+        allocated_per_step=tuple(allocated),
+        steps=len(retries),
     )
+
+
+def _joined(step: EventLog, after: EventLog) -> EventLog:
+    """`step` then `after` as one log: `after`'s allocations renumbered to follow the step's
+    (it may have been logged later, after other steps), its frees of its own allocations with
+    them; frees of anything older (the setup's) kept as they are."""
+    first, events = step
+    after_first, after_events = after
+    shift = first + sum(1 for e in events if e >= 0) - after_first
+    joined = list(events)
+    joined += [e if e >= 0 or ~e < after_first else ~(~e + shift) for e in after_events]
+    return first, joined
 
 
 def _repeated(step: EventLog, n: int) -> EventLog:

@@ -45,6 +45,18 @@ from memorymark.measurement import Breakdown, Category
 from memorymark.units import in_gib
 
 _DEVICE_QUERY = torch.ops.prim.device.default
+_aten = torch.ops.aten
+CUBLAS_OPS = frozenset(
+    getattr(_aten, name).default
+    for name in (
+        "mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot",
+        "_addmm_activation", "_int_mm", "_scaled_mm",
+    )
+    if hasattr(_aten, name)
+)  # fmt: skip
+"""Operators whose CUDA kernels call cuBLAS or cuBLASLt (aten/src/ATen/native/cuda/Blas.cpp),
+so the first of them a thread runs takes that thread's cuBLAS workspace from the allocator
+(`getCurrentCUDABlasHandle`, aten/src/ATen/cuda/CublasHandlePool.cpp)."""
 _META = torch.device("meta")
 _FAKE_KEY = torch._C._TorchDispatchModeKey.FAKE
 _PLAIN_TENSORS = (torch.Tensor, FakeTensor)
@@ -192,6 +204,14 @@ class MemoryTracker(TorchDispatchMode):
         """Sees every operator while set (the backend sets it around a step)."""
         self.unified_bytes = 0
         """Bytes of live storages in CUDA unified memory (`unified_memory()`), not in the peak."""
+        self.thread_workspace: tuple[int, ...] = ()
+        """What a thread asks the allocator for at its first cuBLAS call and keeps (its cuBLAS
+        workspace): logged as allocations, not counted as tensors, once for the forward's
+        thread and once for the backward's in each step's log (each log is a fresh process's
+        first step). Set by the backend."""
+        self.backward_thread = False
+        """True while the step's backward pass runs (autograd's own device thread on CUDA)."""
+        self._workspace_due: set[bool] = set()
         self._unified: set[int] = set()
         self._next_seq = 0
         self._baseline_end = 0
@@ -240,6 +260,7 @@ class MemoryTracker(TorchDispatchMode):
         setup_end = ~self._baseline_end
         self.events = [e for e in self.events if setup_end < e < 0]
         self.events_first_seq = self._next_seq
+        self._workspace_due = {False, True} if self.thread_workspace else set()
 
     def mark_baseline(self) -> None:
         """Keep the events logged so far as the setup every step starts from."""
@@ -464,7 +485,21 @@ class MemoryTracker(TorchDispatchMode):
         self.live_bytes -= record.nbytes
         self.live_by_category[record.category] -= record.nbytes
 
+    def _serve_workspace(self) -> None:
+        """Log the current thread's cuBLAS workspace requests, the first time it runs one."""
+        thread = self.backward_thread
+        if thread not in self._workspace_due:
+            return
+        self._workspace_due.discard(thread)
+        if self._log is not None:
+            self._log.append((_RELABEL, 0, None, 0))  # a segment cannot replay it
+        for nbytes in self.thread_workspace:
+            self.events.append(nbytes)
+            self._next_seq += 1
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self._workspace_due and func in CUBLAS_OPS:
+            self._serve_workspace()
         if func is _DEVICE_QUERY:
             # Fake tensors answer `.device` through dispatch (two in three operators a
             # simulated step dispatches); it allocates nothing and would make the simulated

@@ -34,14 +34,6 @@ from memorymark.step.protocol import Phase, TrainingStep
 from memorymark.step.training import SimulationError
 from memorymark.units import size_text
 
-LOOP_STEPS = 2
-"""Steps of a fresh process the allocator replay runs for a simulated verdict. A loop's second
-step starts from the segments its first left cached, and on a real GPU that is where a batch
-that squeezed through its first step after a cache flush dies: BERT-base in bf16-mixed at batch
-416, capped at an A10's capacity on an H100 (docs/calibration/README.md). A third and fourth
-replayed step changed the verdict in one of 17 cases measured there (ResNet-50 at 512, which
-the GPU itself refused at its first step), for another replay's cost."""
-
 # The category of what each phase of the step allocates (and does not label otherwise:
 # gradients are labelled as they accumulate, optimizer state when it is created).
 PHASE_CATEGORY: dict[Phase, Category] = {
@@ -68,6 +60,7 @@ class Backend:
         policy: FitPolicy,
         budget_bytes: int | None = None,
         resident_allocations: tuple[int, ...] = (),
+        thread_workspace: tuple[int, ...] = (),
     ) -> None:
         self.training_step = training_step
         self.policy = policy
@@ -76,8 +69,12 @@ class Backend:
         """Live bytes past which the tracker raises an OOM: for real CPU tensors, which must not
         exhaust this machine (None: the step traces to its end, or the device says OOM)."""
         self.resident_allocations = resident_allocations
-        """Requests the step makes through the allocator outside tracked storages (the cuBLAS
-        workspaces): the simulated replay serves them before the step."""
+        """Requests made through the allocator outside tracked storages before the step, kept
+        through it: the simulated replay serves them after setting up."""
+        self.thread_workspace = thread_workspace
+        """What each thread that runs matmuls takes from the allocator at its first cuBLAS call
+        (its cuBLAS workspace): the tracker logs it where the step's forward and backward
+        first reach cuBLAS (memorymark/gpus/workspaces.py)."""
         self._model: nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._tracker: MemoryTracker | None = None
@@ -211,6 +208,7 @@ class Backend:
             return self._tracker
         model = self._build_model()
         tracker = self._failed_tracker = MemoryTracker(self.budget_bytes)
+        tracker.thread_workspace = self.thread_workspace
         # What spreading the model over ranks allocates besides parameter shards is DDP's
         # gradient buckets. The whole model is counted only as it is once spread: a sharded
         # run builds it on the meta device and materialises shards (torchtitan), so the
@@ -249,6 +247,8 @@ class Backend:
     def _on_phase(self, phase: Phase) -> None:
         if self._tracker is not None:
             self._tracker.phase_category = PHASE_CATEGORY[phase]
+            # On CUDA, autograd runs the backward pass on a device thread of its own.
+            self._tracker.backward_thread = phase is Phase.BACKWARD
 
     def _after_step(self, *, failed: bool) -> None:
         if self._model is not None:
@@ -280,9 +280,9 @@ class Backend:
         traced = error is None and self._tracker is not None
         tracked_peak = tracker.peak_bytes if tracker is not None else 0
         peak, reserved = device_peak if device_peak is not None else (tracked_peak, None)
-        prediction = retries = required = demand = None
+        prediction = retries = required = demand = loop = None
         if traced and not self.measured:
-            out_of_memory, retries, prediction, demand = self._predict(self._tracker)
+            out_of_memory, retries, prediction, demand, loop = self._predict(self._tracker)
             required = prediction.reserved_bytes
             if out_of_memory:
                 error = self._allocator_oom(required)
@@ -316,7 +316,10 @@ class Backend:
             alloc_retries=retries,
             memory_stats=stats,
             predicted_allocated_bytes=prediction.allocated_bytes if prediction else None,
-            predicted_reserved_bytes=prediction.reserved_bytes if prediction else None,
+            predicted_reserved_bytes=_first_step_reserved(prediction),
+            loop_reserved_bytes=prediction.reserved_bytes if prediction else None,
+            predicted_retries=loop.retries_per_step if loop else None,
+            loop_steps=loop.steps if loop else None,
             breakdown=tracker.peak_breakdown() if traced and tracker is not None else None,
             step_seconds=seconds if ran and self.measured else None,
             samples_per_second=sps,
@@ -342,23 +345,27 @@ class Backend:
             return None
         return stats[name] - self._counters_before.get(name, 0)
 
-    def _predict(self, tracker: MemoryTracker) -> tuple[bool, int, allocator.Prediction, int]:
-        """Replay a fresh process running this step `LOOP_STEPS` times against the capacity:
-        (out of memory, allocation retries, what the step needs, its demand), the need replayed
-        with no limit when the capacity could not hold it. The demand is the reserved peak with
-        no limit (a replay costs about 1% of a probe): what the search interpolates on, since a
-        step that ran only after a flush held less than it asked for."""
+    def _predict(
+        self, tracker: MemoryTracker, between: allocator.EventLog | None = None
+    ) -> tuple[bool, int, allocator.Prediction, int, allocator.Prediction]:
+        """Replay a fresh process's training loop of this step against the capacity, until its
+        segments stop changing (`allocator.replay`): (out of memory at any step, allocation
+        retries over the steps, what the loop needs, its demand), the need replayed with no
+        limit when the capacity could not hold it. The worst step decides. The demand is the
+        loop's reserved peak with no limit (a replayed step costs about 1% of a probe): what the
+        search interpolates on, since a step that ran only after a flush held less than it
+        asked for. Last, the replay against the capacity (its steps and retries per step).
+        `between`: the evaluation pass's log, run after every step of the loop."""
         step = (tracker.events_first_seq, tracker.events)
         setup, resident = tracker.baseline_events, self.resident_allocations
-        bounded = allocator.replay(
-            setup, step, self.policy.capacity_bytes, resident, steps=LOOP_STEPS
-        )
+        capacity = self.policy.capacity_bytes
+        bounded = allocator.replay(setup, step, capacity, resident, steps=None, between=between)
         if not bounded.out_of_memory and not bounded.alloc_retries:
-            return False, 0, bounded, bounded.reserved_bytes
-        unlimited = allocator.replay(setup, step, None, resident, steps=LOOP_STEPS)
+            return False, 0, bounded, bounded.reserved_bytes, bounded
+        unlimited = allocator.replay(setup, step, None, resident, steps=None, between=between)
         if not bounded.out_of_memory:
-            return False, bounded.alloc_retries, bounded, unlimited.reserved_bytes
-        return True, bounded.alloc_retries, unlimited, unlimited.reserved_bytes
+            return False, bounded.alloc_retries, bounded, unlimited.reserved_bytes, bounded
+        return True, bounded.alloc_retries, unlimited, unlimited.reserved_bytes, bounded
 
     def _allocator_oom(self, required_bytes: int) -> str:
         return (
@@ -397,3 +404,11 @@ class Backend:
             yield self
         finally:
             self.release()
+
+
+def _first_step_reserved(prediction: allocator.Prediction | None) -> int | None:
+    """Step 1's predicted reserved peak (what a first-step measurement reports)."""
+    if prediction is None:
+        return None
+    first = prediction.first_reserved_bytes
+    return first if first is not None else prediction.reserved_bytes

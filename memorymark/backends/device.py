@@ -99,6 +99,7 @@ class CpuBackend(Backend):
         *,
         policy: FitPolicy,
         resident_allocations: tuple[int, ...] = (),
+        thread_workspace: tuple[int, ...] = (),
     ) -> None:
         # Real tensors: the tracker stops the step at the capacity before it exhausts this
         # machine's memory (no required bytes past it, unlike the simulation).
@@ -107,6 +108,7 @@ class CpuBackend(Backend):
             policy=policy,
             budget_bytes=policy.capacity_bytes,
             resident_allocations=resident_allocations,
+            thread_workspace=thread_workspace,
         )
 
     def _step_context(self) -> contextlib.AbstractContextManager[object]:

@@ -148,9 +148,7 @@ def simulated_backend(
     step = step or CatalogStep(settings)
     limits = {
         "policy": policy,
-        "resident_allocations": gpus.workspace_allocations(
-            gpu.compute_capability, versions.release()
-        ),
+        "thread_workspace": gpus.thread_workspace(gpu.compute_capability, versions.release()),
     }
     if name == "cpu" and settings.dist != "none":
         backend: Backend = _ranked(CpuBackend, settings, "cpu")(step, **limits)

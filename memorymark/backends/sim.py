@@ -170,6 +170,7 @@ class SimBackend(Backend):
         policy: FitPolicy,
         gpu: gpus.GPU | None = None,
         resident_allocations: tuple[int, ...] = (),
+        thread_workspace: tuple[int, ...] = (),
         cuda_rules: bool = True,
         reuse_optimizer_step: bool | None = None,
     ) -> None:
@@ -179,6 +180,7 @@ class SimBackend(Backend):
             training_step,
             policy=policy,
             resident_allocations=resident_allocations,
+            thread_workspace=thread_workspace,
         )
         # A user's code may hold real tensors and read values: a mode that answers for them.
         user = training_step.user_code

@@ -28,7 +28,7 @@ from memorymark.gpus.record import (
     MAX_CUSTOM_GIB,
     UNKNOWN_COMPUTE_CAPABILITY,
 )
-from memorymark.gpus.workspaces import workspace_allocations
+from memorymark.gpus.workspaces import thread_workspace, workspace_allocations
 
 __all__ = [
     "BF16_MIN_CAPABILITY",
@@ -47,5 +47,6 @@ __all__ = [
     "detected_gpu",
     "find_gpu",
     "gpu_names",
+    "thread_workspace",
     "workspace_allocations",
 ]

@@ -1,8 +1,10 @@
 """The cuBLAS and cuBLASLt workspaces a training step keeps allocated, by GPU and torch release.
 
-Owns `workspace_allocations`: the requests the caching allocator serves outside the tensors a
-step creates (the simulated replay serves them before the step). Must not know torch, devices,
-the catalog or how anything is displayed: it is handed a compute capability and a release.
+Owns `thread_workspace` (the requests one thread makes at its first cuBLAS call, outside the
+tensors a step creates; the simulation's tracker logs them there, in the forward and in the
+backward) and `workspace_allocations` (all of a step's: one set per thread). Must not know
+torch, devices, the catalog or how anything is displayed: it is handed a compute capability and a
+release.
 """
 
 from __future__ import annotations
@@ -33,6 +35,16 @@ def workspace_allocations(
     """The cuBLAS/cuBLASLt workspace requests a training step keeps allocated through the
     caching allocator on a GPU of `compute_capability` under torch `torch_release` (major,
     minor): one set per thread that runs matmuls."""
+    return thread_workspace(compute_capability, torch_release) * _WORKSPACE_SETS
+
+
+def thread_workspace(
+    compute_capability: tuple[int, int], torch_release: tuple[int, int]
+) -> tuple[int, ...]:
+    """The workspace requests one thread makes at its first cuBLAS call and keeps, on a GPU of
+    `compute_capability` under torch `torch_release`: the forward's at the step's first matmul,
+    the backward's at the first matmul of the backward pass, when many blocks the forward freed
+    are cached (so it is carved from one of them: docs/calibration/README.md)."""
     if torch_release >= (2, 15):
         return ()
     major, minor = compute_capability
@@ -44,5 +56,4 @@ def workspace_allocations(
         large = (major, minor) == (9, 0)
     cublas = _CUBLAS_WORKSPACE_LARGE_BYTES if large else _CUBLAS_WORKSPACE_BYTES
     lt_kept = (2, 9) <= torch_release < (2, 12)
-    one_set = (cublas, _CUBLASLT_WORKSPACE_BYTES) if lt_kept else (cublas,)
-    return one_set * _WORKSPACE_SETS
+    return (cublas, _CUBLASLT_WORKSPACE_BYTES) if lt_kept else (cublas,)
