@@ -57,7 +57,7 @@ class RawStep:
         backend = self.backend
         start = time.perf_counter()
         with backend._step_context():
-            backend.workload.run_step(backend._model, backend._optimizer, RAW_BATCH, "cpu")
+            backend.training_step.run_step(backend._model, backend._optimizer, RAW_BATCH, "cpu")
         return time.perf_counter() - start
 
     def ratio(self, run: Callable[[], object]) -> float:
