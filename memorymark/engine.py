@@ -43,9 +43,10 @@ from memorymark.gpus import GPU
 from memorymark.measurement import Measurement, is_measured, memory_source
 from memorymark.report import Report
 from memorymark.search import estimate
+from memorymark.search.eval_batch import EvalAnswer, EvalMeasurer
 from memorymark.search.plan import TrainingPlan, plan_for_target
 from memorymark.search.seq_len import SeqLenAnswer, SeqLenMeasurer, search_cap
-from memorymark.search.strategies import STRATEGIES
+from memorymark.search.strategies import STRATEGIES, FastStrategy
 from memorymark.search.sweep import SweepLimits, sweep
 from memorymark.settings import Costs, Settings, check_model
 from memorymark.step import training as user_training
@@ -111,6 +112,7 @@ class Session:
         self.stopped_by: str | None = None
         """Which limit ended the sweep early ("the time limit (60 s)"); None when it finished."""
         self._fixes: FitAnswer | None = None
+        self._evals: dict[int, EvalAnswer] = {}
         self._plans: dict[int, tuple[TrainingPlan | None, tuple[Measurement, ...]]] = {}
 
     @property
@@ -267,6 +269,8 @@ class Session:
         if plan and report.optimal is not None:
             planned, probes = self._plan(report.optimal.batch_size, report.global_batch)
             report = replace(report, plan=planned, plan_probes=probes)
+        if self.settings.eval_batch is not None and self.stopped_by is None and self.measurements:
+            report = replace(report, evaluation=self.evaluation(report.optimal))
         if fixes and self.measurements and report.optimal is None and self.training is None:
             answer = self.fixes()
             report = replace(
@@ -284,6 +288,51 @@ class Session:
         for _ in self.stream():
             pass
         return self.report(costs, fixes=fixes, plan=plan)
+
+    def evaluation(self, optimal: Measurement | None) -> EvalAnswer:
+        """The evaluation pass the settings ask for, judged at the recommended training batch
+        `optimal` (at batch 1 when none fits, so the answer still says which eval batch would
+        let training start), and the largest eval batch that fits there: searched with the
+        fast strategy on one backend whose model and optimizer state stay resident (once per
+        session and training batch), within what the sweep's limits leave."""
+        s = self.settings
+        assert s.eval_batch is not None
+        at = optimal.batch_size if optimal is not None else 1
+        if at not in self._evals:
+            asked = optimal or next((m for m in self.measurements if m.batch_size == at), None)
+            measurer = EvalMeasurer(self.open_backend(), s, at)
+            if asked is None:
+                asked = measurer.measure(s.eval_batch)
+                asked = measurer.probes.pop(s.eval_batch)
+            strategy = FastStrategy(
+                step=min(s.step, s.max_batch),
+                max_batch=s.max_batch,
+                capacity_bytes=self.policy.capacity_bytes,
+                limit_bytes=self.policy.limit_bytes,
+                find_max=False,
+            )
+            limits = self._remaining_limits()
+            for _ in sweep(measurer, strategy, limits=limits):
+                pass
+            self._evals[at] = EvalAnswer(
+                batch=s.eval_batch,
+                accumulation=s.eval_accumulation,
+                at_batch=at,
+                measurement=asked,
+                probes=tuple(measurer.probes.items()),
+                stopped_by=limits.stopped_by,
+            )
+        return self._evals[at]
+
+    def _remaining_limits(self) -> SweepLimits:
+        """What the settings' time and probe limits leave after the sweep."""
+        s = self.settings
+        seconds = s.time_limit_seconds
+        probes = s.max_probes
+        return SweepLimits(
+            time_limit_seconds=None if seconds is None else max(seconds - self.elapsed_seconds, 0),
+            max_probes=None if probes is None else max(probes - len(self.measurements), 0),
+        )
 
     def fixes(self) -> FitAnswer:
         """When nothing fits: batch 1 as configured, and each change (or GPU) that might fit."""

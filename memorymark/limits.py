@@ -29,6 +29,11 @@ MAX_GRAD_ACCUM = 64
 """Micro-batches per optimizer step: each one is stepped in turn (256 took 20 s on a two-layer
 BERT, minutes on a 7B model), and from the second on the peak no longer grows (every gradient
 is alive already; see plan.py), so 2 measures what any larger count needs."""
+MAX_EVAL_ACCUMULATION = 64
+"""Evaluation batches whose predictions stay on the GPU together: each is one more forward pass
+in every probe, and their logits are concatenated each batch (the old and the new alive at
+once), so the peak grows by about two batches' predictions per batch: 64 is already past what
+any GPU holds for a model worth sizing at a large eval batch."""
 MAX_HIDDEN_SIZE = 65536
 """A layer's width: 4x the widest open dense model's (Llama-3.1-405B, hidden_size 16384)."""
 MAX_LORA_RANK = MAX_HIDDEN_SIZE

@@ -129,6 +129,10 @@ class Measurement:
     """Simulated: how many loop steps the replay ran (until steady, an OOM, or its cap)."""
     breakdown: Breakdown | None = None
     """Live bytes by kind at the peak (None for an OOM)."""
+    eval_peak_bytes: int | None = None
+    """Peak allocated bytes of the evaluation pass run after the step (the settings'
+    `eval_batch`), the weights and optimizer state included; None with no evaluation pass or
+    when the loop failed first. `fits` and `runs` judge the loop with the pass."""
     step_seconds: float | None = None
     """Wall-clock seconds of the step on real hardware (median of timed steps); None when
     simulated."""
@@ -224,6 +228,7 @@ class Measurement:
             "throughput_source": self.throughput_source,
             "step_flops": self.step_flops,
             "breakdown": self.breakdown.to_dict() if self.breakdown else None,
+            "eval_peak_bytes": self.eval_peak_bytes,
             "step_seconds": self.step_seconds,
             "backend": self.backend,
             "memory_source": memory_source(self.measured),

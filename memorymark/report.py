@@ -24,6 +24,7 @@ from memorymark.environment import Stamp
 from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement, ValueRead, memory_source
+from memorymark.search.eval_batch import EvalAnswer
 from memorymark.search.plan import TrainingPlan
 from memorymark.search.sweep import best_fit
 from memorymark.settings import Costs, Settings
@@ -61,6 +62,9 @@ class Report:
     the optimal batch with the settings' own accumulation."""
     plan_probes: tuple[Measurement, ...] = ()
     """The steps with accumulation the plan was checked with."""
+    evaluation: EvalAnswer | None = None
+    """The evaluation pass the settings ask for (`eval_batch`), at the recommended batch: does
+    the loop with it fit, and the largest eval batch that would. None with no pass asked."""
     stopped_by: str | None = None
     """The limit that ended the sweep early ("the time limit (60 s)"): the answer is partial,
     the best known within what was measured. None when the search finished."""
@@ -86,7 +90,8 @@ class Report:
         """Each place the step read a tensor value the simulation answered with zero (control
         flow after it followed that zero), once, in the order first seen."""
         seen: dict[ValueRead, None] = {}
-        for m in (*self.measurements, *self.plan_probes):
+        evaluated = self.evaluation.probes if self.evaluation is not None else ()
+        for m in (*self.measurements, *self.plan_probes, *(m for _, m in evaluated)):
             seen.update(dict.fromkeys(m.value_reads))
         return tuple(seen)
 
@@ -315,6 +320,11 @@ class Report:
             return (
                 f"No batch size on this {gpu} leaves the margin free without an allocation "
                 f"retry; batch {maximum.batch_size} runs with no headroom."
+            )
+        if optimal is None and self.settings.eval_batch is not None:
+            return (
+                f"No batch size trains on this {gpu} evaluating at eval batch "
+                f"{self.settings.eval_batch} between steps: even batch 1 runs out of memory."
             )
         if optimal is None:
             return f"No batch size trains on this {gpu}: even batch 1 runs out of memory."

@@ -228,3 +228,18 @@ def test_qlora_with_a_paged_optimizer_shows_the_weights_and_the_paging_rule() ->
     weights = next(c for c in captions if c.startswith("Quantized base weights"))
     assert "simulated" in weights and "GiB" in weights
     assert any("CUDA unified memory, outside the peak" in c for c in captions)
+
+
+def test_an_eval_pass_shows_its_answer_and_its_inputs_round_trip() -> None:
+    at = analyzed(
+        model="tiny-gpt2", seq_len="64", gpu_memory_gib="1", max_batch="64", eval_batch="256"
+    )
+    assert at.number_input(key="mm_eval_batch").value == 256
+    assert at.number_input(key="mm_eval_accumulation").value is None  # unset: one batch
+    info = next(i.value for i in at.main.info if i.value.startswith("Evaluation at eval batch"))
+    assert "256 (1 batch of predictions kept, peak" in info
+    assert "fits beside training batch" in info and "simulated" in info
+    assert any("eval_accumulation_steps unset" in c.value for c in at.main.caption)
+    at.number_input(key="mm_eval_batch").set_value(None).run()
+    assert not at.exception
+    assert at.number_input(key="mm_eval_accumulation").disabled

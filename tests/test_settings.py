@@ -89,6 +89,8 @@ EVERY_FIELD_CHANGED = (
         "double_quant": True,
         "grad_accum": 4,
         "max_grad_norm": 0.5,
+        "eval_batch": 64,
+        "eval_accumulation": 4,
         "forward_only": True,
         "gpu": "h100",
         "gpu_memory_gib": 12.5,

@@ -7,9 +7,12 @@ next probe starts from the same baseline, and returns a `Measurement` judged by 
 replayed through the caching-allocator model against the capacity (what the GPU would reserve
 decides), and, past it, with no limit to say what the step would need; its operators are costed for
 an estimated throughput. A real device reports its own peak, reserved bytes and allocation retries,
-read right after the first step, and then times further steps. Subclasses say only where tensors
-live and how the device reports its own peak and time. This module knows nothing about which batch
-sizes are tried.
+read right after the first step, and then times further steps. When the settings ask for an
+evaluation pass, it runs after the step, inside the same tracked region, logged as an event log of
+its own that the allocator replay runs between training steps; its peak is read apart from the
+step's (`Measurement.eval_peak_bytes`), and the loop with it decides the verdict. Subclasses say
+only where tensors live and how the device reports its own peak and time. This module knows
+nothing about which batch sizes are tried.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -28,9 +32,9 @@ from memorymark.backends import user_code
 from memorymark.backends.oom import StepError, is_oom
 from memorymark.fit import FitPolicy
 from memorymark.limits import MAX_ERROR_CHARS, one_line
-from memorymark.measurement import Category, Measurement, ValueRead
+from memorymark.measurement import Breakdown, Category, Measurement, ValueRead
 from memorymark.step import paging, quantization
-from memorymark.step.protocol import Phase, TrainingStep
+from memorymark.step.protocol import Phase, TrainingStep, evaluates
 from memorymark.step.training import SimulationError
 from memorymark.units import size_text
 
@@ -42,6 +46,29 @@ PHASE_CATEGORY: dict[Phase, Category] = {
     Phase.BACKWARD: Category.TEMPORARY,
     Phase.OPTIMIZER: Category.TEMPORARY,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class _EvalPass:
+    """What a probe's evaluation pass left, read apart from its training step's figures."""
+
+    log: allocator.EventLog
+    """Its allocations and frees, numbered after the step's: what the replay runs between."""
+    peak_bytes: int
+    """The tracker's live peak during the pass, the training state included."""
+    step_breakdown: Breakdown
+    """The training step's peak breakdown, taken before the pass could move the tracker's."""
+    step_device_peak: tuple[int, int | None] | None
+    """The device's (allocated, reserved) peak over the step, read before the pass."""
+    device_peak: tuple[int, int | None] | None
+    """The device's (allocated, reserved) peak over the pass alone, or None (tracked)."""
+
+    def held_bytes(self) -> int:
+        """What the device held for the pass: reserved where it says, else live bytes."""
+        if self.device_peak is None:
+            return self.peak_bytes
+        allocated, reserved = self.device_peak
+        return reserved if reserved is not None else allocated
 
 
 class Backend:
@@ -146,8 +173,10 @@ class Backend:
         """Run one step at `batch_size` and report its peak and the policy's verdict."""
         if batch_size < 1:
             raise ValueError(f"batch size must be at least 1 (got {batch_size})")
-        error = None
+        error = evaluation = None
         seconds = work = device = None
+        eval_batch = evaluates(self.training_step)
+        stage = f"the training step failed at batch {batch_size}"
         try:
             tracker = self._prepare()
             tracker.reset_peak()
@@ -167,9 +196,13 @@ class Backend:
                     self._on_phase,
                     self._run_optimizer,
                 )
+                if eval_batch is not None:
+                    stage = f"the evaluation pass failed at eval batch {eval_batch}"
+                    evaluation = self._evaluate(tracker, eval_batch)
             self._synchronize()
             # The first step's own figures, before timed steps add theirs.
-            device = self._device_peak(), self._device_stats()
+            step_peak = evaluation.step_device_peak if evaluation else self._device_peak()
+            device = step_peak, self._device_stats()
             seconds = self._time_steps(batch_size)
         except Exception as exc:  # everything that is not an OOM is re-raised below
             if isinstance(exc, SimulationError):
@@ -178,17 +211,44 @@ class Backend:
                 raise  # the settings cannot build this model (LoRA targets, checkpointing...)
             if not is_oom(exc):
                 raise StepError(
-                    f"the training step failed at batch {batch_size}: "
-                    f"{type(exc).__name__}: {one_line(exc, MAX_ERROR_CHARS)}"
+                    f"{stage}: {type(exc).__name__}: {one_line(exc, MAX_ERROR_CHARS)}"
                 ) from exc
             error = one_line(exc, MAX_ERROR_CHARS)
+            if eval_batch is not None and "evaluation" in stage:
+                error = one_line(f"in the evaluation pass (eval batch {eval_batch}): {error}")
         finally:
             if self._tracker is not None:
                 self._tracker.work_counter = None
             self._after_step(failed=error is not None)
         if device is None:
             device = self._device_peak(), self._device_stats()
-        return self._result(batch_size, error, seconds, work, *device)
+        return self._result(batch_size, error, seconds, work, *device, evaluation)
+
+    def _evaluate(self, tracker: MemoryTracker, eval_batch: int) -> _EvalPass:
+        """Run the step's evaluation pass right after its training step, as a loop that
+        evaluates between steps does, logged as an event log of its own (numbered after the
+        step's, what `allocator.replay` runs `between` steps). Its peak is read apart: the
+        tracker's timeline, peak and event log are the step's again afterwards."""
+        self._synchronize()
+        step_device_peak = self._device_peak()
+        step_log = tracker.events_first_seq, tracker.events
+        ops, step_peak, live_before = len(tracker.timeline), tracker.peak_bytes, tracker.live_bytes
+        breakdown = tracker.peak_breakdown()
+        counter, tracker.work_counter = tracker.work_counter, None  # not the step's work
+        # A fresh log, numbered from the next allocation (each one logged takes a number).
+        tracker.events = []
+        tracker.events_first_seq = step_log[0] + sum(1 for e in step_log[1] if e >= 0)
+        self._reset_device_peak()
+        try:
+            self.training_step.run_eval(self._model, eval_batch, self.device, self._on_phase)
+            self._synchronize()
+        finally:
+            log = tracker.events_first_seq, tracker.events
+            tracker.events_first_seq, tracker.events = step_log
+            eval_peak = max([live_before, *tracker.timeline[ops:]])
+            del tracker.timeline[ops:]
+            tracker.peak_bytes, tracker.work_counter = step_peak, counter
+        return _EvalPass(log, eval_peak, breakdown, step_device_peak, self._device_peak())
 
     def resident_bytes(self) -> dict[str, int]:
         """Bytes by category held before the first step: the model (spread over ranks when
@@ -275,20 +335,26 @@ class Backend:
         work: WorkCounter | None,
         device_peak: tuple[int, int | None] | None,
         stats: dict[str, int] | None,
+        evaluation: _EvalPass | None = None,
     ) -> Measurement:
         tracker = self._tracker or self._failed_tracker
         traced = error is None and self._tracker is not None
         tracked_peak = tracker.peak_bytes if tracker is not None else 0
         peak, reserved = device_peak if device_peak is not None else (tracked_peak, None)
+        if evaluation is not None and evaluation.device_peak is not None and reserved is not None:
+            reserved = max(reserved, evaluation.held_bytes())  # the loop's, as CUDA reports it
         prediction = retries = required = demand = loop = None
         if traced and not self.measured:
-            out_of_memory, retries, prediction, demand, loop = self._predict(self._tracker)
+            between = evaluation.log if evaluation is not None else None
+            out_of_memory, retries, prediction, demand, loop = self._predict(self._tracker, between)
             required = prediction.reserved_bytes
             if out_of_memory:
                 error = self._allocator_oom(required)
         elif error is None:
             # Measured: what the device held (reserved where it says, else live tensor bytes).
             required = reserved if reserved is not None else peak
+            if evaluation is not None and reserved is None:
+                required = max(required, evaluation.held_bytes())
             retries = self._counter_delta(stats, "num_alloc_retries")
         verdict = self.policy.judge(
             oom=error is not None, alloc_retries=retries, reserved_bytes=required
@@ -320,7 +386,8 @@ class Backend:
             loop_reserved_bytes=prediction.reserved_bytes if prediction else None,
             predicted_retries=loop.retries_per_step if loop else None,
             loop_steps=loop.steps if loop else None,
-            breakdown=tracker.peak_breakdown() if traced and tracker is not None else None,
+            breakdown=self._breakdown(tracker, evaluation) if traced else None,
+            eval_peak_bytes=self._eval_peak(evaluation),
             step_seconds=seconds if ran and self.measured else None,
             samples_per_second=sps,
             throughput_source=source,
@@ -331,6 +398,21 @@ class Backend:
             timeline=tuple(tracker.timeline) if traced and tracker is not None else (),
             value_reads=self._value_reads(),
         )
+
+    @staticmethod
+    def _breakdown(tracker: MemoryTracker | None, evaluation: _EvalPass | None) -> Breakdown | None:
+        """The training step's peak breakdown (taken before an evaluation pass, if any)."""
+        if evaluation is not None:
+            return evaluation.step_breakdown
+        return tracker.peak_breakdown() if tracker is not None else None
+
+    @staticmethod
+    def _eval_peak(evaluation: _EvalPass | None) -> int | None:
+        """The evaluation pass's allocated peak, training state included: the device's where
+        it reports one, else the tracker's live bytes."""
+        if evaluation is None:
+            return None
+        return evaluation.device_peak[0] if evaluation.device_peak else evaluation.peak_bytes
 
     def _paged_bytes(self, tracker: MemoryTracker | None) -> int | None:
         """Optimizer state in CUDA unified memory, or None when the optimizer is not paged."""

@@ -115,6 +115,8 @@ def print_measurement(m: Measurement) -> None:
             print(f"  {name:<16} {gib(n_bytes):8.3f} GiB")
     for line in _weight_and_paging_lines(m):
         print(f"  {line}")
+    if m.eval_peak_bytes is not None:
+        print(f"  evaluation pass peak {gib(m.eval_peak_bytes):.3f} GiB (training state included)")
     if m.error:
         print(f"  {m.error}")
     _print_value_reads(m.value_reads)
@@ -162,6 +164,7 @@ def print_report(r: Report, d: dict[str, Any]) -> None:
         print(f"  note: {r.rules_note}")
     if r.optimal is None:
         print(f"  usable memory        {d['usable_gb']} GiB, less a {d['margin_gb']} GiB margin")
+        _print_evaluation(r)
         _print_value_reads(r.value_reads)
         _print_plan_and_fixes(r)
         return
@@ -192,10 +195,23 @@ def print_report(r: Report, d: dict[str, Any]) -> None:
             f"  annual savings       ${d['cost_savings_annual']:,.0f}  at ${r.usd_per_hour:.2f}/h,"
             f" {r.costs.hours_per_run:g} h/run, {r.costs.runs_per_year:g} runs/year"
         )
+    _print_evaluation(r)
     print(f"  {d['probes']} probes in {d['elapsed_seconds']:.1f} s")
     _print_value_reads(r.value_reads)
     _print_distributed(r, d["distributed"])
     _print_plan_and_fixes(r)
+
+
+def _print_evaluation(r: Report) -> None:
+    """The evaluation pass between training steps, when the settings ask for one."""
+    answer = r.evaluation
+    if answer is None:
+        return
+    print(f"  {answer.verdict()[:-1]} ({r.memory_source})")
+    if answer.stopped_by:
+        print(f"  the eval batch search stopped at {answer.stopped_by}: the best known so far")
+    if answer.note:
+        print(f"  note: {answer.note}")
 
 
 def _print_distributed(r: Report, d: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ from memorymark.settings.sections import flat_types
 # the loop (before `--protocol`, the shortcut for mode, loss and optimizer), where and how the
 # step runs, then analyze's search.
 TRAINING_FLAGS = ("task", "seq_len", "image_size", "optimizer", "grad_accum", "max_grad_norm",
-                  "mode", "loss")  # fmt: skip
+                  "eval_batch", "eval_accumulation", "mode", "loss")  # fmt: skip
 RUNNING_FLAGS = ("gpu", "gpu_memory_gib", "backend", "precision", "attention", "kernels",
                  "loss_chunks", "grad_checkpointing", "lora_rank", "lora_targets", "quantization",
                  "double_quant", "forward_only", "dist", "gpus", "nodes", "offload",
@@ -36,11 +36,13 @@ SEARCH_FLAGS = ("find", "seq_step", "strategy", "step", "current_batch", "max_ba
 # numbers reach Settings, whose range check names the setting.
 _AT_LEAST_1 = frozenset(
     {"grad_accum", "nodes", "seq_step", "step", "current_batch", "max_batch", "max_probes",
-     "target_batch"}
+     "target_batch", "eval_batch", "eval_accumulation"}
 )  # fmt: skip
 _METAVARS = {
     "grad_accum": "N",
     "max_grad_norm": "NORM",
+    "eval_batch": "N",
+    "eval_accumulation": "K",
     "gpu_memory_gib": "GIB",
     "loss_chunks": "N",
     "gpus": "N|auto",

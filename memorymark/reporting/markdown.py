@@ -80,6 +80,8 @@ def _answer(d: dict[str, Any], r: Report) -> list[str]:
         rows.append(("Speedup", f"{d['speedup']}x ({how})"))
     if d["cost_savings_annual"] is not None:
         rows.append(("Annual savings (estimated)", f"${d['cost_savings_annual']:,.0f}"))
+    if r.evaluation is not None:
+        rows.append(_evaluation_row(d["eval"], r))
     plan = d["plan"]
     if plan and plan["target_batch"] is not None:
         rows.append(
@@ -90,6 +92,20 @@ def _answer(d: dict[str, Any], r: Report) -> list[str]:
             )
         )
     return ["| Answer | |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
+
+
+def _evaluation_row(e: dict[str, Any], r: Report) -> tuple[str, str]:
+    """The evaluation pass: does the loop with it fit, and the largest eval batch that would."""
+    kept = f"{e['accumulation']} batch{'es' if e['accumulation'] > 1 else ''} of predictions kept"
+    verdict = "fits" if e["fits"] else "does not fit"
+    largest = "none" if e["max_eval_batch"] is None else str(e["max_eval_batch"])
+    value = (
+        f"{verdict} beside training batch {e['at_batch']}, "
+        f"{_gib(e['peak_gb'], 'peak allocated')}; largest eval batch that fits: {largest}"
+    )
+    if e["note"]:
+        value += f" ({escape(e['note'])})"
+    return f"Evaluation at eval batch {e['batch']} ({kept}, {r.memory_source})", value
 
 
 def _settings(r: Report) -> list[str]:
@@ -110,6 +126,12 @@ def _settings(r: Report) -> list[str]:
         ("Precision", s.precision),
         ("Optimizer", s.optimizer + (f", clip {s.max_grad_norm}" if s.max_grad_norm else "")),
         ("Gradient accumulation", str(s.grad_accum)),
+        (
+            "Evaluation pass",
+            "off"
+            if s.eval_batch is None
+            else f"eval batch {s.eval_batch}, accumulation {s.eval_accumulation or 'unset'}",
+        ),
         ("Gradient checkpointing", "on" if s.grad_checkpointing else "off"),
         ("LoRA rank", str(s.lora_rank) if s.lora_rank else "off (every weight trains)"),
         ("Mode, loss", f"{s.mode}, {s.loss} ({s.protocol} protocol)"),

@@ -21,6 +21,7 @@ from memorymark.gpus import GPU
 from memorymark.limits import one_line
 from memorymark.measurement import Breakdown, Measurement
 from memorymark.report import Report
+from memorymark.search.eval_batch import EvalAnswer
 from memorymark.search.plan import TrainingPlan
 from memorymark.settings import Costs, Settings, check_model
 
@@ -84,6 +85,28 @@ def _fix_from_record(data: dict[str, Any]) -> Fix:
     return Fix(**values)
 
 
+def _eval_record(answer: EvalAnswer) -> dict[str, Any]:
+    return {
+        "batch": answer.batch,
+        "accumulation": answer.accumulation,
+        "at_batch": answer.at_batch,
+        "measurement": measurement_record(answer.measurement),
+        "probes": [[n, measurement_record(m)] for n, m in answer.probes],
+        "stopped_by": answer.stopped_by,
+    }
+
+
+def _eval_from_record(data: dict[str, Any]) -> EvalAnswer:
+    return EvalAnswer(
+        batch=int(data["batch"]),
+        accumulation=data.get("accumulation"),
+        at_batch=int(data["at_batch"]),
+        measurement=measurement_from_record(data["measurement"]),
+        probes=tuple((int(n), measurement_from_record(m)) for n, m in data.get("probes") or ()),
+        stopped_by=data.get("stopped_by"),
+    )
+
+
 def report_to_record(r: Report) -> dict[str, Any]:
     """Everything a Report holds, as JSON-able data."""
     return {
@@ -98,6 +121,7 @@ def report_to_record(r: Report) -> dict[str, Any]:
         "batch_1_required_bytes": r.batch_1_required_bytes,
         "plan": dataclasses.asdict(r.plan) if r.plan else None,
         "plan_probes": [measurement_record(m) for m in r.plan_probes],
+        "evaluation": _eval_record(r.evaluation) if r.evaluation else None,
         "torch_version": r.torch_version,
         "unverified_rules": list(r.unverified_rules),
         "stamp": r.stamp.to_dict() if r.stamp else None,
@@ -110,6 +134,7 @@ def record_to_report(data: dict[str, Any]) -> Report:
     try:
         plan = data.get("plan")
         stamp = data.get("stamp")
+        evaluation = data.get("evaluation")
         settings = Settings.from_dict(data["settings"])
         check_model(settings)  # Settings read nothing: a file: model since deleted fails here
         return Report(
@@ -123,6 +148,7 @@ def record_to_report(data: dict[str, Any]) -> Report:
             batch_1_required_bytes=data.get("batch_1_required_bytes"),
             plan=TrainingPlan(**_known(TrainingPlan, plan)) if plan else None,
             plan_probes=tuple(measurement_from_record(m) for m in data.get("plan_probes") or ()),
+            evaluation=_eval_from_record(evaluation) if evaluation else None,
             torch_version=data.get("torch_version"),
             unverified_rules=tuple(data.get("unverified_rules") or ()),
             stamp=Stamp.from_dict(stamp) if stamp else None,

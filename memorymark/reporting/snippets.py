@@ -5,7 +5,8 @@ generated from the settings and the batch plan, never from hand-typed numbers, a
 setting that moved the measured answer: micro-batch and accumulation, precision, optimizer (down
 to its foreach / fused implementation), gradient checkpointing, LoRA, quantized base weights
 (`BitsAndBytesConfig`, `prepare_model_for_kbit_training`), gradient clipping, Liger's kernels
-(`use_liger_kernel=True`), the attention implementation and a chunked loss. The
+(`use_liger_kernel=True`), the attention implementation, a chunked loss, and the evaluation
+pass's batch and accumulation (`per_device_eval_batch_size`, `eval_accumulation_steps`). The
 test suite builds the Hugging Face and peft objects from the text and runs the PyTorch loop.
 
 `model` and `dataset` in the code are the user's. This module writes text: it never imports torch
@@ -114,11 +115,27 @@ def _training_arguments(settings: Settings, plan: TrainingPlan) -> list[str]:
     if settings.optimizer in _HF_OPTIM:
         lines.append(f'    optim="{_HF_OPTIM[settings.optimizer]}",')
     lines += _hf_distributed(settings)
+    lines += _hf_evaluation(settings)
     if settings.max_grad_norm is None:
         lines.append("    max_grad_norm=0.0,  # measured without clipping; Trainer clips at 1.0")
     else:
         lines.append(f"    max_grad_norm={settings.max_grad_norm},")
     return [*lines, ")"]
+
+
+def _hf_evaluation(settings: Settings) -> list[str]:
+    """The evaluation pass measured between training steps: its batch, and how many batches'
+    predictions stay on the GPU (unset, Trainer keeps every one until the eval set ends)."""
+    if settings.eval_batch is None:
+        return []
+    accumulation = f"    eval_accumulation_steps={settings.eval_batches_kept},"
+    if settings.eval_accumulation is None:
+        accumulation += "  # as measured; unset, every prediction stays on the GPU"
+    return [
+        f"    per_device_eval_batch_size={settings.eval_batch},",
+        accumulation,
+        '    # eval_strategy="steps" and Trainer(eval_dataset=...) to evaluate as measured',
+    ]
 
 
 def _hf_distributed(settings: Settings) -> list[str]:

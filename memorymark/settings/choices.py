@@ -90,6 +90,8 @@ RANGES = {
     "image_size": (8, limits.MAX_IMAGE_SIZE, "36x ImageNet's 224 pixels"),
     "lora_rank": (0, limits.MAX_LORA_RANK, "4x the widest open model's hidden size"),
     "grad_accum": (1, limits.MAX_GRAD_ACCUM, "past 2 micro-batches the peak no longer grows"),
+    "eval_batch": (1, limits.MAX_BATCH, _BATCH_WHY),
+    "eval_accumulation": (1, limits.MAX_EVAL_ACCUMULATION, "one forward pass each, every probe"),
     "gpu_memory_gib": (1, gpus.MAX_CUSTOM_GIB, "the largest custom GPU"),
     "step": (1, limits.MAX_BATCH, _BATCH_WHY),
     "current_batch": (1, limits.MAX_BATCH, _BATCH_WHY),

@@ -98,6 +98,17 @@ class Workload:
     max_grad_norm: float | None = None
     """Clip the gradients' total norm to this before the optimizer step, as HF Trainer does
     (its default is 1.0); None: no clipping."""
+    eval_batch: int | None = None
+    """Also run HF Trainer's evaluation pass between training steps, at this eval batch
+    (per_device_eval_batch_size): model.eval(), no_grad, forward with labels, the predictions
+    kept on the GPU beside the weights and optimizer state. The loop must fit with it; the
+    report adds the largest eval batch that fits. None: no evaluation pass."""
+    eval_accumulation: int | None = None
+    """Trainer's eval_accumulation_steps: eval batches whose predictions (logits, labels, loss)
+    stay on the GPU, concatenated batch after batch, before they move to the CPU. None with
+    an eval batch: one batch is measured, as eval_accumulation_steps=1 keeps it; left unset,
+    Trainer keeps every batch's predictions on the GPU until the eval set ends, which no
+    batch size bounds (the hf snippet sets what was measured)."""
     kernels: Kernels = "none"
     """none, or liger: Liger's Triton kernels (RMSNorm, SwiGLU, RoPE, and a fused linear
     cross-entropy that never holds the whole logits), as `use_liger_kernel=True` applies them;
@@ -122,6 +133,8 @@ class Workload:
             raise ValueError(f"max_grad_norm must be a positive number (got {limits.shown(norm)})")
         _check_quantization(self, source)
         _check_kernels(self)
+        if self.eval_accumulation is not None and self.eval_batch is None:
+            raise ValueError("eval_accumulation needs an evaluation pass: set --eval-batch N")
         if source == "catalog":
             _check_model_entry(self, models.find_model(self.model))
 
@@ -329,6 +342,14 @@ class Settings:
         return self.workload.task or models.find_model(self.workload.model).default_task
 
     @property
+    def eval_batches_kept(self) -> int:
+        """Eval batches whose predictions are on the GPU together at the eval pass's peak
+        (`eval_accumulation`, else the one batch measured); 0 with no evaluation pass."""
+        if self.workload.eval_batch is None:
+            return 0
+        return self.workload.eval_accumulation or 1
+
+    @property
     def protocol(self) -> str:
         """inference-style when the step is what forward-only tools measure, else full."""
         w = self.workload
@@ -388,6 +409,8 @@ class Settings:
     double_quant = _Flat[bool]("workload")
     grad_accum = _Flat[int]("workload")
     max_grad_norm = _Flat["float | None"]("workload")
+    eval_batch = _Flat["int | None"]("workload")
+    eval_accumulation = _Flat["int | None"]("workload")
     kernels = _Flat[Kernels]("workload")
     loss_chunks = _Flat[int]("workload")
     forward_only = _Flat[bool]("workload")

@@ -9,7 +9,8 @@ applied as the PyTorch AMP docs and Lightning do it: forward and loss under `tor
 knows nothing about how memory is measured, nor which device it runs on (`cuda_rules` decides how
 the precision is applied); the caller passes `on_phase` to hear when forward, backward and the
 optimizer start, and may pass `run_optimizer` to decide how the optimizer phase runs (the
-simulation runs it once and replays its memory afterwards).
+simulation runs it once and replays its memory afterwards). `run_eval` is HF Trainer's
+evaluation pass between training steps, at the settings' eval batch.
 """
 
 from __future__ import annotations
@@ -178,6 +179,58 @@ class CatalogStep:
             # the partial gradients so the next probe starts from the same baseline.
             model.zero_grad(set_to_none=True)
 
+    def run_eval(
+        self,
+        model: nn.Module,
+        batch_size: int,
+        device: torch.device | str,
+        on_phase: OnPhase = no_phase,
+    ) -> None:
+        """HF Trainer's evaluation loop (`evaluation_loop`) over the eval batches whose
+        predictions stay on the GPU together (`Settings.eval_batches_kept`), at eval batch
+        `batch_size`: `model.eval()`, then for each batch, under `no_grad` and the training
+        forward's autocast, forward with labels (`prediction_step`); the loss (repeated over
+        the batch), the logits and the labels are each concatenated onto those kept so far
+        (`EvalLoopContainer.add` -> `nested_concat` -> `torch.cat`: the old and the new alive
+        at once). Then they are dropped, as moving them to the CPU frees them, and the model
+        goes back to training."""
+        kept: list[Any] = [None, None, None]  # losses, logits, labels (all_losses, ...)
+        try:
+            model.eval()
+            with torch.no_grad():
+                for _ in range(self.settings.eval_batches_kept):
+                    for i, new in enumerate(self._predict(model, batch_size, device, on_phase)):
+                        if new is not None:
+                            kept[i] = new if kept[i] is None else _concat(kept[i], new)
+        finally:
+            kept.clear()  # to_cpu_and_numpy: the GPU copies go
+            model.train(self.settings.mode == "train")
+
+    def _predict(
+        self, model: nn.Module, batch_size: int, device: torch.device | str, on_phase: OnPhase
+    ) -> tuple[Any, Any, Any]:
+        """One `prediction_step`: (losses, logits, labels) as `evaluation_loop` adds them."""
+        on_phase(Phase.FORWARD)
+        batch = self.make_batch(batch_size, device)
+        decoder = self._decoder(model)
+        hook = decoder.register_forward_hook(lambda *_: on_phase(Phase.LOGITS)) if decoder else None
+        try:
+            with self._autocast(device):
+                outputs = self._forward(model, batch)
+        finally:
+            if hook is not None:
+                hook.remove()
+        on_phase(Phase.LOGITS)  # what is kept is predictions
+        loss = getattr(outputs, "loss", None)
+        losses = None if loss is None else loss.detach().mean().repeat(batch_size)
+        # Trainer's `ignore_keys`: the config's, else ["cache"]; non-tensors it could not
+        # concatenate are left out too.
+        config = getattr(model, "config", None)
+        ignored = {"loss", *getattr(config, "keys_to_ignore_at_inference", ["cache"])}
+        values = outputs.items() if isinstance(outputs, dict) else vars(outputs).items()
+        logits = tuple(v for k, v in values if k not in ignored and _tensors(v))
+        return losses, logits[0] if len(logits) == 1 else logits or None, batch.get("labels")
+
     def _forward_backward(
         self,
         model: nn.Module,
@@ -257,3 +310,17 @@ class CatalogStep:
         if self.settings.loss == "logits-mean":
             return outputs.logits.mean()
         return outputs.loss
+
+
+def _tensors(value: Any) -> bool:
+    """A tensor, or a tuple or list of them: what `nested_concat` concatenates."""
+    if isinstance(value, (tuple, list)):
+        return bool(value) and all(isinstance(v, torch.Tensor) for v in value)
+    return isinstance(value, torch.Tensor)
+
+
+def _concat(kept: Any, new: Any) -> Any:
+    """transformers' `nested_concat` for equal shapes: `torch.cat` on the first dimension."""
+    if isinstance(kept, (tuple, list)):
+        return type(kept)(_concat(k, n) for k, n in zip(kept, new, strict=True))
+    return torch.cat((torch.atleast_1d(kept), torch.atleast_1d(new)), dim=0)

@@ -163,6 +163,19 @@ def distributed_note(report: Report) -> str | None:
     )
 
 
+def _evaluation(report: Report) -> None:
+    """The evaluation pass between training steps, when the settings ask for one."""
+    answer = report.evaluation
+    if answer is None:
+        return
+    text = f"{answer.verdict()[:-1]} ({report.memory_source})."
+    if answer.stopped_by:
+        text += f" The eval batch search stopped at {answer.stopped_by}: the best known so far."
+    (st.info if answer.fits else st.warning)(text)
+    if answer.note:
+        st.caption(f"{answer.note[0].upper()}{answer.note[1:]}.")
+
+
 def _metrics(report: Report) -> None:
     columns = [*st.columns(3), *st.columns(3)]
     for column, (label, value, help_text, delta) in zip(columns, metric_cards(report), strict=True):
@@ -221,6 +234,7 @@ def results(report: Report) -> None:
     if report.fixes:
         takeaway.fixes(report)
     _metrics(report)
+    _evaluation(report)
     note = throughput_note(report)
     if note:
         st.caption(note)

@@ -1,5 +1,6 @@
 """The sidebar's training and search settings: precision, optimizer, checkpointing, LoRA,
-quantized base weights (QLoRA), mode, batch sizes and strategy, then the advanced ones
+quantized base weights (QLoRA), the loop (accumulation, clipping, the evaluation pass), mode,
+batch sizes and strategy, then the advanced ones
 (attention, kernels, loss chunks, sequence step, loss, protocol, backend, step, largest batch,
 margin, forward only).
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import streamlit as st
 
-from memorymark import models
+from memorymark import limits, models
 from memorymark.settings import Settings, choices, field_help
 from memorymark.ui.model_inputs import applicable
 from memorymark.ui.state_keys import key
@@ -91,7 +92,7 @@ def _lora_inputs(sb: Any) -> dict[str, Any]:
     return {}
 
 
-def _loop_inputs(sb: Any) -> None:
+def _loop_inputs(sb: Any) -> dict[str, Any]:
     sb.number_input(
         "Gradient accumulation steps",
         min_value=1,
@@ -108,6 +109,31 @@ def _loop_inputs(sb: Any) -> None:
         placeholder="off",
         help="clip_grad_norm_ before the optimizer step, as HF Trainer does (its default: 1.0)",
     )
+    return _eval_inputs(sb)
+
+
+def _eval_inputs(sb: Any) -> dict[str, Any]:
+    """The evaluation pass between training steps (HF Trainer's), off until an eval batch is
+    given; its accumulation means nothing without one."""
+    batch = sb.number_input(
+        "Eval batch size (optional)",
+        min_value=1,
+        value=None,
+        key=key("eval_batch"),
+        placeholder="no evaluation pass",
+        help=field_help("eval_batch"),
+    )
+    sb.number_input(
+        "Eval accumulation steps (optional)",
+        min_value=1,
+        max_value=limits.MAX_EVAL_ACCUMULATION,
+        value=None,
+        key=key("eval_accumulation"),
+        placeholder="unset: one batch measured",
+        disabled=batch is None,
+        help=field_help("eval_accumulation"),
+    )
+    return {"eval_accumulation": None} if batch is None else {}
 
 
 def _batch_inputs(sb: Any, use: dict[str, bool]) -> None:
@@ -161,7 +187,7 @@ def training_inputs(sb: Any, entry: models.ModelEntry | None) -> dict[str, Any]:
         )
     overrides = _lora_inputs(sb)
     overrides |= _quantization_inputs(sb, use)
-    _loop_inputs(sb)
+    overrides |= _loop_inputs(sb)
     sb.radio("Mode", choices.MODES, key=key("mode"), horizontal=True, help=field_help("mode"))
     _batch_inputs(sb, use)
     with sb.expander("Advanced"):
