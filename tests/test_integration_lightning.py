@@ -151,9 +151,10 @@ def fp32_answer() -> int:
 
 @pytest.mark.parametrize("precision", ["16-true", "bf16-mixed"])
 def test_half_precision_fits_about_twice_the_rows(precision: str, fp32_answer: int) -> None:
-    # The conv net's bytes are activations: half-precision ones cost half as much a row.
+    # The conv net's bytes are activations: half-precision ones cost half as much a row, and
+    # 16-true halves the weights and optimizer state beside them too.
     half = find_batch_size(ConvNet(), precision=precision, **SEARCH).batch_size
-    assert 1.7 * fp32_answer < half < 2.1 * fp32_answer
+    assert 1.7 * fp32_answer < half < 2.4 * fp32_answer
 
 
 @pytest.mark.parametrize("clip", [None, 1e-3])
