@@ -245,3 +245,15 @@ def test_an_evaluation_pass_between_steps_counts_with_the_loop():
     assert with_eval.allocated_bytes == 38 * MIB  # eval's 16 MiB fit in the step's freed 30
     tight = replay((0, [8 * MIB]), step, 38 * MIB, steps=None, between=(50, [20 * MIB, 12 * MIB]))
     assert tight.out_of_memory  # 20 + 12 kept past the budget beside the weights
+
+
+def test_an_empty_cache_event_returns_whole_cached_segments_as_torch_cuda_empty_cache():
+    # Weights 4 MiB (a 20 MiB segment), a 40 MiB step, then a 44 MiB eval pass, under 70 MiB.
+    # Step 1's eval needs a 44 MiB segment: 104 MiB, so the cached 40 goes back (a retry).
+    # Without a flush the 44 MiB segment stays cached and serves both from then on; with
+    # Trainer's empty_cache after the eval it goes back too, and every step pays again.
+    step, budget = (1, [40 * MIB, ~1]), 70 * MIB
+    kept = replay((0, [4 * MIB]), step, budget, steps=2, between=(10, [44 * MIB, ~10]))
+    flushed = replay((0, [4 * MIB]), step, budget, steps=2, between=(10, [44 * MIB, ~10, None]))
+    assert kept.retries_per_step == (1, 0)
+    assert flushed.retries_per_step == (1, 1)

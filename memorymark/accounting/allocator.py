@@ -236,10 +236,14 @@ class Prediction:
     """Steps replayed: until the segments stopped changing, an OOM, or `MAX_LOOP_STEPS`."""
 
 
-EventLog = tuple[int, Sequence[int]]
+EMPTY_CACHE = None
+"""The event `torch.cuda.empty_cache()`: every whole cached segment goes back to the device."""
+
+EventLog = tuple[int, Sequence[int | None]]
 """(sequence number of the log's first allocation, events). An event n >= 0 allocates n bytes
-and takes the next sequence number; an event n < 0 frees the allocation numbered ~n. Frees of
-allocations outside the logs replayed together are ignored."""
+and takes the next sequence number; an event n < 0 frees the allocation numbered ~n; the event
+`EMPTY_CACHE` empties the cache. Frees of allocations outside the logs replayed together are
+ignored."""
 
 
 MAX_LOOP_STEPS = 8
@@ -342,9 +346,11 @@ def _joined(step: EventLog, after: EventLog) -> EventLog:
     them; frees of anything older (the setup's) kept as they are."""
     first, events = step
     after_first, after_events = after
-    shift = first + sum(1 for e in events if e >= 0) - after_first
+    shift = first + sum(1 for e in events if e is not None and e >= 0) - after_first
     joined = list(events)
-    joined += [e if e >= 0 or ~e < after_first else ~(~e + shift) for e in after_events]
+    joined += [
+        e if e is None or e >= 0 or ~e < after_first else ~(~e + shift) for e in after_events
+    ]
     return first, joined
 
 
@@ -354,12 +360,14 @@ def _repeated(step: EventLog, n: int) -> EventLog:
     reuse) are not made again, and frees of setup allocations are dropped (the first step
     already made them)."""
     first, events = step
-    shift = n * sum(1 for e in events if e >= 0)
-    freed = {~e for e in events if e < 0}
-    again: list[int] = []
+    shift = n * sum(1 for e in events if e is not None and e >= 0)
+    freed = {~e for e in events if e is not None and e < 0}
+    again: list[int | None] = []
     seq = first
     for e in events:
-        if e >= 0:
+        if e is None:
+            again.append(e)
+        elif e >= 0:
             # A kept allocation still takes its number so later frees keep pointing right;
             # 0 makes none (zero-byte storages get no block either).
             again.append(e if seq in freed else 0)
@@ -370,11 +378,13 @@ def _repeated(step: EventLog, n: int) -> EventLog:
 
 
 def _run(
-    allocator: CachingAllocator, live: dict[int, _Block], seq: int, events: Iterable[int]
+    allocator: CachingAllocator, live: dict[int, _Block], seq: int, events: Iterable[int | None]
 ) -> None:
     malloc, free = allocator.malloc, allocator.free
     for event in events:
-        if event >= 0:
+        if event is None:
+            allocator.empty_cache()
+        elif event >= 0:
             # A zero-byte storage gets no block: `NativeCachingAllocator::allocate` calls
             # malloc only when size != 0.
             if event:

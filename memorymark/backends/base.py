@@ -241,6 +241,11 @@ class Backend:
         self._reset_device_peak()
         try:
             self.training_step.run_eval(self._model, eval_batch, self.device, self._on_phase)
+            if self.training_step.settings.eval_accumulation is not None:
+                # Trainer empties the cache each time it moves the kept predictions to the
+                # CPU (transformers/trainer.py `evaluation_loop`), and only then.
+                tracker.events.append(allocator.EMPTY_CACHE)
+                self._empty_cache()
             self._synchronize()
         finally:
             log = tracker.events_first_seq, tracker.events
