@@ -1,7 +1,7 @@
-"""Calibration: rows pair a measured first step with the simulation, stamped with the environment,
-written in the docs/calibration contract; --emulate-gpu caps the allocator and checks the
-predicted boundary. The GPU is a fake `torch.cuda` module throughout; without one, calibrate says
-so."""
+"""Calibration: rows pair a measured loop's steps with the simulation's replay of the same steps,
+stamped with the environment, written in the docs/calibration contract; --emulate-gpu caps the
+allocator and checks the predicted boundary. The GPU is a fake `torch.cuda` module throughout;
+without one, calibrate says so."""
 
 import contextlib
 import csv
@@ -18,12 +18,15 @@ import pytest
 import torch
 
 from benchmarks.calibration_table import summary, table
+from memorymark.accounting.allocator import Prediction
 from memorymark.backends.device import CpuBackend, DeviceBackend
 from memorymark.backends.sim import SimBackend
 from memorymark.calibration import run as calibration
-from memorymark.calibration.record import COLUMNS, CalibrationRow, file_stem, write
+from memorymark.calibration.loop import LOOP_STEPS, replayed_steps
+from memorymark.calibration.record import COLUMNS, CalibrationRow, file_stem, split_cell, write
 from memorymark.calibration.run import (
     RECOMMENDED_MARGIN,
+    as_run,
     boundary_checks,
     calibrate,
     cap_fraction,
@@ -33,7 +36,6 @@ from memorymark.cli.parser import build_parser, main
 from memorymark.environment import GpuEnvironment, driver_version, git_commit, memorymark_version
 from memorymark.fit import FitPolicy
 from memorymark.gpus import find_gpu
-from memorymark.measurement import Measurement
 from memorymark.settings import Settings
 from memorymark.step.catalog import CatalogStep
 
@@ -81,6 +83,17 @@ CONTRACT = (
     "allocated_error",
     "reserved_error",
     "verdict_agrees",
+    # A loop's steps, one by one: after the columns files written before them have.
+    "loop_steps",
+    "measured_oom_step",
+    "measured_allocated_per_step",
+    "measured_reserved_per_step",
+    "measured_retries_per_step",
+    "predicted_retries",
+    "predicted_oom_step",
+    "predicted_allocated_per_step",
+    "predicted_reserved_per_step",
+    "predicted_retries_per_step",
 )
 
 
@@ -175,23 +188,34 @@ def test_rows_compare_simulation_with_a_real_run():
     ]
     assert all(r.allocated_error == 0.0 and r.reserved_error == 0.0 for r in rows)
     assert all(r.measured_fits and r.predicted_fits and r.verdict_agrees for r in rows)
+    # Step by step too: five steps each, the same replay on both sides.
+    for r in rows:
+        assert r.loop_steps == LOOP_STEPS == len(r.measured_reserved_per_step)
+        assert r.measured_reserved_per_step == r.predicted_reserved_per_step
+        assert r.measured_allocated_per_step == r.predicted_allocated_per_step
+        assert r.measured_allocated_bytes == max(r.measured_allocated_per_step)
+        assert r.predicted_retries_per_step == (0,) * LOOP_STEPS and r.predicted_retries == 0
     full, inference = rows[1], rows[3]
     assert inference.measured_allocated_bytes < full.measured_allocated_bytes
     assert (full.seq_len, full.image_size, full.task) == (32, None, "sequence-classification")
     assert (inference.optimizer, full.optimizer) == ("none", "adamw")
 
 
-def test_a_cuda_row_reads_the_first_steps_memory_stats_and_counts_its_own_retries_and_ooms():
+def test_a_cuda_row_is_the_peak_over_the_loops_steps_and_keeps_each_steps_figures():
     cuda = FakeCuda()
-    cuda.counters["num_ooms"] = 3  # earlier in the process: not this probe's
+    cuda.counters["num_ooms"] = 3  # earlier in the process: not this loop's
+    steps_run = {}
 
     class Step(CatalogStep):
         def run_step(self, model, optimizer, batch_size, *args, **kwargs):
-            if batch_size >= 64:
+            step = steps_run[batch_size] = steps_run.get(batch_size, 0) + 1
+            if batch_size >= 64 or (batch_size == 8 and step == 2):
                 cuda.counters["num_ooms"] += 1
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-            if batch_size == 4:  # every step retries twice; only the first one's count
+            if batch_size == 4:  # every step retries twice: the loop's count is all of them
                 cuda.counters["num_alloc_retries"] += 2
+            # The second step reserves more: what a loop's later steps may do.
+            cuda.peaks = (5000 + 100 * (step > 1), 8192 + 4096 * (step > 1))
             return super().run_step(model, optimizer, batch_size, *args, **kwargs)
 
     def device(settings, gpu):
@@ -201,11 +225,10 @@ def test_a_cuda_row_reads_the_first_steps_memory_stats_and_counts_its_own_retrie
             name="cpu",
             device_module=cuda,
             peak_stats=True,
-            timed_steps=1,
         )
 
     grid = settings_grid(["tiny-bert"], protocols=["full"], seq_len=16)
-    rows = list(calibrate(grid, (2, 4, 64), cuda=cuda, real=device, nvml=NVML))
+    rows = list(calibrate(grid, (2, 4, 8, 64), steps=3, cuda=cuda, real=device, nvml=NVML))
     figures = [
         (
             r.batch_size,
@@ -220,13 +243,34 @@ def test_a_cuda_row_reads_the_first_steps_memory_stats_and_counts_its_own_retrie
         for r in rows
     ]
     assert figures == [
-        (2, 5000, 8192, 0, 0, True, True, True),
+        (2, 5100, 12288, 0, 0, True, True, True),
         # It completed after flushing the cache: it runs (never recommended), its retries counted.
-        (4, 5000, 8192, 2, 0, True, True, True),
+        (4, 5100, 12288, 6, 0, True, True, True),
+        # Its second step ran out of memory: the first step's bytes are kept, the verdict is OOM.
+        (8, 5000, 8192, 0, 1, False, True, False),
         (64, None, None, 0, 1, False, True, False),
+    ]
+    assert [
+        (
+            r.loop_steps,
+            r.measured_oom_step,
+            r.measured_reserved_per_step,
+            r.measured_retries_per_step,
+        )
+        for r in rows
+    ] == [
+        (3, None, (8192, 12288, 12288), (0, 0, 0)),
+        (3, None, (8192, 12288, 12288), (2, 2, 2)),
+        (3, 2, (8192,), (0, 0)),
+        (3, 1, (), (0,)),
     ]
     assert rows[0].capacity_bytes == A10_TOTAL - find_gpu("A10").context_bytes  # as detected
     assert rows[0].predicted_reserved_bytes > rows[0].predicted_allocated_bytes > 0
+    # The prediction beside every row, for the same three steps.
+    assert all(len(r.predicted_reserved_per_step) == 3 for r in rows)
+    assert {r.predicted_retries for r in rows} == {0} and {r.predicted_oom_step for r in rows} == {
+        None
+    }
 
 
 def test_rows_are_stamped_and_written_as_csv_and_json_in_the_contract(tmp_path):
@@ -260,8 +304,13 @@ def test_rows_are_stamped_and_written_as_csv_and_json_in_the_contract(tmp_path):
     assert (record["measured_fits"], record["grad_checkpointing"]) == ("true", "false")
     assert record["reserved_error"] == "0.0"
     assert int(record["measured_reserved_bytes"]) == rows[0].measured_reserved_bytes
+    # A loop's figures step by step: one space-separated cell, a list in the JSON twin.
+    assert split_cell(record["predicted_reserved_per_step"]) == rows[0].predicted_reserved_per_step
+    assert len(record["measured_retries_per_step"].split()) == LOOP_STEPS
+    assert (record["measured_oom_step"], record["predicted_retries"]) == ("", "0")
     (twin,) = json.loads(json_path.read_text())
     assert twin == rows[0].to_dict() and twin["seq_len"] is None
+    assert twin["measured_reserved_per_step"] == list(rows[0].measured_reserved_per_step)
 
 
 def test_file_names_say_the_gpu_the_emulated_gpu_and_the_day():
@@ -274,32 +323,33 @@ def test_file_names_say_the_gpu_the_emulated_gpu_and_the_day():
 
 class CappedDevice:
     """A GPU whose step reserves `cap * batch / full_at` bytes and runs out of memory past the
-    cap the fake cuda module was given: the allocator's behaviour under a memory fraction."""
+    cap the fake cuda module was given (the allocator under a memory fraction); from batch
+    `later_steps_fail_from` on, each step after the first runs out of memory (a first step that
+    squeezed through after a cache flush). What a loop reads of a backend, and nothing more."""
 
-    name, measured = "cuda", True
+    measured, device = True, "cuda"
+    _model = _optimizer = None
 
-    def __init__(self, cuda: FakeCuda, full_at: float) -> None:
-        self.cuda, self.full_at = cuda, full_at
+    def __init__(
+        self, cuda: FakeCuda, full_at: float, gpu, later_steps_fail_from: int | None = None
+    ) -> None:
+        self.cuda, self.full_at, self.later_from = cuda, full_at, later_steps_fail_from
+        self.policy = FitPolicy(capacity_bytes=gpu.usable_bytes)
+        self.training_step = self
+        self.steps = 0
 
-    def measure(self, batch_size: int) -> Measurement:
+    def resident_bytes(self):
+        self.steps = 0  # a loop starts
+        return {}
+
+    def run_step(self, model, optimizer, batch_size, device):
+        self.steps += 1
         reserved = int(self.cuda.cap_bytes * batch_size / self.full_at)
-        ran = reserved <= self.cuda.cap_bytes
-        if ran:
-            self.cuda.peaks = (reserved * 9 // 10, reserved)
-        else:
+        later_fails = self.later_from is not None and batch_size >= self.later_from
+        if reserved > self.cuda.cap_bytes or (later_fails and self.steps > 1):
             self.cuda.counters["num_ooms"] += 1
-        return Measurement(
-            batch_size=batch_size,
-            fits=ran,
-            peak_bytes=self.cuda.peaks[0],
-            reserved_bytes=reserved if ran else None,
-            required_bytes=reserved if ran else None,
-            alloc_retries=0 if ran else None,
-            memory_stats=self.cuda.memory_stats(),
-            backend="cuda",
-            measured=True,
-            error=None if ran else "CUDA out of memory.",
-        )
+            raise torch.OutOfMemoryError("CUDA out of memory.")
+        self.cuda.peaks = (reserved * 9 // 10, reserved)
 
     @contextlib.contextmanager
     def session(self):
@@ -307,17 +357,19 @@ class CappedDevice:
 
 
 def test_emulation_caps_the_allocator_at_the_gpus_capacity_and_checks_the_predicted_boundary():
-    # GPT-2 at seq 128 on a T4 (step 8): the simulation recommends 56, says 64 runs (inside
-    # the margin) and 72 does not (the replayed loop runs out of memory).
+    # GPT-2 at seq 128 on a T4 (step 8): the batch the simulation recommends must fit, the
+    # largest it says runs must run, and one step more must not.
     cuda = FakeCuda()
     t4 = find_gpu("T4")
+    grid = settings_grid(["gpt2"], protocols=["full"])
+    max_batch, step, recommended = calibration.predicted_boundary(grid[0], t4)
     rows = list(
         calibrate(
-            settings_grid(["gpt2"], protocols=["full"]),
+            grid,
             (8,),
             emulate=t4,
             cuda=cuda,
-            real=lambda settings, gpu: CappedDevice(cuda, full_at=60),
+            real=lambda settings, gpu: CappedDevice(cuda, max_batch + step / 2, gpu),
             nvml=NVML,
         )
     )
@@ -325,18 +377,17 @@ def test_emulation_caps_the_allocator_at_the_gpus_capacity_and_checks_the_predic
     assert cuda.fractions == [(t4.usable_bytes / A10_TOTAL, 0), (1.0, 0)]
     assert [(r.batch_size, r.boundary_check) for r in rows] == [
         (8, ""),
-        (56, "recommended"),
-        (64, "max fits"),
-        (72, "max+step OOM"),
+        *boundary_checks(max_batch, step, recommended),
     ]
+    assert recommended < max_batch  # so the recommended row is there
     assert {(r.environment.emulated_gpu, r.capacity_bytes) for r in rows} == {
         ("T4", t4.usable_bytes)
     }
-    _, recommended, at_max, past_max = rows
-    assert (recommended.measured_fits, recommended.predicted_fits) == (True, True)
+    _, at_recommended, at_max, past_max = rows
+    assert (at_recommended.measured_fits, at_recommended.predicted_fits) == (True, True)
     assert (at_max.measured_fits, at_max.predicted_fits, at_max.verdict_agrees) == (True,) * 3
     capped_bytes = int(cuda.fractions[0][0] * A10_TOTAL)
-    assert at_max.measured_reserved_bytes == int(capped_bytes * 56 / 60)
+    assert at_max.measured_reserved_bytes == int(capped_bytes * max_batch / (max_batch + step / 2))
     assert at_max.predicted_reserved_bytes <= t4.usable_bytes
     assert (past_max.measured_fits, past_max.predicted_fits, past_max.verdict_agrees) == (
         False,
@@ -347,6 +398,77 @@ def test_emulation_caps_the_allocator_at_the_gpus_capacity_and_checks_the_predic
     assert past_max.predicted_reserved_bytes > at_max.predicted_reserved_bytes
 
 
+def test_the_simulation_of_a_capped_run_has_the_devices_kernels_at_the_emulated_capacity():
+    h100, a10 = find_gpu("H100 80GB"), find_gpu("A10")
+    gpu = as_run(h100, a10.usable_bytes, "A10")
+    assert (gpu.usable_bytes, gpu.compute_capability) == (a10.usable_bytes, (9, 0))
+    assert gpu.name == "H100 80GB as A10"
+    assert as_run(h100, h100.usable_bytes) is h100
+
+
+def test_a_loop_whose_later_step_runs_out_keeps_its_first_steps_bytes_and_says_which_step():
+    cuda = FakeCuda()
+    rows = list(
+        calibrate(
+            settings_grid(["tiny-gpt2"], protocols=["full"], seq_len=16),
+            (10, 30),
+            cuda=cuda,
+            real=lambda settings, gpu: CappedDevice(cuda, 100, gpu, later_steps_fail_from=30),
+            nvml=NVML,
+        )
+    )
+    fine, second_fails = rows
+    reserved = int(A10_TOTAL * 30 / 100)
+    assert (second_fails.measured_allocated_bytes, second_fails.measured_reserved_bytes) == (
+        reserved * 9 // 10,
+        reserved,
+    )
+    assert (second_fails.measured_oom_step, second_fails.measured_fits) == (2, False)
+    assert second_fails.measured_reserved_per_step == (reserved,)
+    assert second_fails.measured_retries_per_step == (0, 0) and second_fails.num_ooms == 1
+    assert second_fails.reserved_error is not None  # comparable: not lost with the verdict
+    assert (fine.measured_oom_step, fine.measured_fits, len(fine.measured_reserved_per_step)) == (
+        None,
+        True,
+        LOOP_STEPS,
+    )
+
+
+def test_a_replay_fills_a_steady_loop_to_the_steps_asked_and_stops_at_its_oom():
+    steady = Prediction(
+        10,
+        20,
+        reserved_per_step=(18, 20),
+        allocated_per_step=(9, 10),
+        retries_per_step=(1, 0),
+        steps=2,
+    )
+    figures = [
+        (s.step, s.allocated_bytes, s.reserved_bytes, s.retries, s.oom)
+        for s in replayed_steps(steady, 4)
+    ]
+    assert figures == [
+        (1, 9, 18, 1, False),
+        (2, 10, 20, 0, False),
+        (3, 10, 20, 0, False),  # steady: each later step replays as the last
+        (4, 10, 20, 0, False),
+    ]
+    dies = Prediction(
+        10,
+        30,
+        out_of_memory=True,
+        reserved_per_step=(18,),
+        allocated_per_step=(9,),
+        retries_per_step=(1, 2),
+        steps=2,
+    )
+    assert [(s.step, s.reserved_bytes, s.retries, s.oom) for s in replayed_steps(dies, 4)] == [
+        (1, 18, 1, False),
+        (2, None, 2, True),
+    ]
+    assert len(replayed_steps(steady, 1)) == 1
+
+
 def test_a_boundary_the_gpu_disagrees_with_is_reported_as_such():
     cuda = FakeCuda()
     rows = list(
@@ -355,7 +477,7 @@ def test_a_boundary_the_gpu_disagrees_with_is_reported_as_such():
             (),
             emulate=find_gpu("T4"),
             cuda=cuda,
-            real=lambda settings, gpu: CappedDevice(cuda, full_at=50),  # OOMs from batch 51
+            real=lambda settings, gpu: CappedDevice(cuda, 50, gpu),  # OOMs from batch 51
             boundary=lambda settings, gpu: (56, 8),
             nvml=NVML,
         )
@@ -563,7 +685,7 @@ def test_a_combination_the_model_cannot_build_is_skipped_with_its_reason():
             (2,),
             cuda=cuda,
             nvml=NVML,
-            real=lambda settings, gpu: CappedDevice(cuda, full_at=1000),
+            real=lambda settings, gpu: CappedDevice(cuda, 1000, gpu),
             on_skip=lambda s, why: skipped.append((s.model, why)),
         )
     )

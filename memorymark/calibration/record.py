@@ -1,7 +1,8 @@
 """One calibration row and the files rows are kept in: the contract of docs/calibration/.
 
-A row puts one measured step (on a real CUDA GPU) beside the simulation's prediction for the same
-settings and GPU, stamped with the environment it ran in. `write` saves rows as
+A row puts a measured training loop's first steps (on a real CUDA GPU) beside the simulation's
+prediction for the same steps, settings and capacity, stamped with the environment it ran in:
+the peaks over the steps, and each step's (`LOOP_COLUMNS`). `write` saves rows as
 `<gpu>-<yyyy-mm-dd>.csv` with a JSON twin; docs/calibration/README.md describes every column,
 and `COLUMNS` is their order. This module is plain data and files: no torch, no devices.
 """
@@ -53,23 +54,51 @@ class CalibrationRow:
     """What the verdicts were judged against: the caching allocator's capacity (total less the
     CUDA context) of the emulated GPU, else of this one."""
     measured_allocated_bytes: int | None
-    """'allocated_bytes.all.peak' of `torch.cuda.memory_stats()` after the first step of the
-    probe; None when the step ran out of memory."""
+    """'allocated_bytes.all.peak' of `torch.cuda.memory_stats()`: the highest of the loop's
+    steps that finished (step 1's when step 2 ran out of memory); None when the first step ran
+    out of memory."""
     measured_reserved_bytes: int | None
-    """'reserved_bytes.all.peak', read at the same moment; None for an out-of-memory step."""
+    """'reserved_bytes.all.peak' over the same steps; None when the first step ran out of
+    memory."""
     measured_fits: bool
-    """The fit policy on the measurement: no OOM, no allocation retry, reserved within capacity."""
+    """The fit policy's *runs* verdict on the measurement: every step ran, reserved within
+    capacity (allocation retries allowed)."""
     alloc_retries: int | None
-    """'num_alloc_retries' during the probe (cache flushed and cudaMalloc retried)."""
+    """'num_alloc_retries' during the loop's steps (cache flushed and cudaMalloc retried)."""
     num_ooms: int | None
-    """'num_ooms' during the probe."""
+    """'num_ooms' during the loop."""
     predicted_allocated_bytes: int
-    """The simulation's allocated peak as CUDA counts it (512-byte blocks)."""
+    """The simulation's allocated peak as CUDA counts it (512-byte blocks), over the same
+    steps."""
     predicted_reserved_bytes: int | None
-    """The simulation's reserved peak (the caching-allocator replay); for a predicted OOM, what
-    the step would need."""
+    """The simulation's reserved peak (the caching-allocator replay) over the same steps; for a
+    predicted OOM, what the loop would need."""
     predicted_fits: bool
     """The fit policy on the prediction, against the same capacity."""
+    # The loop, step by step (LOOP_COLUMNS: after the derived columns, so that files written
+    # before them keep every column where it was).
+    loop_steps: int | None = None
+    """Consecutive steps the probe ran at most (the measured bytes are their peak); None in
+    files from before probes ran a loop (the measured bytes are the first step's)."""
+    measured_oom_step: int | None = None
+    """The step that ran out of memory on the GPU; None when none did."""
+    measured_allocated_per_step: tuple[int, ...] = ()
+    """Each finished step's allocated peak (peak statistics reset before each), in order."""
+    measured_reserved_per_step: tuple[int, ...] = ()
+    """Each finished step's reserved peak, in order."""
+    measured_retries_per_step: tuple[int, ...] = ()
+    """Allocation retries of each step run, the one that ran out of memory included."""
+    predicted_retries: int | None = None
+    """The replay's allocation retries over the same steps (`alloc_retries`' counterpart)."""
+    predicted_oom_step: int | None = None
+    """The step at which the replay against the capacity ran out of memory; None when none
+    did (it may be past `loop_steps`: the verdict reads the whole replay)."""
+    predicted_allocated_per_step: tuple[int, ...] = ()
+    """The replay's allocated peak of each finished step, over the same steps."""
+    predicted_reserved_per_step: tuple[int, ...] = ()
+    """The replay's reserved peak of each finished step."""
+    predicted_retries_per_step: tuple[int, ...] = ()
+    """The replay's allocation retries of each step, the one that ran out of memory included."""
 
     @property
     def allocated_error(self) -> float | None:
@@ -88,14 +117,18 @@ class CalibrationRow:
         return self.measured_fits == self.predicted_fits
 
     def to_dict(self) -> dict[str, Any]:
-        """A flat record, keys in `COLUMNS` order (JSON values: bytes as ints, None as null)."""
+        """A flat record, keys in `COLUMNS` order (JSON values: bytes as ints, None as null,
+        per-step figures as lists)."""
         record: dict[str, Any] = self.environment.to_dict()
         for f in fields(self):
-            if f.name != "environment":
+            if f.name != "environment" and f.name not in LOOP_COLUMNS:
                 record[f.name] = getattr(self, f.name)
         record["allocated_error"] = self.allocated_error
         record["reserved_error"] = self.reserved_error
         record["verdict_agrees"] = self.verdict_agrees
+        for name in LOOP_COLUMNS:
+            value = getattr(self, name)
+            record[name] = list(value) if isinstance(value, tuple) else value
         return record
 
 
@@ -105,12 +138,27 @@ def _relative(predicted: int | None, measured: int | None) -> float | None:
     return round((predicted - measured) / measured, 5)
 
 
+LOOP_COLUMNS: tuple[str, ...] = (
+    "loop_steps",
+    "measured_oom_step",
+    "measured_allocated_per_step",
+    "measured_reserved_per_step",
+    "measured_retries_per_step",
+    "predicted_retries",
+    "predicted_oom_step",
+    "predicted_allocated_per_step",
+    "predicted_reserved_per_step",
+    "predicted_retries_per_step",
+)
+"""The columns a loop's steps fill, last in a file."""
+
 COLUMNS: tuple[str, ...] = (
     *(f.name for f in fields(GpuEnvironment)),
-    *(f.name for f in fields(CalibrationRow) if f.name != "environment"),
+    *(f.name for f in fields(CalibrationRow) if f.name not in ("environment", *LOOP_COLUMNS)),
     "allocated_error",
     "reserved_error",
     "verdict_agrees",
+    *LOOP_COLUMNS,
 )
 
 
@@ -145,7 +193,15 @@ def write(
 
 
 def _csv_value(value: Any) -> Any:
-    """true/false for booleans and an empty cell for None, as the README promises."""
+    """true/false for booleans, an empty cell for None, as the README promises, and a list
+    of figures as one cell, space-separated (`split_cell` reads it back)."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
     return "" if value is None else value
+
+
+def split_cell(cell: str | None) -> tuple[int, ...]:
+    """A per-step CSV cell as its integers (an empty or missing cell: none)."""
+    return tuple(int(v) for v in (cell or "").split())

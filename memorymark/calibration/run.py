@@ -1,10 +1,12 @@
 """Calibration: the simulation checked against a real CUDA GPU, row by row.
 
 `calibrate` runs each settings combination at several batch sizes for real on this machine's
-GPU and simulated for the same GPU, and yields one `CalibrationRow` per batch: the first step's
-measured peaks and allocator counters beside the prediction, stamped with the environment. With
-`emulate`, the process is capped at a catalog GPU's capacity and the simulation's boundary for
-that GPU is checked: its largest running batch must run here, one search step more must not.
+GPU, a few consecutive steps each (memorymark/calibration/loop.py), and replays the same steps
+in the simulation of the same GPU; it yields one `CalibrationRow` per batch: the loop's measured
+peaks and allocator counters, step by step, beside the prediction, stamped with the environment.
+With `emulate`, the process is capped at a catalog GPU's capacity (the simulation runs this
+GPU's kernels at that capacity: `as_run`) and the simulation's boundary for the catalog GPU is
+checked: its largest running batch must run here, one search step more must not.
 This module composes the engine (backends, the sweep, the fit policy); it measures nothing
 itself, and reaches the GPU only through the `torch.cuda`-like module it is handed.
 """
@@ -22,6 +24,7 @@ import torch
 from memorymark import gpus, models
 from memorymark.backends.base import Backend
 from memorymark.backends.resolve import cuda_available, detect_cuda_gpu
+from memorymark.calibration.loop import LOOP_STEPS, Loop, run_loop, simulated_loop
 from memorymark.calibration.record import (
     BOUNDARY_MAX,
     BOUNDARY_PAST_MAX,
@@ -30,14 +33,11 @@ from memorymark.calibration.record import (
 )
 from memorymark.engine import Session
 from memorymark.environment import GpuEnvironment, gpu_environment
-from memorymark.measurement import Measurement
 from memorymark.settings import Search, Settings
 from memorymark.settings.choices import PROTOCOLS
 
 DEFAULT_MODELS = ("bert", "gpt2", "resnet")
 DEFAULT_BATCH_SIZES = (4, 8, 16)
-# The allocator counters a row reports per probe (names as `torch.cuda.memory_stats()` has them).
-_COUNTERS = ("num_alloc_retries", "num_ooms")
 
 BackendFactory = Callable[[Settings, gpus.GPU], Backend]
 """Settings and the GPU whose capacity judges the verdicts -> a backend."""
@@ -89,6 +89,7 @@ def calibrate(
     batch_sizes: Iterable[int] = DEFAULT_BATCH_SIZES,
     *,
     emulate: gpus.GPU | None = None,
+    steps: int = LOOP_STEPS,
     cuda: Any = torch.cuda,
     real: BackendFactory | None = None,
     simulated: BackendFactory | None = None,
@@ -96,26 +97,32 @@ def calibrate(
     nvml: Any = None,
     on_skip: Callable[[Settings, str], None] | None = None,
 ) -> Iterator[CalibrationRow]:
-    """Yield one row per settings combination and batch size as each pair of measurements
-    lands, then, with `emulate`, the two boundary rows of each combination.
+    """Yield one row per settings combination and batch size as each pair of loops lands
+    (`steps` consecutive steps measured, the same steps replayed), then, with `emulate`, the
+    boundary rows of each combination.
 
-    `cuda` is torch.cuda (a fake in tests); `real` and `simulated` build the measured and the
-    simulated backend for a combination and the GPU whose capacity judges them (this one, or
-    `emulate`); `boundary` gives the simulated boundary (default: a simulated sweep);
+    `cuda` is torch.cuda (a fake in tests); `real` builds the measured backend for a
+    combination and the GPU whose capacity judges it (this one, or `emulate`), `simulated` the
+    simulated one for the GPU that ran (`as_run`: this GPU's kernels at that capacity);
+    `boundary` gives the simulated boundary on the catalog GPU (default: a simulated sweep);
     `nvml` replaces pynvml for the driver stamp. A combination the model cannot build (a
     ValueError before its first step: checkpointing on ResNet, say) is passed to `on_skip`
     with the reason and the grid goes on; without `on_skip` the error is raised.
     """
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1 (got {steps})")
     if not cuda_available(cuda):
         raise NoGpuError("calibrate needs a CUDA GPU and PyTorch sees none")
     device_gpu = detect_cuda_gpu(cuda)
     target = emulate or device_gpu
     env = gpu_environment(cuda, emulate.name if emulate else "", nvml=nvml)
-    # Both judged against `target`: the detected GPU, or the one the capped process emulates.
+    # Both judged against `target`'s capacity: the detected GPU, or the one the capped process
+    # emulates; the simulation runs the kernels the steps ran, this GPU's.
     real = real or (lambda settings, gpu: _session(settings, gpu, "cuda", cuda).open_backend())
     simulated = simulated or (lambda settings, gpu: _session(settings, gpu, "sim").open_backend())
     boundary = boundary or predicted_boundary
     batch_sizes = tuple(batch_sizes)
+    sim_gpu = as_run(device_gpu, target.usable_bytes, target.name)
     with capped(cuda, emulate, device_gpu):
         for settings in grid:
             try:
@@ -123,19 +130,34 @@ def calibrate(
                 # batch sizes, as in training; the session frees them before the next one.
                 with (
                     real(settings, target).session() as device,
-                    simulated(settings, target).session() as sim,
+                    simulated(settings, sim_gpu).session() as sim,
                 ):
                     checks = [(batch, "") for batch in batch_sizes]
                     if emulate is not None:
                         checks += boundary_checks(*boundary(settings, target))
                     for batch, label in checks:
-                        before = _counters(cuda) if device.measured else None
-                        measured, predicted = device.measure(batch), sim.measure(batch)
-                        yield _row(env, settings, target, measured, predicted, before, label)
+                        measured = run_loop(device, batch, steps, cuda)
+                        predicted = simulated_loop(sim, batch, steps)
+                        yield _row(env, settings, target, batch, measured, predicted, label)
             except ValueError as exc:
                 if on_skip is None:
                     raise
                 on_skip(settings, str(exc))
+
+
+def as_run(device_gpu: gpus.GPU, capacity_bytes: int, capped_as: str = "") -> gpus.GPU:
+    """The GPU a capped run really is, for the simulation: `device_gpu`'s kernels (compute
+    capability: attention backend, cuBLAS workspaces) with `capacity_bytes` usable (what the
+    cap left the allocator; `capped_as` names the GPU it emulated). `device_gpu` itself when
+    nothing was capped."""
+    if capacity_bytes == device_gpu.usable_bytes:
+        return device_gpu
+    return replace(
+        device_gpu,
+        name=f"{device_gpu.name} as {capped_as or 'capped'}",
+        total_bytes=capacity_bytes + device_gpu.context_bytes + device_gpu.nccl_bytes,
+        measured=False,
+    )
 
 
 def _session(settings: Settings, gpu: gpus.GPU, backend: str, cuda: Any = None) -> Session:
@@ -208,34 +230,16 @@ def cap_fraction(cuda: Any, emulated: gpus.GPU, device_gpu: gpus.GPU) -> float:
     return float(emulated.usable_bytes / total_bytes)
 
 
-def _counters(cuda: Any) -> dict[str, int]:
-    stats = cuda.memory_stats()
-    return {name: int(stats.get(name, 0)) for name in _COUNTERS}
-
-
 def _row(
     env: GpuEnvironment,
     settings: Settings,
     gpu: gpus.GPU,
-    measured: Measurement,
-    predicted: Measurement,
-    counters_before: dict[str, int] | None,
+    batch_size: int,
+    measured: Loop,
+    predicted: Loop,
     boundary_check: str,
 ) -> CalibrationRow:
-    stats = measured.memory_stats
-    if stats is not None:  # the first step's own peaks, before any timed step
-        allocated = stats.get("allocated_bytes.all.peak")
-        reserved = stats.get("reserved_bytes.all.peak")
-    else:  # a stand-in backend without the device's statistics
-        allocated, reserved = measured.cuda_allocated_bytes, measured.cuda_reserved_bytes
-    ran = measured.required_bytes is not None  # None: the step ran out of memory
     text = models.find_model(settings.model).input_kind == "text"
-
-    def during_probe(name: str) -> int | None:
-        if stats is None or counters_before is None or name not in stats:
-            return measured.alloc_retries if name == "num_alloc_retries" else None
-        return stats[name] - counters_before[name]
-
     return CalibrationRow(
         environment=env,
         model=settings.model,
@@ -247,17 +251,32 @@ def _row(
         protocol=settings.protocol,
         seq_len=settings.seq_len if text else None,
         image_size=None if text else settings.image_size,
-        batch_size=measured.batch_size,
+        batch_size=batch_size,
         grad_accum=settings.grad_accum,
         boundary_check=boundary_check,
         capacity_bytes=gpu.usable_bytes,
-        measured_allocated_bytes=allocated if ran else None,
-        measured_reserved_bytes=reserved if ran else None,
-        measured_fits=bool(measured.runs),
-        alloc_retries=during_probe("num_alloc_retries"),
-        num_ooms=during_probe("num_ooms"),
-        # Like for like: what CUDA's allocator would count (512-byte blocks), not tensor bytes.
-        predicted_allocated_bytes=predicted.cuda_allocated_bytes,
-        predicted_reserved_bytes=predicted.cuda_reserved_bytes,
-        predicted_fits=bool(predicted.runs),
+        measured_allocated_bytes=measured.allocated_bytes,
+        measured_reserved_bytes=measured.reserved_bytes,
+        measured_fits=measured.runs,
+        alloc_retries=measured.retries,
+        num_ooms=measured.ooms,
+        # Like for like: what CUDA's allocator would count (512-byte blocks) over the same steps.
+        predicted_allocated_bytes=predicted.allocated_bytes or 0,
+        predicted_reserved_bytes=predicted.reserved_bytes,
+        predicted_fits=predicted.runs,
+        loop_steps=measured.asked,
+        measured_oom_step=measured.oom_step,
+        measured_allocated_per_step=_bytes(measured, "allocated_bytes"),
+        measured_reserved_per_step=_bytes(measured, "reserved_bytes"),
+        measured_retries_per_step=tuple(s.retries for s in measured.steps),
+        predicted_retries=predicted.retries,
+        predicted_oom_step=predicted.oom_step,
+        predicted_allocated_per_step=_bytes(predicted, "allocated_bytes"),
+        predicted_reserved_per_step=_bytes(predicted, "reserved_bytes"),
+        predicted_retries_per_step=tuple(s.retries for s in predicted.steps),
     )
+
+
+def _bytes(loop: Loop, name: str) -> tuple[int, ...]:
+    """One peak of each step that finished."""
+    return tuple(getattr(s, name) or 0 for s in loop.finished)
