@@ -8,17 +8,38 @@ docs/calibration`): GPU, model, settings, batch (and which boundary it checks), 
 predicted reserved memory in GiB, the relative error, and the verdicts. With no CSV there it
 says "no calibration data yet". Reads the files only: no torch, nothing is measured.
 
+`--repredict` re-simulates every committed row (the CSVs and the steady-state lines of
+benchmarks/steady_state.py) with the current engine, each as it ran: its GPU's kernels at the
+capacity it was capped at, the same steps (memorymark/calibration/repredict.py). It prints the
+allocated and reserved error, verdict agreement for boundary rows apart from rows far below
+capacity, every disagreement, the recommended batches that needed an allocation retry on the
+GPU, and each loop step by step; progress goes to stderr. `--only` keeps the rows judged against
+a GPU's capacity (`--only a10`) or from files whose name holds a word (`--only steady-state`),
+`--limit N` the first N. It takes minutes (a few seconds a row on two cores).
+
     python benchmarks/calibration_table.py [--dir docs/calibration] [--summary]
+    python benchmarks/calibration_table.py --repredict --only a10 steady-state [--limit 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from memorymark import gpus
+from memorymark.environment import package_version, torch_version
 from memorymark.units import gib
+
+if TYPE_CHECKING:  # torch loads only for --repredict
+    from memorymark.calibration.loop import StepPeaks
+    from memorymark.calibration.repredict import Evidence, Reprediction
 
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "docs" / "calibration"
 HEADER = (
@@ -131,12 +152,180 @@ def summary(folder: Path = DEFAULT_DIR) -> str:
     return "\n".join(lines)
 
 
+# -- --repredict --------------------------------------------------------------------------------
+def evidence(folder: Path = DEFAULT_DIR) -> list[Evidence]:
+    """Every committed real run in `folder`: the CSV rows, then the steady-state lines."""
+    from memorymark.calibration import repredict
+
+    rows: list[Evidence] = []
+    for path in sorted(folder.glob("*.csv")):
+        with path.open(newline="") as f:
+            rows += [repredict.from_csv_row(r, path.name) for r in csv.DictReader(f)]
+    for path in sorted(folder.glob("steady-state-*.jsonl")):
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        rows += [repredict.from_steady_state(json.loads(line), path.name) for line in lines]
+    return rows
+
+
+def select(
+    rows: Iterable[Evidence], only: Sequence[str] = (), limit: int | None = None
+) -> list[Evidence]:
+    """The rows `--only` keeps (each word a GPU whose capacity judged the row, else a part of
+    the file name; any word matches), the first `limit` of them."""
+    kept = [r for r in rows if not only or any(_matches(r, word) for word in only)]
+    return kept[:limit] if limit is not None else kept
+
+
+def _matches(row: Evidence, word: str) -> bool:
+    try:
+        gpu = gpus.find_gpu(word)
+    except gpus.UnknownGPUError:
+        return word.lower() in row.source.lower()
+    return gpus.find_gpu(row.capped_as or row.device_gpu.name).name == gpu.name
+
+
+def _progress(total: int) -> Callable[[Reprediction], None]:
+    """A line on stderr as each row is re-predicted."""
+    done = iter(range(1, total + 1))
+
+    def report(r: Reprediction) -> None:
+        line = f"[{next(done)}/{total}] {r.evidence.label}: {_verdicts(r)} ({r.seconds:.1f} s)"
+        print(line, file=sys.stderr, flush=True)
+
+    return report
+
+
+def repredicted(results: Sequence[Reprediction], seconds: float) -> str:
+    """The markdown report of `--repredict`."""
+    from memorymark.calibration import repredict as rp
+
+    done = [r for r in results if r.error is None]
+    boundary, far = rp.near_capacity(done)
+    ran_under = sorted({r.evidence.torch_version or "not recorded" for r in results})
+    lines = [
+        f"Re-predicted {len(done)} of {len(results)} rows with the current engine in "
+        f"{seconds:.0f} s: each as it ran (its GPU's kernels at its capacity, its torch's cuBLAS "
+        "workspaces); bytes over the steps the GPU's figures are the peak of (the first step in "
+        "files from before loops were measured), verdicts over the steps it ran. Simulated "
+        f"under torch {torch_version()}, transformers {package_version('transformers')}; the "
+        f"rows ran under torch {', '.join(ran_under)}.",
+        "",
+        "| rows | count | allocated error, median / worst | reserved error, median / worst "
+        "| verdicts agree |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for name, group in (("boundary", boundary), ("far below capacity", far), ("all", done)):
+        agree = sum(r.agrees for r in group)
+        lines.append(
+            f"| {name} | {len(group)} | {_stats(r.allocated_error for r in group)} "
+            f"| {_stats(r.reserved_error for r in group)} | {agree} of {len(group)} |"
+        )
+    lines += ["", f"Definition: {rp.BOUNDARY_DEFINITION}."]
+    for name in ("allocated", "reserved"):
+        worst = max(done, key=lambda r: abs(getattr(r, f"{name}_error") or 0), default=None)
+        error = getattr(worst, f"{name}_error", None)
+        if worst is not None and error is not None:
+            lines.append(f"Worst {name} error: {100 * error:+.1f}%, {worst.evidence.label}.")
+    disagree = [r for r in done if not r.agrees]
+    lines += ["", f"Verdicts that disagree: {len(disagree) or 'none'}"]
+    lines += [f"- {r.evidence.label}: {_verdicts(r)}" for r in disagree]
+    retried = rp.recommended_with_retries(done)
+    lines += ["", f"Recommended batches that needed a retry on the GPU: {len(retried) or 'none'}"]
+    lines += [
+        f"- {r.evidence.label}: {r.evidence.measured_retries} retries on the GPU; re-predicted "
+        f"recommended, retries per step {_retries(r.loop.steps)}"
+        for r in retried
+        if r.loop is not None
+    ]
+    failed = [r for r in results if r.error is not None]
+    if failed:
+        lines += ["", f"Not re-predicted: {len(failed)}"]
+        lines += [f"- {r.evidence.label}: {r.error}" for r in failed]
+    return "\n".join([*lines, *_loops(done)])
+
+
+def _loops(results: Sequence[Reprediction]) -> list[str]:
+    """Each loop measured step by step, beside its replay: reserved GiB [retries] per step."""
+    stepped = [r for r in results if r.evidence.measured_steps and r.loop is not None]
+    if not stepped:
+        return []
+    lines = [
+        "",
+        "Loops step by step: reserved GiB [allocation retries] of each step, OOM where one ran "
+        "out of memory.",
+        "",
+        "| row | on the GPU | re-predicted | verdicts |",
+        "| --- | --- | --- | --- |",
+    ]
+    for r in stepped:
+        steps = r.loop.steps if r.loop is not None else ()
+        lines.append(
+            f"| {r.evidence.label} | {_steps(r.evidence.measured_steps)} | {_steps(steps)} "
+            f"| {_verdicts(r)} |"
+        )
+    return lines
+
+
+def _steps(steps: Iterable[StepPeaks]) -> str:
+    return ", ".join(
+        f"{'OOM' if s.oom else f'{gib(s.reserved_bytes or 0):.3f}'} [{s.retries}]" for s in steps
+    )
+
+
+def _retries(steps: Iterable[StepPeaks]) -> str:
+    return " ".join(str(s.retries) for s in steps)
+
+
+def _verdicts(r: Reprediction) -> str:
+    if r.loop is None:
+        return f"not re-predicted: {r.error}"
+    measured = _outcome(r.evidence.measured_runs, r.evidence.measured_steps)
+    predicted = _outcome(r.loop.runs, r.loop.steps)
+    if r.agrees and measured != predicted:  # both OOM, at different steps
+        return f"agree: OOM (on the GPU {measured}, re-predicted {predicted})"
+    if r.agrees:
+        return f"agree: {measured}"
+    return f"DISAGREE: measured {measured}, re-predicted {predicted}"
+
+
+def _outcome(runs: bool, steps: Sequence[StepPeaks]) -> str:
+    if runs:
+        return "runs"
+    oom = next((s.step for s in steps if s.oom), None)
+    return f"OOM at step {oom}" if oom else "OOM"
+
+
+def _stats(errors: Iterable[float | None]) -> str:
+    from memorymark.calibration.repredict import error_stats
+
+    stats = error_stats(errors)
+    if stats is None:
+        return "n/a"
+    median, worst = stats
+    return f"{100 * median:.1f}% / {100 * worst:+.1f}%"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="folder of calibration CSVs")
     parser.add_argument("--summary", action="store_true", help="per-GPU accuracy, not every row")
+    parser.add_argument(
+        "--repredict", action="store_true", help="re-simulate every row with today's engine"
+    )
+    parser.add_argument(
+        "--only", nargs="+", default=(), metavar="WORD", help="a GPU (a10) or a file-name part"
+    )
+    parser.add_argument("--limit", type=int, default=None, help="re-simulate the first N rows")
     args = parser.parse_args()
-    print(summary(args.dir) if args.summary else table(args.dir))
+    if not args.repredict:
+        print(summary(args.dir) if args.summary else table(args.dir))
+        return
+    from memorymark.calibration.repredict import repredict
+
+    rows = select(evidence(args.dir), args.only, args.limit)
+    start = time.perf_counter()
+    results = list(repredict(rows, _progress(len(rows))))
+    print(repredicted(results, time.perf_counter() - start))
 
 
 if __name__ == "__main__":

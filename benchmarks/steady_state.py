@@ -1,12 +1,16 @@
-"""Prints a real GPU's memory step by step over a training loop's first steps (CUDA only).
+"""Prints a real GPU's memory step by step over a training loop's first steps, with the
+simulation's prediction for the same steps beside it (CUDA only).
 
 A sweep judges a batch by its first step, as a fresh process runs it. A training loop runs
 thousands: from the second step on, the caching allocator starts with the segments the first
 left cached, carved for the first step's order of requests. This script runs `--steps`
 consecutive steps per batch size on the GPU (optionally capped at a smaller catalog GPU's
-capacity, as `calibrate --emulate-gpu` does) and prints, for each step, the peak allocated and
-reserved bytes, allocation retries and whether it ran out of memory; with the simulation's
-prediction for the same steps beside it. One JSON object per line.
+capacity, as `calibrate --emulate-gpu` does) and prints one JSON object per batch: each step's
+peak allocated and reserved bytes, allocation retries and whether it ran out of memory (`real`;
+a step that ran out keeps the peaks it reached, and the steps before it keep theirs), and the
+simulation's replay of the same steps, of this GPU's kernels at the same capacity
+(`predicted`), with each loop's verdict. The loops are memorymark/calibration/loop.py's, the
+ones calibrate runs; `main` only parses, caps and prints.
 
     python benchmarks/steady_state.py --model gpt2 --precision bf16-mixed \
         --batch-sizes 64 112 [--emulate-gpu A10] [--steps 4]
@@ -16,45 +20,82 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
+from typing import Any
 
 import torch
 
 from memorymark import Session, Settings, gpus
-from memorymark.backends.oom import is_oom
 from memorymark.backends.resolve import detect_cuda_gpu
-from memorymark.calibration.run import capped
+from memorymark.calibration.loop import Loop, measured_loop, simulated_loop
+from memorymark.calibration.run import BackendFactory, as_run, capped
+from memorymark.environment import torch_version
 
 
-def real_steps(settings: Settings, gpu: gpus.GPU, batch: int, steps: int) -> list[dict]:
-    """Per-step peaks of `steps` consecutive steps at `batch` on this GPU (stops at an OOM)."""
-    backend = Session(replace(settings, backend="cuda"), gpu=gpu).open_backend()
-    backend._prepare()  # model and primed optimizer state, as a sweep's probe starts from
-    torch.cuda.empty_cache()
-    out = []
-    for step in range(1, steps + 1):
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_stats()
-        row = {"step": step}
-        try:
-            backend.workload.run_step(backend._model, backend._optimizer, batch, "cuda")
-            torch.cuda.synchronize()
-            row["oom"] = False
-        except Exception as exc:  # an OOM is a result; anything else is re-raised
-            if not is_oom(exc):
-                raise
-            row["oom"] = True
-        stats = torch.cuda.memory_stats()
-        row.update(
-            allocated_gib=round(stats["allocated_bytes.all.peak"] / 2**30, 4),
-            reserved_gib=round(stats["reserved_bytes.all.peak"] / 2**30, 4),
-            retries=stats["num_alloc_retries"] - before["num_alloc_retries"],
-        )
-        out.append(row)
-        if row["oom"]:
-            break
-    backend.release()
-    return out
+def steady_state(
+    settings: Settings,
+    batch_sizes: Iterable[int],
+    steps: int,
+    *,
+    emulate: gpus.GPU | None = None,
+    cuda: Any = torch.cuda,
+    real: BackendFactory | None = None,
+) -> Iterator[dict[str, Any]]:
+    """One record per batch size: `steps` steps measured on the GPU behind `cuda` (a fake in
+    tests), each batch from a freshly built model (`real` builds its backend for the settings
+    and the GPU whose capacity judges it), and the simulation's replay of the same steps."""
+    device_gpu = detect_cuda_gpu(cuda)
+    target = emulate or device_gpu
+    real = real or (
+        lambda s, gpu: Session(replace(s, backend="cuda"), gpu=gpu, cuda=cuda).open_backend()
+    )
+    sim_gpu = as_run(device_gpu, target.usable_bytes, target.name)
+    simulated = Session(replace(settings, backend="sim"), gpu=sim_gpu)
+    with capped(cuda, emulate, device_gpu), simulated.open_backend().session() as sim:
+        for batch in batch_sizes:
+            with real(settings, target).session() as device:
+                measured = measured_loop(device, batch, steps, cuda)
+            predicted = simulated_loop(sim, batch, steps)
+            yield record(settings, device_gpu, target, batch, measured, predicted)
+
+
+def record(
+    settings: Settings,
+    device_gpu: gpus.GPU,
+    target: gpus.GPU,
+    batch: int,
+    measured: Loop,
+    predicted: Loop,
+) -> dict[str, Any]:
+    """One line of a steady-state file: the settings, the GPU that ran (and its torch) and the
+    one whose capacity judged it, each measured step beside each predicted one (`real`,
+    `predicted`), and each loop's verdict and peaks over the steps that finished."""
+    return {
+        "model": settings.model,
+        "precision": settings.precision,
+        "device_gpu": device_gpu.name,
+        "torch_version": torch_version(),
+        "gpu": target.name,
+        "capacity_bytes": target.usable_bytes,
+        "batch": batch,
+        "steps": measured.asked,
+        "real": [s.to_dict() for s in measured.steps],
+        "predicted": [s.to_dict() for s in predicted.steps],
+        "real_loop": summary(measured),
+        "predicted_loop": summary(predicted),
+    }
+
+
+def summary(loop: Loop) -> dict[str, Any]:
+    """A loop's verdict, the step that ran out of memory, its retries and peaks."""
+    return {
+        "runs": loop.runs,
+        "oom_step": loop.oom_step,
+        "retries": loop.retries,
+        "allocated_bytes": loop.allocated_bytes,
+        "reserved_bytes": loop.reserved_bytes,
+    }
 
 
 def main() -> None:
@@ -66,25 +107,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     args = parser.parse_args()
     settings = Settings(model=args.model, precision=args.precision, margin="0%")
-    device_gpu = detect_cuda_gpu()
     emulated = gpus.find_gpu(args.emulate_gpu) if args.emulate_gpu else None
-    target = emulated or device_gpu
-    with capped(torch.cuda, emulated, device_gpu):
-        for batch in args.batch_sizes:
-            real = real_steps(settings, target, batch, args.steps)
-            print(
-                json.dumps(
-                    {
-                        "model": args.model,
-                        "precision": args.precision,
-                        "gpu": target.name,
-                        "capacity_gib": round(target.usable_bytes / 2**30, 4),
-                        "batch": batch,
-                        "real": real,
-                    }
-                ),
-                flush=True,
-            )
+    for line in steady_state(settings, args.batch_sizes, args.steps, emulate=emulated):
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":
