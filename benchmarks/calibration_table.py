@@ -10,10 +10,11 @@ says "no calibration data yet". Reads the files only: no torch, nothing is measu
 
 `--repredict` re-simulates every committed row (the CSVs and the steady-state lines of
 benchmarks/steady_state.py) with the current engine, each as it ran: its GPU's kernels at the
-capacity it was capped at, the same steps (memorymark/calibration/repredict.py). It prints the
-allocated and reserved error, verdict agreement for boundary rows apart from rows far below
-capacity, every disagreement, the recommended batches that needed an allocation retry on the
-GPU, and each loop step by step; progress goes to stderr. `--only` keeps the rows judged against
+capacity it was capped at, the same steps (memorymark/calibration/evidence.py reads the rows
+back, memorymark/calibration/repredict.py re-simulates them). It prints the allocated and
+reserved error, verdict agreement for boundary rows apart from rows far below capacity, every
+disagreement, the recommended batches that needed an allocation retry on the GPU, and each loop
+step by step; progress goes to stderr. `--only` keeps the rows judged against
 a GPU's capacity (`--only a10`) or from files whose name holds a word (`--only steady-state`),
 `--limit N` the first N. It takes minutes (a few seconds a row on two cores).
 
@@ -38,8 +39,9 @@ from memorymark.environment import package_version, torch_version
 from memorymark.units import gib
 
 if TYPE_CHECKING:  # torch loads only for --repredict
+    from memorymark.calibration.evidence import Evidence
     from memorymark.calibration.loop import StepPeaks
-    from memorymark.calibration.repredict import Evidence, Reprediction
+    from memorymark.calibration.repredict import Reprediction
 
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "docs" / "calibration"
 HEADER = (
@@ -155,15 +157,15 @@ def summary(folder: Path = DEFAULT_DIR) -> str:
 # -- --repredict --------------------------------------------------------------------------------
 def evidence(folder: Path = DEFAULT_DIR) -> list[Evidence]:
     """Every committed real run in `folder`: the CSV rows, then the steady-state lines."""
-    from memorymark.calibration import repredict
+    from memorymark.calibration.evidence import from_csv_row, from_steady_state
 
     rows: list[Evidence] = []
     for path in sorted(folder.glob("*.csv")):
         with path.open(newline="") as f:
-            rows += [repredict.from_csv_row(r, path.name) for r in csv.DictReader(f)]
+            rows += [from_csv_row(r, path.name) for r in csv.DictReader(f)]
     for path in sorted(folder.glob("steady-state-*.jsonl")):
         lines = [line for line in path.read_text().splitlines() if line.strip()]
-        rows += [repredict.from_steady_state(json.loads(line), path.name) for line in lines]
+        rows += [from_steady_state(json.loads(line), path.name) for line in lines]
     return rows
 
 

@@ -13,10 +13,10 @@ import torch
 
 from benchmarks.calibration_table import evidence, repredicted, select
 from benchmarks.steady_state import steady_state
+from memorymark.calibration.evidence import from_steady_state
 from memorymark.calibration.record import COLUMNS, LOOP_COLUMNS, CalibrationRow, write
 from memorymark.calibration.repredict import (
     BOUNDARY_DEFINITION,
-    from_steady_state,
     recommended_with_retries,
     repredict,
 )
