@@ -100,8 +100,8 @@ class CachingAllocator:
         self.peak_allocated_bytes = 0
         self.peak_reserved_bytes = 0
         self.alloc_retries = 0
-        """Times a cudaMalloc failed and succeeded after cached segments went back to the
-        device (`num_alloc_retries` in `memory_stats()`)."""
+        """Times a cudaMalloc failed and was tried again after cached segments went back to
+        the device, whether or not that succeeded (`num_alloc_retries` in `memory_stats()`)."""
         # Cached blocks of each pool, sorted by (size, address) like BlockComparatorSize, so the
         # first entry not smaller than a request is the best fit, lowest address first.
         self._cached: dict[bool, list[tuple[int, int, _Block]]] = {True: [], False: []}
@@ -163,10 +163,12 @@ class CachingAllocator:
         nbytes = segment_size(size)
         if self.budget_bytes is not None and self.reserved_bytes + nbytes > self.budget_bytes:
             self._release_cached_segments()
+            # alloc_block(..., isRetry=true) counts `stats.num_alloc_retries += 1` before it
+            # tries, so a retry that fails too is counted (the GPU reported 1 at the step GPT-2
+            # and BERT died at, capped at an A10's capacity).
+            self.alloc_retries += 1
             if self.reserved_bytes + nbytes > self.budget_bytes:
                 raise AllocatorOutOfMemory(nbytes, self.reserved_bytes, self.budget_bytes)
-            # alloc_block(..., isRetry=true) counts `stats.num_alloc_retries += 1`.
-            self.alloc_retries += 1
         block = _Block(nbytes, self._next_addr, small)
         self._next_addr += nbytes
         self.reserved_bytes += nbytes
@@ -220,8 +222,8 @@ class Prediction:
     requested_bytes: int = 0
     """The segment that did not fit, when out_of_memory."""
     alloc_retries: int = 0
-    """cudaMallocs that succeeded only after the cached segments went back to the device, over
-    every step replayed."""
+    """cudaMallocs tried again after the cached segments went back to the device, over every
+    step replayed (a retry that failed, the OOM's, included)."""
     first_reserved_bytes: int | None = None
     """Step 1's reserved peak (what a first-step measurement reports); `reserved_bytes` is the
     loop's. None when step 1 did not finish."""
