@@ -234,7 +234,10 @@ def _calibrate(args: argparse.Namespace) -> int:
     def skipped(settings: Settings, reason: str) -> None:
         print(f"skipped {settings.model} ({settings.precision}): {reason}", file=sys.stderr)
 
-    for row in calibration.calibrate(grid, args.batch_sizes, emulate=emulate, on_skip=skipped):
+    rows_found = calibration.calibrate(
+        grid, args.batch_sizes, emulate=emulate, on_skip=skipped, steps=args.steps
+    )
+    for row in rows_found:
         rows.append(row)
         if not args.json:
             render.print_calibration_row(row)

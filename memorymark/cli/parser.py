@@ -166,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="search step of the boundary check",
     )
     calibrate.add_argument(
+        "--steps",
+        type=positive_whole_number,
+        default=5,
+        help="consecutive steps each probe runs on the GPU, the simulation replaying the same "
+        "(the row's measured figure is their peak)",
+    )
+    calibrate.add_argument(
         "--out", default="calibration", help="folder for <gpu>-<date>.csv and .json"
     )
     calibrate.add_argument("--json", action="store_true", help="print the rows as JSON")
