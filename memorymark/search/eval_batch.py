@@ -19,7 +19,7 @@ from typing import Any
 
 from memorymark.measurement import Measurement
 from memorymark.search.sweep import best_fit
-from memorymark.settings import Settings
+from memorymark.search.variant import VariantMeasurer
 from memorymark.units import gib
 
 
@@ -29,31 +29,17 @@ def relabelled(m: Measurement, eval_batch: int) -> Measurement:
     return replace(m, batch_size=eval_batch, peak_bytes=peak, timeline=())
 
 
-class EvalMeasurer:
+class EvalMeasurer(VariantMeasurer):
     """A backend seen by the sweep as measuring eval batch sizes at one training batch."""
 
-    def __init__(self, backend: Any, settings: Settings, batch_size: int) -> None:
-        from memorymark.step.catalog import CatalogStep  # torch loads with the backend, not here
+    field = "eval_batch"
 
-        self._backend = backend
-        self._settings = settings
-        self._make_step = CatalogStep
-        self.batch_size = batch_size
-        self.probes: dict[int, Measurement] = {}
-        """Each probed eval batch's measurement of the loop, as the backend took it."""
-
-    def measure(self, eval_batch: int) -> Measurement:
-        """The loop at the fixed training batch with `eval_batch`; relabelled with it."""
-        step = self._make_step(replace(self._settings, eval_batch=eval_batch))
-        self._backend.training_step = step
-        measurement = self._backend.measure(self.batch_size)
+    def kept(self, measurement: Measurement) -> Measurement:
         # The step's timeline is the training step's: nothing reads it for another eval batch.
-        self.probes[eval_batch] = replace(measurement, timeline=())
-        return relabelled(measurement, eval_batch)
+        return replace(measurement, timeline=())
 
-    def release(self) -> None:
-        """Release the backend (the sweep calls this however it ends)."""
-        self._backend.release()
+    def relabelled(self, measurement: Measurement, value: int) -> Measurement:
+        return relabelled(measurement, value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

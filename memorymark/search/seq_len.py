@@ -17,6 +17,7 @@ from typing import Any
 
 from memorymark.measurement import Measurement
 from memorymark.search.sweep import best_fit
+from memorymark.search.variant import VariantMeasurer
 from memorymark.settings import Settings
 from memorymark.units import gib
 
@@ -32,29 +33,10 @@ def search_cap(settings: Settings, max_positions: int | None) -> int:
     return cap // settings.seq_step * settings.seq_step if settings.seq_step <= cap else cap
 
 
-class SeqLenMeasurer:
+class SeqLenMeasurer(VariantMeasurer):
     """A backend seen by the sweep as measuring sequence lengths at one batch size."""
 
-    def __init__(self, backend: Any, settings: Settings, batch_size: int) -> None:
-        from memorymark.step.catalog import CatalogStep  # torch loads with the backend, not here
-
-        self._backend = backend
-        self._settings = settings
-        self._make_step = CatalogStep
-        self.batch_size = batch_size
-        self.probes: dict[int, Measurement] = {}
-        """Each probed sequence length's measurement, as the backend took it."""
-
-    def measure(self, seq_len: int) -> Measurement:
-        """One step at `seq_len` tokens and the fixed batch; relabelled with the length."""
-        self._backend.training_step = self._make_step(replace(self._settings, seq_len=seq_len))
-        measurement = self._backend.measure(self.batch_size)
-        self.probes[seq_len] = measurement
-        return replace(measurement, batch_size=seq_len)
-
-    def release(self) -> None:
-        """Release the backend (the sweep calls this however it ends)."""
-        self._backend.release()
+    field = "seq_len"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
