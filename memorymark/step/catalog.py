@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -212,14 +213,8 @@ class CatalogStep:
         """One `prediction_step`: (losses, logits, labels) as `evaluation_loop` adds them."""
         on_phase(Phase.FORWARD)
         batch = self.make_batch(batch_size, device)
-        decoder = self._decoder(model)
-        hook = decoder.register_forward_hook(lambda *_: on_phase(Phase.LOGITS)) if decoder else None
-        try:
-            with self._autocast(device):
-                outputs = self._forward(model, batch)
-        finally:
-            if hook is not None:
-                hook.remove()
+        with self._hearing_logits(model, on_phase), self._autocast(device):
+            outputs = self._forward(model, batch)
         on_phase(Phase.LOGITS)  # what is kept is predictions
         loss = getattr(outputs, "loss", None)
         losses = None if loss is None else loss.detach().mean().repeat(batch_size)
@@ -241,20 +236,25 @@ class CatalogStep:
     ) -> None:
         on_phase(Phase.FORWARD)
         batch = self.make_batch(batch_size, device)
-        decoder = self._decoder(model)
-        hook = decoder.register_forward_hook(lambda *_: on_phase(Phase.LOGITS)) if decoder else None
-        try:
-            # Forward and loss only; backward runs in the dtypes forward chose.
-            with self._autocast(device):
-                loss = self._loss(self._forward(model, batch))
-                if self.settings.grad_accum > 1:
-                    loss = loss / self.settings.grad_accum  # as HF Trainer and Lightning do
-        finally:
-            if hook is not None:
-                hook.remove()
+        # Forward and loss only; backward runs in the dtypes forward chose.
+        with self._hearing_logits(model, on_phase), self._autocast(device):
+            loss = self._loss(self._forward(model, batch))
+            if self.settings.grad_accum > 1:
+                loss = loss / self.settings.grad_accum  # as HF Trainer and Lightning do
         del batch
         on_phase(Phase.BACKWARD)
         (loss if scaler is None else scaler.scale(loss)).backward()
+
+    @contextlib.contextmanager
+    def _hearing_logits(self, model: nn.Module, on_phase: OnPhase) -> Iterator[None]:
+        """Within the block, `on_phase` hears LOGITS when a causal LM's decoder finishes."""
+        decoder = self._decoder(model)
+        hook = decoder.register_forward_hook(lambda *_: on_phase(Phase.LOGITS)) if decoder else None
+        try:
+            yield
+        finally:
+            if hook is not None:
+                hook.remove()
 
     def _decoder(self, model: nn.Module) -> nn.Module | None:
         """A causal LM's decoder (transformers' `get_decoder()`): what follows it is the logits."""
