@@ -251,6 +251,11 @@ class MemoryTracker(TorchDispatchMode):
             if isinstance(leaf, torch.Tensor):
                 self.track(leaf, category)
 
+    @property
+    def next_seq(self) -> int:
+        """The number the next allocation logged will take."""
+        return self._next_seq
+
     def reset_peak(self) -> None:
         """Start a new measurement: the peak becomes what is live now, timeline and events empty."""
         self.peak_bytes = self.live_bytes

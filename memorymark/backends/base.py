@@ -176,7 +176,7 @@ class Backend:
         error = evaluation = None
         seconds = work = device = None
         eval_batch = evaluates(self.training_step)
-        stage = f"the training step failed at batch {batch_size}"
+        evaluating = False
         try:
             tracker = self._prepare()
             tracker.reset_peak()
@@ -197,8 +197,9 @@ class Backend:
                     self._run_optimizer,
                 )
                 if eval_batch is not None:
-                    stage = f"the evaluation pass failed at eval batch {eval_batch}"
+                    evaluating = True
                     evaluation = self._evaluate(tracker, eval_batch)
+                    evaluating = False
             self._synchronize()
             # The first step's own figures, before timed steps add theirs.
             step_peak = evaluation.step_device_peak if evaluation else self._device_peak()
@@ -210,11 +211,16 @@ class Backend:
             if isinstance(exc, ValueError) and self._tracker is None:
                 raise  # the settings cannot build this model (LoRA targets, checkpointing...)
             if not is_oom(exc):
+                stage = (
+                    f"the evaluation pass failed at eval batch {eval_batch}"
+                    if evaluating
+                    else f"the training step failed at batch {batch_size}"
+                )
                 raise StepError(
                     f"{stage}: {type(exc).__name__}: {one_line(exc, MAX_ERROR_CHARS)}"
                 ) from exc
             error = one_line(exc, MAX_ERROR_CHARS)
-            if eval_batch is not None and "evaluation" in stage:
+            if evaluating:
                 error = one_line(f"in the evaluation pass (eval batch {eval_batch}): {error}")
         finally:
             if self._tracker is not None:
@@ -235,9 +241,9 @@ class Backend:
         ops, step_peak, live_before = len(tracker.timeline), tracker.peak_bytes, tracker.live_bytes
         breakdown = tracker.peak_breakdown()
         counter, tracker.work_counter = tracker.work_counter, None  # not the step's work
-        # A fresh log, numbered from the next allocation (each one logged takes a number).
+        # A fresh log, numbered from the next allocation.
         tracker.events = []
-        tracker.events_first_seq = step_log[0] + sum(1 for e in step_log[1] if e >= 0)
+        tracker.events_first_seq = tracker.next_seq
         self._reset_device_peak()
         try:
             self.training_step.run_eval(self._model, eval_batch, self.device, self._on_phase)
@@ -351,9 +357,9 @@ class Backend:
         prediction = retries = required = demand = loop = None
         if traced and not self.measured:
             between = evaluation.log if evaluation is not None else None
-            out_of_memory, retries, prediction, demand, loop = self._predict(self._tracker, between)
-            required = prediction.reserved_bytes
-            if out_of_memory:
+            loop, prediction, demand = self._predict(self._tracker, between)
+            required, retries = prediction.reserved_bytes, loop.alloc_retries
+            if loop.out_of_memory:
                 error = self._allocator_oom(required)
         elif error is None:
             # Measured: what the device held (reserved where it says, else live tensor bytes).
@@ -434,25 +440,23 @@ class Backend:
 
     def _predict(
         self, tracker: MemoryTracker, between: allocator.EventLog | None = None
-    ) -> tuple[bool, int, allocator.Prediction, int, allocator.Prediction]:
-        """Replay a fresh process's training loop of this step against the capacity, until its
-        segments stop changing (`allocator.replay`): (out of memory at any step, allocation
-        retries over the steps, what the loop needs, its demand), the need replayed with no
-        limit when the capacity could not hold it. The worst step decides. The demand is the
-        loop's reserved peak with no limit (a replayed step costs about 1% of a probe): what the
-        search interpolates on, since a step that ran only after a flush held less than it
-        asked for. Last, the replay against the capacity (its steps and retries per step).
-        `between`: the evaluation pass's log, run after every step of the loop."""
+    ) -> tuple[allocator.Prediction, allocator.Prediction, int]:
+        """Replay a fresh process's training loop of this step, until its segments stop
+        changing (`allocator.replay`): (the replay against the capacity, whose out-of-memory
+        and retries at any step decide; what the loop needs, replayed with no limit when the
+        capacity could not hold it; its demand). The demand is the loop's reserved peak with no
+        limit (a replayed step costs about 1% of a probe): what the search interpolates on,
+        since a step that ran only after a flush held less than it asked for. `between`: the
+        evaluation pass's log, run after every step of the loop."""
         step = (tracker.events_first_seq, tracker.events)
         setup, resident = tracker.baseline_events, self.resident_allocations
         capacity = self.policy.capacity_bytes
         bounded = allocator.replay(setup, step, capacity, resident, steps=None, between=between)
         if not bounded.out_of_memory and not bounded.alloc_retries:
-            return False, 0, bounded, bounded.reserved_bytes, bounded
+            return bounded, bounded, bounded.reserved_bytes
         unlimited = allocator.replay(setup, step, None, resident, steps=None, between=between)
-        if not bounded.out_of_memory:
-            return False, bounded.alloc_retries, bounded, unlimited.reserved_bytes, bounded
-        return True, bounded.alloc_retries, unlimited, unlimited.reserved_bytes, bounded
+        needed = unlimited if bounded.out_of_memory else bounded
+        return bounded, needed, unlimited.reserved_bytes
 
     def _allocator_oom(self, required_bytes: int) -> str:
         return (

@@ -209,7 +209,7 @@ def simulated_loop(backend: Backend, batch_size: int, steps: int) -> Loop:
     if measurement.predicted_allocated_bytes is None or tracker is None:
         # Not traced to its end (real CPU kernels past their budget): out of memory at step 1.
         return _untraced(measurement, steps)
-    bounded = backend._predict(tracker)[4]
+    bounded = backend._predict(tracker)[0]
     per_step = replayed_steps(bounded, steps)
     finished = [s for s in per_step if not s.oom]
     if bounded.out_of_memory:
