@@ -32,7 +32,7 @@ def analyze_page() -> None:
         st.page_link("pages/4_Longest_sequence.py", label="Longest sequence")
         return
     try:
-        settings, lowered = sweep_runner.within_server_limits(settings)
+        _, lowered = sweep_runner.within_server_limits(settings)  # runs under them; links don't
     except ValueError as exc:
         views.show_error(str(exc))
         return

@@ -136,9 +136,38 @@ def test_a_link_cannot_raise_the_app_ceilings(fake, fresh_caches, monkeypatch) -
     at = app(model="tiny-bert", max_probes="100000", time_limit_seconds="86400")
     at.button(key="analyze").click().run()
     job = at.session_state[sweep_runner.JOB_KEY]
-    assert (job.settings.max_probes, job.settings.time_limit_seconds) == (4, 30)
+    assert (job.run_as.max_probes, job.run_as.time_limit_seconds) == (4, 30)
     assert any("above this server" in c.value and "4 probes" in c.value for c in at.caption)
     assert not at.exception
+
+
+def test_the_ceilings_run_but_are_not_written_into_links_or_commands(
+    fake, fresh_caches, monkeypatch
+) -> None:
+    server = ServerConfig(max_time_limit=30, max_probes=4)
+    monkeypatch.setattr(sweep_runner, "server_config", lambda: server)
+    at = app(model="tiny-bert")
+    at.button(key="analyze").click().run()
+    job = at.session_state[sweep_runner.JOB_KEY]
+    assert (job.run_as.max_probes, job.run_as.time_limit_seconds) == (4, 30)
+    assert job.report is not None and job.report.settings == job.settings
+    command = job.report.settings.to_command_line()
+    assert "--time-limit" not in command and "--max-probes" not in command
+    assert "time_limit_seconds" not in at.query_params and "max_probes" not in at.query_params
+    shown = [e.value for kind in ("caption", "code", "markdown") for e in at.get(kind)]
+    assert any("memorymark analyze" in text for text in shown)  # the log's `$` line
+    assert not any("--max-probes" in text for text in shown)
+
+
+def test_a_hosted_server_turns_off_what_strangers_must_not_reach() -> None:
+    config = ServerConfig.from_sources(
+        {"MEMORYMARK_ALLOW_CPU_BACKEND": "true"}, {"MEMORYMARK_HOSTED": True}
+    )
+    assert config.hosted and not config.allow_cpu_backend and config.workers == 1
+    with pytest.raises(ValueError, match="cpu backend"):
+        config.apply(Settings(backend="cpu"))
+    assert ServerConfig(hosted=True, workers=3).workers == 3  # the owner's count wins
+    assert ServerConfig().workers is None and not ServerConfig().hosted
 
 
 def test_the_app_refuses_the_cpu_backend_unless_the_server_allows_it(fresh_caches, monkeypatch):

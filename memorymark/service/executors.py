@@ -14,6 +14,7 @@ torch (the workers do).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -58,13 +59,15 @@ class SweepService:
 
     def submit(self, request: SweepRequest) -> SweepJob:
         """Queue a sweep; its job reports the measurements as they arrive (call `poll`)."""
-        request = SweepRequest(
-            request.settings, request.resume, request.resume_seconds, self._memory_note
-        )
+        request = dataclasses.replace(request, memory_note=self._memory_note)
         channel = self._new_channel()
         future = self.executor.submit(run_sweep, request, channel)
         job = SweepJob(
-            settings=request.settings, future=future, channel=channel, position_of=self._position
+            settings=request.settings,
+            future=future,
+            channel=channel,
+            run_as=request.run_as,
+            position_of=self._position,
         )
         job.poll()
         return job

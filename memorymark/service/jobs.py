@@ -28,6 +28,7 @@ from memorymark.limits import one_line
 from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.service.channels import Channel
+from memorymark.service.server_config import CEILING_FIELDS
 from memorymark.service.worker_pool import lift_memory_limit
 from memorymark.settings import Costs, Settings
 
@@ -44,10 +45,19 @@ class SweepRequest:
     already measured, whose plan may measure a few steps with accumulation."""
 
     settings: Settings
+    """What the user asked for: the report, its links and its commands carry these."""
     resume: tuple[Measurement, ...] | None = None
     resume_seconds: float = 0.0
     memory_note: str = ""
     """How the worker's memory is limited, for the one line shown when a job runs out of it."""
+    run_as: Settings | None = None
+    """`settings` under the server's ceilings (ServerConfig.apply), when they differ: what the
+    worker runs. None: `settings` themselves."""
+
+    @property
+    def run_settings(self) -> Settings:
+        """What the worker runs."""
+        return self.run_as or self.settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +92,28 @@ def run_sweep(request: SweepRequest, channel: Channel) -> SweepOutcome:
         return SweepOutcome(error=one_line(exc))
 
 
+def as_asked(report: Report, asked: Settings) -> Report:
+    """`report` with the user's own limits where the server's ceilings ran it: a link, a
+    command or an applied way out from it then asks what the user asked, not the server's
+    ceilings. Only the limits go back: what the run found (a GPU count `--gpus auto` chose)
+    stays."""
+
+    def back(s: Settings) -> Settings:
+        return dataclasses.replace(s, **{name: getattr(asked, name) for name in CEILING_FIELDS})
+
+    fixes = tuple(dataclasses.replace(f, settings=back(f.settings)) for f in report.fixes)
+    return dataclasses.replace(report, settings=back(report.settings), fixes=fixes)
+
+
 def _run(request: SweepRequest, channel: Channel) -> SweepOutcome:
-    session = Session(request.settings)  # torch loads here, in the worker
+    report = _sweep(request, channel)
+    if isinstance(report, SweepOutcome):
+        return report
+    return SweepOutcome(report=slim_report(as_asked(report, request.settings)))
+
+
+def _sweep(request: SweepRequest, channel: Channel) -> Report | SweepOutcome:
+    session = Session(request.run_settings)  # torch loads here, in the worker
     if session.runs_for_real:
         lift_memory_limit()  # the ceiling is for simulations; a real GPU is the machine's own
     channel.put(("resolved", (session.backend_name, session.gpu)))
@@ -106,7 +136,7 @@ def _run(request: SweepRequest, channel: Channel) -> SweepOutcome:
                         return SweepOutcome(cancelled=True)
         if session.stopped_by is None and not any(m.fits for m in session.measurements):
             channel.put(("state", "fixing"))  # the report simulates each way out
-        return SweepOutcome(report=slim_report(session.report()))
+        return session.report()
 
 
 def run_items(
@@ -196,8 +226,11 @@ class SweepJob:
     """One submitted sweep as its submitter sees it; `poll()` takes in what the worker sent."""
 
     settings: Settings
+    """What the user asked for (the key its report is filed under)."""
     future: cf.Future
     channel: Any
+    run_as: Settings | None = None
+    """What the worker runs, when the server's ceilings changed it (SweepRequest.run_as)."""
     position_of: Callable[[cf.Future], int | None] = lambda _: None
     measurements: list[Measurement] = field(default_factory=list)
     probe_seconds: list[float] = field(default_factory=list)
@@ -289,7 +322,7 @@ class SweepJob:
 
     def _check_time_limit(self) -> None:
         """Kill a worker stuck in one probe past the time limit; keep what it measured."""
-        limit = self.settings.time_limit_seconds
+        limit = (self.run_as or self.settings).time_limit_seconds
         if limit is None or self.running_since is None or self.gpu is None:
             return
         if time.perf_counter() - self.running_since < limit + TIME_LIMIT_GRACE_SECONDS:

@@ -4,8 +4,14 @@ Owns `ServerConfig`, read from the environment (`MEMORYMARK_*`) or, for keys the
 not set, a mapping such as Streamlit's `st.secrets` (.streamlit/secrets.toml), and `apply`, which
 brings a user's `Settings` under the ceilings: a time limit, a probe count and a largest batch
 no higher than the server's (a sweep with none gets the server's), and the `cpu` backend (real
-training steps in the server's own memory) refused unless the server enables it. Knows nothing of
-Streamlit or torch: the app passes its secrets in.
+training steps in the server's own memory) refused unless the server enables it. The settings
+`apply` returns are what a worker runs; links, commands and reports keep the user's own (see
+memorymark/service/jobs.py), so a ceiling is never written into a link.
+
+`MEMORYMARK_HOSTED=true` is the one switch a hosting guide sets: every visitor keeps a history of
+their own (memorymark/ui/history_views.py), no page shows a path on the server, user code and the
+`cpu` backend are off whatever else is set, and the pool is sized for a free host (one sweep
+worker). Knows nothing of Streamlit or torch: the app passes its secrets in.
 """
 
 from __future__ import annotations
@@ -21,11 +27,17 @@ from memorymark.settings import Settings
 from memorymark.units import GIB
 
 PREFIX = "MEMORYMARK_"
+CEILING_FIELDS = ("time_limit_seconds", "max_probes", "max_batch")
+"""The Settings fields a server puts a ceiling on (`apply`)."""
 # What a hosted app allows when the server says nothing: a BERT-large sweep takes about 15 s
 # here and a Llama-3.1-70B one under a minute, so 5 minutes and 64 probes leave room for every
 # catalog model while no single session can hold a worker for long.
 DEFAULT_MAX_TIME_LIMIT_SECONDS = 300.0
 DEFAULT_MAX_PROBES = 64
+HOSTED_WORKERS = 1
+"""Sweep workers on a hosted server: a free host has 1-2 cores and 1-3 GB (Streamlit Community
+Cloud, a free Hugging Face Space), and each worker holds torch (README, "Hosting": the measured
+memory). More visitors queue for it, and the page says where they are in the queue."""
 DEFAULT_WORKER_MEMORY_GIB = 8.0
 """Beyond the preloaded libraries: a simulated 70B sweep holds well under 2 GiB of Python
 objects; a real cpu-backend step of a large model would need far more (and is off by default)."""
@@ -52,6 +64,16 @@ class ServerConfig:
     dask_scheduler: str | None = None
     """A Dask scheduler's address (tcp://host:8786): sweeps then run on that cluster
     (MEMORYMARK_DASK_SCHEDULER)."""
+    hosted: bool = False
+    """A server shared with strangers (MEMORYMARK_HOSTED): per-visitor history, no server paths,
+    no user code, no `cpu` backend, one sweep worker unless MEMORYMARK_WORKERS says otherwise."""
+
+    def __post_init__(self) -> None:
+        if self.hosted:
+            # Real training steps in the server's memory are for a server its owner alone uses.
+            object.__setattr__(self, "allow_cpu_backend", False)
+            if self.workers is None:
+                object.__setattr__(self, "workers", HOSTED_WORKERS)
 
     @classmethod
     def from_sources(
@@ -89,11 +111,9 @@ class ServerConfig:
                 "server: choose sim or auto"
             )
         notes, changes = [], {}
-        for name, ceiling, unit in (
-            ("time_limit_seconds", self.max_time_limit, " s"),
-            ("max_probes", self.max_probes, " probes"),
-            ("max_batch", self.max_batch, ""),
-        ):
+        ceilings = (self.max_time_limit, self.max_probes, self.max_batch)
+        units = (" s", " probes", "")
+        for name, ceiling, unit in zip(CEILING_FIELDS, ceilings, units, strict=True):
             value = getattr(settings, name)
             if value is None or value > ceiling:
                 changes[name] = ceiling
@@ -133,4 +153,5 @@ _PARSERS = {
     "allow_cpu_backend": _bool,
     "workers": _positive(int),
     "dask_scheduler": str,
+    "hosted": _bool,
 }

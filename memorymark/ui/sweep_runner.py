@@ -228,9 +228,10 @@ def start_sweep(settings: Settings) -> SweepJob | None:
         st.session_state.pop(JOB_KEY, None)
         return None
     swept: Report | None = result_cache().get(("sweep", sweep_key(settings)))
-    request = SweepRequest(settings)
+    run_as, _ = within_server_limits(settings)  # the ceilings run, the user's settings show
+    request = SweepRequest(settings, run_as=None if run_as == settings else run_as)
     if swept is not None:
-        request = SweepRequest(settings, swept.measurements, swept.elapsed_seconds)
+        request = replace(request, resume=swept.measurements, resume_seconds=swept.elapsed_seconds)
     sync = bool(st.session_state.get(SYNC_KEY))
     service = thread_service(inline=True) if sync else sweep_service()
     job = service.submit(request)
