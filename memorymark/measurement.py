@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from memorymark.units import gib
+from memorymark.units import gib, gib_text
 
 MEASURING_BACKENDS = ("cuda", "mps")
 """The backends whose memory figures the device reports itself: "measured". `sim` and `cpu` are
@@ -183,6 +183,30 @@ class Measurement:
         if self.fits or not self.runs:
             return None
         return "after a cache flush" if self.alloc_retries else "inside the margin"
+
+    def why_not(self, capacity_bytes: int) -> str | None:
+        """Why this step is not recommended, with the figure the reason is about; None for one
+        that fits. A row's "needs" figure alone says it only for a step past `capacity_bytes`
+        (`needs 23.90 GiB`); a step that needed a cache flush, ran out below the capacity (the
+        replay ran out after a flush, or the step itself ran out of memory) or stayed inside the
+        margin needs its reason beside a figure below the limit, or it reads as a contradiction.
+        """
+        if self.fits:
+            return None
+        held = self.required_bytes
+        flushed = "a cache flush (allocation retry)"
+        if self.runs:
+            figure = gib_text(held if held is not None else self.peak_bytes)
+            if self.alloc_retries:
+                return f"needs {flushed} at {figure}"
+            return f"inside the margin at {figure}"
+        if held is None:
+            # The step itself raised out of memory: its peak is where it stopped, not its need.
+            return f"ran out of memory after {gib_text(self.peak_bytes)} allocated"
+        if held > capacity_bytes:
+            return f"needs {gib_text(held)}"
+        after = f" after {flushed}" if self.alloc_retries else ""
+        return f"ran out of memory{after} at {gib_text(held)}"
 
     def __post_init__(self) -> None:
         if self.runs is None:

@@ -31,6 +31,7 @@ def test_the_page_finds_the_longest_sequence_at_the_current_batch() -> None:
     assert "(simulated)" in metric.label
     table = at.dataframe[0].value
     assert list(table["Sequence length"])[0] == 128
+    assert set(table["Why not"]) == {""}  # every length fits: nothing to explain
     # The answer that ends the worker's stream is not counted as one more probe.
     # The answer that ends the worker's stream is not counted as one more probe.
     labels = [getattr(e, "label", None) for e in at.main.children.values()]

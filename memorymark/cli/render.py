@@ -63,7 +63,8 @@ def environment_line(report: Report) -> str:
 
 
 def probe_line(m: Measurement, usable_bytes: int) -> str:
-    """One line per probe: the verdict, peak and reserved bytes, and what an OOM would need."""
+    """One line per probe: the verdict, peak and reserved bytes, and what an OOM would need (or
+    why it ran out, when that was below the capacity)."""
     status = "fits" if m.fits else ("runs" if m.runs else "OOM ")
     reserved = m.cuda_reserved_bytes
     held = "" if reserved is None or not m.runs else f"  reserved {gib(reserved):8.3f} GiB"
@@ -71,10 +72,11 @@ def probe_line(m: Measurement, usable_bytes: int) -> str:
     if m.samples_per_second is not None:
         rate = f"  {m.samples_per_second:9.1f} samples/s ({m.throughput_source})"
     if not m.runs:
-        if m.required_bytes is None:
-            need = "  (the device ran out of memory)"
-        else:
+        if m.required_bytes is not None and m.required_bytes > usable_bytes:
             need = f"  needs {gib(m.required_bytes):.1f} GiB of {gib(usable_bytes):.1f}"
+        else:
+            # Below the capacity (or unknown), a bare "needs" figure would read as a fit.
+            need = f"  ({m.why_not(usable_bytes)})"
         return f"  batch {m.batch_size:>6}  {status}{need}"
     share = 100 * (m.required_bytes or m.peak_bytes) / usable_bytes
     why = f"  ({m.held_back})" if m.held_back else ""

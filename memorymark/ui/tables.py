@@ -16,7 +16,7 @@ from memorymark.measurement import Measurement, memory_source
 from memorymark.report import Report
 from memorymark.reporting.json_form import report_to_dict
 from memorymark.search.seq_len import SeqLenAnswer
-from memorymark.units import gib
+from memorymark.units import gib, gib_text
 
 
 def rescale_hours(rows: Sequence[GpuFit], hours_per_run: float) -> list[GpuFit]:
@@ -132,20 +132,20 @@ def baseline_peak(report: Report) -> int | None:
 
 
 def seq_len_line(probe: tuple[int, Measurement], usable_bytes: int) -> str:
-    """One line per sequence length tried: its verdict, and its peak or what it would need."""
+    """One line per sequence length tried: its verdict, and its peak or why it does not fit
+    (`needs 23.90 GiB`, or the reason beside a figure below the limit: `needs a cache flush
+    (allocation retry) at 19.43 GiB`)."""
     seq_len, m = probe
     source = memory_source(m.measured)
     verdict = "fits" if m.fits else ("runs, not recommended" if m.runs else "does not fit")
-    need = m.required_bytes if not m.runs and m.required_bytes is not None else m.peak_bytes
-    word = "needs" if not m.runs else "peak"
-    return (
-        f"{seq_len:,} tokens: {verdict}, {word} {gib(need):.2f} GiB ({source}) of "
-        f"{gib(usable_bytes):.2f} usable"
-    )
+    why = m.why_not(usable_bytes)
+    what = f"peak {gib_text(m.peak_bytes)}" if why is None else why
+    return f"{seq_len:,} tokens: {verdict}, {what} ({source}) of {gib_text(usable_bytes)} usable"
 
 
 def seq_len_table(answer: SeqLenAnswer) -> list[dict[str, Any]]:
-    """One row per sequence length tried, longest first: verdict, peak, logits share."""
+    """One row per sequence length tried, longest first: verdict and why not, peak, what it
+    needs, logits share."""
     rows = []
     for seq_len, m in sorted(answer.probes, key=lambda p: -p[0]):
         source = memory_source(m.measured)
@@ -154,6 +154,7 @@ def seq_len_table(answer: SeqLenAnswer) -> list[dict[str, Any]]:
             {
                 "Sequence length": seq_len,
                 "Fits": m.fits,
+                "Why not": m.why_not(answer.usable_bytes) or "",
                 f"Peak (GiB, {source})": gib(m.peak_bytes),
                 f"Needs (GiB, {source})": None
                 if m.required_bytes is None
