@@ -8,10 +8,16 @@ torch.cuda.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import streamlit as st
 
 from memorymark.reporting.markdown import escape
 from memorymark.ui import history_views, results, sidebar, sweep_runner, views
+
+PAGES_DIR = Path(__file__).resolve().parent / "pages"
+"""Found from this file, not from the entrypoint Streamlit ran: hosted/streamlit_app.py runs this
+file from another folder."""
 
 
 def analyze_page() -> None:
@@ -29,7 +35,7 @@ def analyze_page() -> None:
         return
     if settings.find == "seq-len":
         st.info("Searching for the longest sequence: the Longest sequence page runs that search.")
-        st.page_link("pages/4_Longest_sequence.py", label="Longest sequence")
+        st.page_link(PAGES_DIR / "4_Longest_sequence.py", label="Longest sequence")
         return
     try:
         _, lowered = sweep_runner.within_server_limits(settings)  # runs under them; links don't
@@ -95,13 +101,13 @@ def analyze_page() -> None:
 st.set_page_config(page_title="MemoryMark", page_icon=":material/memory:", layout="wide")
 PAGES = [
     st.Page(analyze_page, title="Analyze", icon=":material/memory:", default=True),
-    st.Page("pages/1_Compare_GPUs.py", title="Compare GPUs", icon=":material/compare:"),
-    st.Page("pages/2_Backward_pass_proof.py", title="Backward-pass proof",
+    st.Page(PAGES_DIR / "1_Compare_GPUs.py", title="Compare GPUs", icon=":material/compare:"),
+    st.Page(PAGES_DIR / "2_Backward_pass_proof.py", title="Backward-pass proof",
             icon=":material/functions:"),
-    st.Page("pages/3_History.py", title="History", icon=":material/history:"),
-    st.Page("pages/4_Longest_sequence.py", title="Longest sequence",
+    st.Page(PAGES_DIR / "3_History.py", title="History", icon=":material/history:"),
+    st.Page(PAGES_DIR / "4_Longest_sequence.py", title="Longest sequence",
             icon=":material/straighten:"),
-    st.Page("pages/5_Scale_out.py", title="Scale out", icon=":material/hub:"),
+    st.Page(PAGES_DIR / "5_Scale_out.py", title="Scale out", icon=":material/hub:"),
 ]  # fmt: skip
 # Our own links, drawn by the first run: the built-in menu would first list pages/ by file name
 # and, clicked in that first second, switch the session to that stale menu for good.
