@@ -9,12 +9,16 @@ BIN := $(VENV)/bin
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.app-installed: requirements.txt | $(BIN)/python
+# The package itself goes in editable, without its dependencies (the requirements files pin
+# them): the set-up then leaves the `memorymark` command in .venv/bin, running this checkout.
+$(VENV)/.app-installed: requirements.txt pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
-$(VENV)/.dev-installed: requirements.txt requirements-dev.txt | $(BIN)/python
+$(VENV)/.dev-installed: requirements.txt requirements-dev.txt pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -r requirements-dev.txt
+	$(BIN)/pip install -q --no-deps -e .
 	touch $@ $(VENV)/.app-installed
 
 run: $(VENV)/.app-installed  ## the app on http://localhost:8501

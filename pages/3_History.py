@@ -18,11 +18,18 @@ PICK_KEY = "mm_history_pick"
 st.set_page_config(page_title="History · MemoryMark", layout="wide")
 sidebar.keep_settings()
 st.title("History")
-st.caption(
-    "Every finished analysis, saved by the app and by `memorymark analyze` (`memorymark "
-    "history` lists the same runs). Reopen one without re-running it, overlay several runs' "
-    "memory curves, or delete runs."
-)
+if history_views.private():
+    st.caption(
+        "Your finished analyses in this browser session: kept in this server's memory until "
+        "you close the tab, and seen by no other visitor. Reopen one without re-running it, "
+        "overlay several runs' memory curves, or delete runs."
+    )
+else:
+    st.caption(
+        "Every finished analysis, saved by the app and by `memorymark analyze` (`memorymark "
+        "history` lists the same runs). Reopen one without re-running it, overlay several "
+        "runs' memory curves, or delete runs."
+    )
 if not history_views.enabled():
     st.info("The history is turned off on this server (MEMORYMARK_HISTORY=off).")
     st.stop()
@@ -33,7 +40,8 @@ with history_views.open_history() as db:
     except HistoryError as exc:
         st.error(f"The history cannot be read: {escape(exc, every_punctuation=True)}")
         st.stop()
-    st.caption(f"Database: `{db.path}`")
+    if not db.private:  # a hosted server shows no path of its own
+        st.caption(f"Database: `{db.path}`")
     if not runs:
         st.info("No saved analyses yet: click **Analyze** on the main page, or run "
                 "`memorymark analyze`.")  # fmt: skip

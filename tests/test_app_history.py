@@ -14,7 +14,9 @@ from streamlit.testing.v1 import AppTest
 from memorymark import gpus
 from memorymark.environment import stamp
 from memorymark.history import History
+from memorymark.service.server_config import ServerConfig
 from memorymark.settings import Settings
+from memorymark.ui import sweep_runner
 
 PAGE = "../pages/3_History.py"  # AppTest resolves paths against this file
 
@@ -137,3 +139,23 @@ def test_unticking_save_keeps_the_analysis_out_of_the_history(fake) -> None:
     at.button(key="analyze").click().run()
     assert not at.exception and metrics(at)["Optimal batch size"] == "192"
     assert History().count() == 0
+
+
+@pytest.mark.usefixtures("fresh_caches")
+def test_a_hosted_server_gives_each_visitor_a_history_of_their_own(fake, monkeypatch) -> None:
+    monkeypatch.setattr(sweep_runner, "server_config", lambda: ServerConfig(hosted=True))
+    seed()  # runs in the server's own file: no visitor may see them
+    first = app(model="tiny-bert")
+    first.button(key="analyze").click().run()
+    assert "Saved as run 1" in first.toast[0].value
+    first.switch_page("pages/3_History.py").run()
+    assert not first.exception
+    assert list(first.dataframe[0].value["ID"]) == [1]
+    assert list(first.dataframe[0].value["Model"]) == ["tiny-bert"]
+    assert [r.id for r in History().runs()] == [3, 2, 1]  # the file got nothing new
+    second = page()  # another browser session
+    assert not second.exception
+    assert "No saved analyses yet" in second.info[0].value and not second.dataframe
+    for at in (first, second):
+        assert not any("Database" in c.value for c in at.caption)
+        assert not any(str(History().path) in e.value for e in at.get("markdown"))

@@ -288,3 +288,24 @@ def test_a_report_without_a_stamp_is_stamped_as_it_is_saved() -> None:
     assert saved.report_json["environment"] == saved.environment
     assert saved.report().stamp == Stamp.from_dict(saved.environment)
     assert saved.environment["finished_utc"] == saved.summary.created_utc
+
+
+def test_a_private_history_keeps_its_runs_in_memory_and_no_file(
+    history_db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store, "PRIVATE_RUNS_KEPT", 2)
+    mine = History.of_this_session()
+    with mine:  # closing it (as pages do) must not lose it
+        ids = [mine.save(sample_report(), source="app") for _ in range(3)]
+    assert ids == [1, 2, 3]
+    assert [r.id for r in mine.runs()] == [3, 2]  # the oldest went past the cap
+    assert mine.get(3).report().optimal.batch_size == 192
+    with pytest.raises(HistoryError, match="no saved run 1 in this session's history"):
+        mine.get(1)
+    assert not history_db.exists()
+    assert History.of_this_session().count() == 0  # another visitor's starts empty
+    result: list[int] = []
+    worker = threading.Thread(target=lambda: result.append(mine.count()))
+    worker.start()  # Streamlit runs a session's reruns on threads of its own
+    worker.join()
+    assert result == [2]

@@ -101,6 +101,16 @@ def connect(
         return _open(path, migrations)
 
 
+def connect_private(migrations: Sequence[Migration]) -> sqlite3.Connection:
+    """A migrated database of this process's memory, gone when the connection is: a hosted
+    visitor's own history, with no file on the server. Its owner may use it from the threads
+    that take turns running its page (never two at once), so the same-thread check is off."""
+    conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA foreign_keys = ON")
+    _migrate(conn, Path(":memory:"), migrations)
+    return conn
+
+
 def _open(path: Path, migrations: Sequence[Migration]) -> sqlite3.Connection:
     if path.exists() and not os.access(path, os.R_OK | os.W_OK):
         raise _Damaged("no permission to read and write it")

@@ -32,7 +32,13 @@ from typing import Any
 
 from memorymark import gpus
 from memorymark.environment import stamp as make_stamp
-from memorymark.history.db_file import HistoryError, connect, db_path, transaction
+from memorymark.history.db_file import (
+    HistoryError,
+    connect,
+    connect_private,
+    db_path,
+    transaction,
+)
 from memorymark.report import Report
 from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.record import record_to_report, report_to_record
@@ -167,10 +173,16 @@ def _warn(message: str) -> None:
     warnings.warn(message, HistoryWarning, stacklevel=4)
 
 
+PRIVATE_RUNS_KEPT = 100
+"""Runs a private (in-memory) history keeps, oldest dropped first: a hosted visitor's history
+lives in the server's memory, and about 100 kB a run bounds it at about 10 MB."""
+
+
 class History:
     """The history database at `path` (`MEMORYMARK_DB`, else the per-user default). Opened on
     first use; use it as a context manager, or `close()` it, so the file is left consistent.
-    `warn` tells the user about a damaged file moved aside (a HistoryWarning by default)."""
+    `warn` tells the user about a damaged file moved aside (a HistoryWarning by default).
+    `History.of_this_session()` is one visitor's history on a hosted server, in memory."""
 
     def __init__(
         self, path: str | Path | None = None, *, warn: Callable[[str], None] | None = None
@@ -178,6 +190,24 @@ class History:
         self.path = Path(path) if path is not None else db_path()
         self._warn = warn or _warn
         self._conn: sqlite3.Connection | None = None
+        self.private = False
+        """True for an in-memory history: `close` keeps it (closing would delete every run),
+        and messages name no file."""
+
+    @classmethod
+    def of_this_session(cls) -> History:
+        """A history in this process's memory, for one visitor of a hosted server: no file, no
+        path shown, no other visitor's runs; it lives as long as the object (keep it in the
+        visitor's session) and keeps the newest PRIVATE_RUNS_KEPT runs."""
+        history = cls(Path(":memory:"))
+        history.private = True
+        history._conn = connect_private(MIGRATIONS)
+        return history
+
+    @property
+    def place(self) -> str:
+        """Where the runs are, as messages say it: the file, or this session's history."""
+        return "this session's history" if self.private else str(self.path)
 
     def __enter__(self) -> History:
         return self
@@ -186,8 +216,9 @@ class History:
         self.close()
 
     def close(self) -> None:
-        """Close the connection (every save is already committed)."""
-        if self._conn is not None:
+        """Close the connection (every save is already committed); a private history stays
+        open, since it has no file to come back from."""
+        if self._conn is not None and not self.private:
             self._conn.close()
             self._conn = None
 
@@ -222,8 +253,16 @@ class History:
                     ],
                 )  # fmt: skip
         except sqlite3.Error as exc:
-            raise HistoryError(f"could not save to {self.path}: {exc}") from None
+            raise HistoryError(f"could not save to {self.place}: {exc}") from None
+        if self.private:
+            self._keep_newest(PRIVATE_RUNS_KEPT)
         return run_id
+
+    def _keep_newest(self, kept: int) -> None:
+        old = [r for (r,) in self._read("SELECT id FROM runs ORDER BY id DESC LIMIT -1 OFFSET ?",
+                                         [kept])]  # fmt: skip
+        if old:
+            self.delete(old)
 
     def runs(
         self, *, model: str | None = None, gpu: str | None = None, limit: int | None = None
@@ -261,7 +300,7 @@ class History:
         rows = self._read(f"SELECT {columns} FROM runs WHERE id = ?", [run_id])
         if not rows:
             raise HistoryError(
-                f"no saved run {run_id} in {self.path} (see `memorymark history list`)"
+                f"no saved run {run_id} in {self.place} (see `memorymark history list`)"
             )
         row = rows[0]
         n = len(_SUMMARY_COLUMNS)
@@ -289,7 +328,7 @@ class History:
                 conn.executemany("DELETE FROM probes WHERE run_id = ?", [(i,) for i in found])
                 conn.executemany("DELETE FROM runs WHERE id = ?", [(i,) for i in found])
         except sqlite3.Error as exc:
-            raise HistoryError(f"could not delete from {self.path}: {exc}") from None
+            raise HistoryError(f"could not delete from {self.place}: {exc}") from None
         return found
 
     def count(self) -> int:
@@ -300,7 +339,7 @@ class History:
         try:
             return self.conn.execute(sql, args).fetchall()
         except sqlite3.Error as exc:
-            raise HistoryError(f"could not read {self.path}: {exc}") from None
+            raise HistoryError(f"could not read {self.place}: {exc}") from None
 
 
 def _run_row(report: Report, source: str, data: dict[str, Any] | None) -> dict[str, Any]:

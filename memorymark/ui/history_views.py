@@ -1,8 +1,10 @@
 """The app's side of the history: saving each finished analysis, and what the History page shows.
 
 Owns when the main page saves (once per finished sweep, unless the user or the server turned
-saving off), the run table's columns (each memory figure says measured or simulated), the
-labels runs are picked by, and reopening saved runs as Reports. Reading and writing the
+saving off), which history a session sees (on a hosted server, `MEMORYMARK_HOSTED`, each browser
+session has its own, in memory: no visitor sees another's runs or a path on the server), the run
+table's columns (each memory figure says measured or simulated), the labels runs are picked by,
+and reopening saved runs as Reports. Reading and writing the
 database is memorymark/history/store.py's; drawing a reopened report is `views` and `results`'.
 """
 
@@ -18,6 +20,7 @@ from memorymark.history import History, HistoryError, RunSummary
 from memorymark.report import Report
 from memorymark.reporting.markdown import escape
 from memorymark.settings import Costs
+from memorymark.ui import sweep_runner
 from memorymark.ui.sweep_runner import SweepJob
 from memorymark.units import gib
 
@@ -28,6 +31,8 @@ SAVE_BOX_KEY = "mm_save_history_box"
 """The main page's "Save to history" checkbox."""
 SAVED_KEY = "mm_saved_job"
 """The last job this session saved: each finished sweep is saved once, not on every rerun."""
+PRIVATE_KEY = "mm_private_history"
+"""A hosted visitor's own history (History.of_this_session), gone with the session."""
 
 
 def enabled() -> bool:
@@ -60,7 +65,8 @@ def save_finished(job: SweepJob | None, costs: Costs) -> int | None:
     if not enabled() or not st.session_state.get(SAVE_KEY, True):
         return None
     try:
-        run_id = history.save(job.report.with_costs(costs), source="app", warn=_warn)
+        with open_history() as db:
+            run_id = db.save(job.report.with_costs(costs), source="app")
     except HistoryError as exc:
         st.warning(
             f"This analysis was not saved to the history: {escape(exc, every_punctuation=True)}"
@@ -74,9 +80,19 @@ def _warn(message: str) -> None:
     st.warning(escape(message, every_punctuation=True))
 
 
+def private() -> bool:
+    """True on a hosted server: each browser session keeps a history of its own."""
+    return sweep_runner.server_config().hosted
+
+
 def open_history() -> History:
-    """The history database, warning on the page if a damaged file had to be moved aside."""
-    return History(warn=_warn)
+    """This session's history: on a hosted server its own, in memory; else the database every
+    run of this user goes to, warning on the page if a damaged file had to be moved aside."""
+    if not private():
+        return History(warn=_warn)
+    if PRIVATE_KEY not in st.session_state:
+        st.session_state[PRIVATE_KEY] = History.of_this_session()
+    return st.session_state[PRIVATE_KEY]
 
 
 def label(run: RunSummary) -> str:
