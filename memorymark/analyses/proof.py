@@ -15,10 +15,19 @@ from typing import Any
 from memorymark.measurement import memory_source
 from memorymark.settings import Settings
 
-# The ratio forward+backward / forward-only that a correct backward measurement shows for typical
-# models (the prototype's check): activations saved for backward plus gradients roughly double
-# to triple the forward's peak. Below 1.2x the backward pass was almost certainly not measured.
-PASS_RANGE = (2.0, 3.0)
+# The ratio forward+backward / forward-only says whether backward was measured. Backward keeps a
+# gradient for every trained weight, so with full fine-tuning its peak holds at least twice the
+# forward-only one (weights + gradients, the forward's transient activations aside); the
+# activations kept for backward add more, in proportion to the batch: BERT-base at seq 128,
+# fp32, simulated, gives 1.98x at batch 1, 1.93x at 4, 3.33x at 16 and 7.57x at 64. So no upper
+# bound: the prototype's "2-3x" held for its batch and model, and a larger ratio is the point the
+# proof makes (activations crash inference-style numbers), not an error. Below 1.2x the backward
+# pass was almost certainly not measured. In between, backward added less than a gradient per
+# weight would (LoRA or frozen weights, or mixed precision at a tiny batch, where autocast's
+# copies already raise the forward's peak: bf16-mixed BERT at batch 1 gives 1.43x): a weak
+# demonstration, worth a warning. PASS starts 10% below 2x: the forward's own transient
+# activations raise the forward-only peak a little at small batches (1.93x at batch 4 above).
+PASS_FROM = 1.8
 FAIL_BELOW = 1.2
 
 PROTOCOLS: tuple[tuple[str, str, dict[str, Any]], ...] = (
@@ -81,10 +90,27 @@ class BackwardProof:
 
     @property
     def verdict(self) -> str:
-        """PASS when the ratio is 2.0-3.0x, FAIL below 1.2x, WARN otherwise."""
-        if PASS_RANGE[0] <= self.ratio <= PASS_RANGE[1]:
+        """PASS from 1.8x up, FAIL below 1.2x, WARN in between (see PASS_FROM)."""
+        if self.ratio >= PASS_FROM:
             return "PASS"
         return "FAIL" if self.ratio < FAIL_BELOW else "WARN"
+
+    @property
+    def verdict_note(self) -> str:
+        """What the verdict means, in one sentence."""
+        if self.verdict == "PASS":
+            return (
+                f"backward measured: gradients and the activations kept for it take "
+                f"{self.ratio:.2f}x the forward's peak (2x or more expected, more at larger "
+                "batches)"
+            )
+        if self.verdict == "WARN":
+            return (
+                f"backward adds less than a gradient per weight would ({self.ratio:.2f}x, 2x "
+                "expected): LoRA or frozen weights, or a batch too small to show the gap; try a "
+                "larger batch"
+            )
+        return f"backward was almost certainly not measured ({self.ratio:.2f}x, 2x expected)"
 
     def to_dict(self) -> dict[str, Any]:
         """The `validate-backward --json` object."""
@@ -96,6 +122,7 @@ class BackwardProof:
             "full_step_bytes": self.peak("full_step"),
             "ratio": self.ratio,
             "verdict": self.verdict,
+            "verdict_note": self.verdict_note,
             "memory_source": self.memory_source,
             "max_batch": {r.key: r.max_batch for r in self.results},
         }

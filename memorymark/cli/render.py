@@ -14,6 +14,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from memorymark.analyses.proof import FAIL_BELOW, PASS_FROM
 from memorymark.measurement import Measurement, ValueRead, memory_source
 from memorymark.report import Report
 from memorymark.reporting import exports
@@ -138,8 +139,9 @@ def print_proof(proof: BackwardProof) -> None:
         print(f"{r.label:<42} {gib(r.peak_bytes):8.3f} GiB{extra}")
     print(
         f"forward+backward / forward-only = {proof.ratio:.2f}x  {proof.verdict}"
-        f"  (PASS is 2.0-3.0x; memory {proof.memory_source})"
+        f"  (PASS from {PASS_FROM}x, FAIL below {FAIL_BELOW}x; memory {proof.memory_source})"
     )
+    print(proof.verdict_note)
 
 
 def _weight_and_paging_lines(m: Measurement) -> list[str]:
