@@ -22,15 +22,17 @@ file from another folder."""
 
 def analyze_page() -> None:
     """Settings in the sidebar, Analyze / Cancel, the live sweep, then the results."""
-    sweep_runner.start_workers()  # warm while the user picks settings
-    settings, costs = sidebar.settings_sidebar()
-    requested = sidebar.analysis_requested()  # a fix applied with one click
+    # Drawn first: after a server start the sidebar waits for a worker to load torch (about
+    # half a minute on 2 cores), and the title with the spinner below says the page is alive.
     st.title("MemoryMark")
     st.caption(
         "The largest batch size that really trains: a full training step (forward, loss, "
         "backward, optimizer) at increasing batch sizes, measured on this GPU or simulated "
         "for a catalog GPU."
     )
+    sweep_runner.start_workers()  # warm while the user picks settings
+    settings, costs = sidebar.settings_sidebar()
+    requested = sidebar.analysis_requested()  # a fix applied with one click
     if settings is None:
         return
     if settings.find == "seq-len":

@@ -16,7 +16,6 @@ from memorymark.service.jobs import longest_sequence
 from memorymark.ui import charts, page_runs, sidebar, tables, views
 
 st.set_page_config(page_title="Longest sequence · MemoryMark", layout="wide")
-settings, _ = sidebar.settings_sidebar(costs=False)
 st.title("Longest sequence")
 st.caption(
     "Long-context fine-tunes fix the batch (often 1) and ask how long a sequence trains. The "
@@ -24,6 +23,8 @@ st.caption(
     "size, in steps of the sidebar's sequence step (Advanced), up to the model's positions. "
     "Checkpointing, LoRA, bf16, FlashAttention-2 and Liger's kernels move it most."
 )
+# The title first: the sidebar may wait for a worker's first answer (app.py).
+settings, _ = sidebar.settings_sidebar(costs=False)
 if settings is None:
     st.stop()
 if models.find_model(settings.model).input_kind != "text":

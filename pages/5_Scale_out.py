@@ -14,13 +14,14 @@ from memorymark.service.jobs import scale_out
 from memorymark.ui import page_runs, scale_out_view, sidebar, views
 
 st.set_page_config(page_title="Scale out · MemoryMark", layout="wide")
-settings, costs = sidebar.settings_sidebar()
 st.title("Scale out")
 st.caption(
     "The same training step on N GPUs of the kind chosen, simulated for rank 0 with PyTorch's "
     "own DDP, ZeroRedundancyOptimizer or FSDP2 on a fake process group: per-rank memory and "
     "the largest per-GPU batch against N, the smallest N that trains, and the cost of a run."
 )
+# The title first: the sidebar may wait for a worker's first answer (app.py).
+settings, costs = sidebar.settings_sidebar()
 if settings is None:
     st.stop()
 if settings.dist == "none":

@@ -278,3 +278,22 @@ def test_a_new_target_batch_replans_from_the_cached_sweep(fake) -> None:
     assert job.report.plan.target_batch == 512
     assert [m.batch_size for m in job.report.measurements] == [8, 16, 192, 200]  # the cached
     assert metrics(at)["Optimal batch size"] == "192"
+
+
+@pytest.mark.parametrize(
+    ("page", "title"),
+    [("../app.py", "MemoryMark"), ("../pages/4_Longest_sequence.py", "Longest sequence"),
+     ("../pages/5_Scale_out.py", "Scale out")],
+)  # fmt: skip
+def test_the_title_shows_before_the_sidebar_waits_for_a_worker(monkeypatch, page, title) -> None:
+    # After a server start the sidebar's first question (this machine's GPUs) waits for a
+    # worker to load torch (about half a minute on 2 cores): the page says what it is first.
+    def still_starting() -> None:
+        raise TimeoutError("the worker is still loading torch")
+
+    monkeypatch.setattr(sweep_runner, "local_gpus", still_starting)
+    at = AppTest.from_file(page, default_timeout=TIMEOUT)
+    at.query_params.update(model="tiny-bert")
+    at = at.run()
+    assert at.exception  # the wait never ends here
+    assert at.title[0].value == title

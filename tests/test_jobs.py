@@ -96,6 +96,26 @@ def test_a_worker_never_reruns_the_main_script(tmp_path, monkeypatch, method) ->
         p.shutdown()
 
 
+def test_submit_returns_at_once_while_a_worker_is_slow_to_start() -> None:
+    # A page's script thread submits: it must draw (a "Starting" bar) while the process starts.
+    p = pool(1)
+    start = p._start
+
+    def slow_start(job) -> None:  # as a forkserver's start waits for its preload (warm-up)
+        time.sleep(2.0)
+        start(job)
+
+    p._start = slow_start
+    try:
+        began = time.monotonic()
+        future = p.submit(square, 4)
+        assert time.monotonic() - began < 1.0
+        assert p.position(future) == 0  # its slot is taken: it is starting, not queued
+        assert future.result(timeout=60) == 16
+    finally:
+        p.shutdown()
+
+
 def test_cancel_kills_the_running_worker_at_once_and_the_pool_goes_on() -> None:
     p = pool(1)
     try:

@@ -235,7 +235,12 @@ class WorkerPool(cf.Executor):
                     self._running[job.future] = job
                     starting.append(job)
         for job in starting:
-            self._start(job)
+            # Off the submitter's thread: a forkserver start waits until the forkserver has
+            # imported its preload (the warm-up, 17-26 s on 2 cores after a server start), and
+            # the submitter is a page's script thread, which would draw nothing meanwhile.
+            threading.Thread(
+                target=self._start, args=(job,), name="memorymark-start", daemon=True
+            ).start()
 
     def _start(self, job: _Job) -> None:
         reader, writer = self._ctx.Pipe(duplex=False)

@@ -97,10 +97,17 @@ def page_service() -> SweepService:
     return sweep_service() if _served() else thread_service(inline=True)
 
 
-@st.cache_resource(show_spinner=False)
+FIRST_START_SPINNER = (
+    "Starting MemoryMark's workers: the first page after a server start waits for one to load "
+    "PyTorch and look for a GPU (about half a minute on a small machine; once per server)..."
+)
+
+
+@st.cache_resource(show_spinner=FIRST_START_SPINNER)
 def local_gpus() -> LocalGPUs:
     """The GPUs of the machine the sweeps run on, asked of a worker once per server process:
-    the server itself never loads torch."""
+    the server itself never loads torch. The first call waits for that worker (the spinner says
+    why the first page is slow); every later one is the cached answer."""
     return page_service().local_gpus()
 
 
