@@ -15,9 +15,9 @@ import streamlit as st
 from memorymark.reporting.markdown import escape
 from memorymark.ui import history_views, results, sidebar, sweep_runner, views
 
+# Found from this file, not from the entrypoint Streamlit ran: hosted/streamlit_app.py runs this
+# file from another folder.
 PAGES_DIR = Path(__file__).resolve().parent / "pages"
-"""Found from this file, not from the entrypoint Streamlit ran: hosted/streamlit_app.py runs this
-file from another folder."""
 
 
 def analyze_page() -> None:

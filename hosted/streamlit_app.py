@@ -15,8 +15,9 @@ import runpy
 import sys
 from pathlib import Path
 
+# The repository's root, where app.py and the `memorymark` package are. (A string here would be
+# drawn on the page: Streamlit's magic writes every bare expression of the main script.)
 ROOT = Path(__file__).resolve().parent.parent
-"""The repository's root, where app.py and the `memorymark` package are."""
 
 os.environ.setdefault("MEMORYMARK_HOSTED", "true")
 if str(ROOT) not in sys.path:  # Streamlit puts this file's folder on the path, not the root

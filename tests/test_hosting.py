@@ -3,6 +3,7 @@ dependencies, and a Python without them (one line, not a traceback)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -78,3 +79,16 @@ def test_the_hosted_entrypoint_runs_the_app_with_hosting_on(
     assert not at.exception
     assert "seen by no other visitor" in at.caption[0].value
     assert not any(str(history_db) in c.value for c in at.caption)
+
+
+def test_no_entrypoint_draws_a_stray_string() -> None:
+    """Streamlit's magic writes every bare expression of a page's script: a docstring under a
+    constant would show on every page."""
+    for path in (ROOT / "app.py", ROOT / "hosted" / "streamlit_app.py", *ROOT.glob("pages/*.py")):
+        body = ast.parse(path.read_text()).body
+        strays = [
+            node.lineno
+            for node in body[1:]  # the module's own docstring is not drawn
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        ]
+        assert strays == [], f"{path.name} lines {strays}"
