@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,9 @@ from memorymark.search.sweep import SweepLimits, sweep
 from memorymark.settings import Costs, Settings, check_model
 from memorymark.step import training as user_training
 from memorymark.step.training import Training
+
+FIXES_STAGE = "nothing fits: simulating what would (checkpointing, bf16, LoRA, a bigger GPU)"
+"""What `Session.report` says before it simulates the ways out (its `on_stage`)."""
 
 if TYPE_CHECKING:
     from memorymark.backends.base import Backend
@@ -238,13 +241,22 @@ class Session:
         return self.seq_len_answer()
 
     def report(
-        self, costs: Costs | None = None, *, fixes: bool = True, plan: bool = True
+        self,
+        costs: Costs | None = None,
+        *,
+        fixes: bool = True,
+        plan: bool = True,
+        on_stage: Callable[[str], None] | None = None,
     ) -> Report:
         """The report over every measurement taken so far, with the plan for the global batch
         (`plan`: its accumulation steps may be measured) and, when nothing fits and `fixes` is
         on, each way out (both computed once per session). Callers that need only the answer
-        turn both off."""
+        turn both off. `on_stage(text)` hears, before each of those that runs steps (a model
+        built again, a training step per check: seconds to a minute for a large model after
+        the sweep's last probe), what it is about to do, so a live view is not silent."""
         from memorymark.cuda_rules import versions
+
+        say = on_stage or (lambda _text: None)
 
         report = Report(
             settings=self.settings,
@@ -267,11 +279,13 @@ class Session:
         # A sweep a limit stopped measures nothing more: its partial answer is what is known.
         plan, fixes = plan and self.stopped_by is None, fixes and self.stopped_by is None
         if plan and report.optimal is not None:
-            planned, probes = self._plan(report.optimal.batch_size, report.global_batch)
+            planned, probes = self._plan(report.optimal.batch_size, report.global_batch, say)
             report = replace(report, plan=planned, plan_probes=probes)
         if self.settings.eval_batch is not None and self.stopped_by is None and self.measurements:
-            report = replace(report, evaluation=self.evaluation(report.optimal))
+            report = replace(report, evaluation=self.evaluation(report.optimal, say))
         if fixes and self.measurements and report.optimal is None and self.training is None:
+            if self._fixes is None:
+                say(FIXES_STAGE)
             answer = self.fixes()
             report = replace(
                 report, fixes=answer.fixes, batch_1_required_bytes=answer.required_bytes
@@ -289,16 +303,21 @@ class Session:
             pass
         return self.report(costs, fixes=fixes, plan=plan)
 
-    def evaluation(self, optimal: Measurement | None) -> EvalAnswer:
+    def evaluation(
+        self, optimal: Measurement | None, on_stage: Callable[[str], None] | None = None
+    ) -> EvalAnswer:
         """The evaluation pass the settings ask for, judged at the recommended training batch
         `optimal` (at batch 1 when none fits, so the answer still says which eval batch would
         let training start), and the largest eval batch that fits there: searched with the
         fast strategy on one backend whose model and optimizer state stay resident (once per
-        session and training batch), within what the sweep's limits leave."""
+        session and training batch), within what the sweep's limits leave. `on_stage` as for
+        `report`."""
         s = self.settings
         assert s.eval_batch is not None
         at = optimal.batch_size if optimal is not None else 1
         if at not in self._evals:
+            if on_stage is not None:
+                on_stage(f"searching the largest eval batch beside training batch {at}")
             asked = optimal or next((m for m in self.measurements if m.batch_size == at), None)
             measurer = EvalMeasurer(self.open_backend(), s, at)
             if asked is None:
@@ -342,10 +361,11 @@ class Session:
         return self._fixes
 
     def _plan(
-        self, optimal_batch: int, target: int | None
+        self, optimal_batch: int, target: int | None, say: Callable[[str], None]
     ) -> tuple[TrainingPlan | None, tuple[Measurement, ...]]:
         """The plan for `target` (once per target): divisors of it are checked with
-        accumulation on a backend of their own, since the sweep's steps did not accumulate."""
+        accumulation on a backend of their own, since the sweep's steps did not accumulate
+        (`say` hears it first)."""
         accumulating = self.settings.grad_accum
         if target is None or self.training is not None:
             # A training job accumulates in its own step, which no setting can change: its
@@ -361,6 +381,11 @@ class Session:
             backend = self.open_backend(replace(self.settings, grad_accum=2))
 
             def fits_accumulating(micro_batch: int) -> bool:
+                if not probes:  # said once, before the first step runs
+                    say(
+                        f"checking the plan for a global batch of {target}: micro-batches "
+                        "with gradient accumulation, a training step each"
+                    )
                 probes.append(backend.measure(micro_batch))
                 return probes[-1].fits
 

@@ -2,7 +2,8 @@
 
 GiB is 2**30 bytes and MiB 2**20 everywhere, the JSON keys ending in `_gb` included (they keep
 the original API's names). Engine code carries bytes (`peak_bytes`, `capacity_bytes`) and
-converts only where a person or the JSON contract reads the figure. No torch, no I/O.
+converts only where a person or the JSON contract reads the figure; counts a person reads say
+`1 GPU`, never `1 GPUs` (`plural`). No torch, no I/O.
 """
 
 from __future__ import annotations
@@ -31,3 +32,9 @@ def gib_text(n_bytes: float) -> str:
 def size_text(n_bytes: float) -> str:
     """Bytes for a message: GiB from 1 GiB up, else MiB (`2.00 GiB`, `12.5 MiB`)."""
     return f"{n_bytes / GIB:.2f} GiB" if n_bytes >= GIB else f"{n_bytes / MIB:.1f} MiB"
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """A count and its noun, singular for one: `1 GPU`, `8 GPUs`, `1 probe`, `1,024 GPUs`
+    (`nouns`: the plural when it is not the noun and an s)."""
+    return f"{count:,} {noun if count == 1 else nouns or noun + 's'}"

@@ -61,6 +61,8 @@ class FakeSession:
     fixes: Callable[[Settings], tuple[Fix, ...]] = staticmethod(lambda settings: ())
 
     stopped_by: str | None = None
+    stages: tuple[str, ...] = ()
+    report_gate: threading.Event | None = None
 
     def __init__(self, settings: Settings) -> None:
         if type(self).error is not None:
@@ -96,7 +98,11 @@ class FakeSession:
     def resume(self, measurements: tuple[Measurement, ...], elapsed_seconds: float) -> None:
         self.measurements = list(measurements)
 
-    def report(self, costs: Costs | None = None) -> Report:
+    def report(self, costs: Costs | None = None, *, on_stage=None) -> Report:
+        for text in type(self).stages:  # what the engine says after the last probe
+            on_stage(text)
+        if type(self).report_gate is not None:
+            type(self).report_gate.wait(GATE_SECONDS)
         report = Report(settings=self.settings, costs=costs or Costs(), gpu=A10, backend="sim",
                         measurements=tuple(self.measurements), elapsed_seconds=0.5)  # fmt: skip
         if report.optimal is not None:

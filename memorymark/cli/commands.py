@@ -101,8 +101,11 @@ def _analyze(args: argparse.Namespace, settings: Settings, training: Training | 
         if talk:
             print(render.probe_line(m, session.gpu.usable_bytes), flush=True)
     # Under torchrun the ways out would be simulated, which needs a process group of its own.
+    # After the last probe the report may run more steps (the plan's accumulation, the eval
+    # batch, the ways out): a line says which, so the terminal does not sit silent.
+    heard = (lambda text: print(f"  ... {text}", flush=True)) if talk else None
     with _user_output(training):
-        report = session.report(costs, fixes="RANK" not in os.environ)
+        report = session.report(costs, fixes="RANK" not in os.environ, on_stage=heard)
     data = report_to_dict(report)  # once: printed and saved alike
     # Under torchrun every rank has the same report: rank 0 alone saves it, as it alone prints.
     # A training job's code is not in the history, so its run could not be shown again there.

@@ -32,7 +32,7 @@ from memorymark.service.server_config import CEILING_FIELDS
 from memorymark.service.worker_pool import lift_memory_limit
 from memorymark.settings import Costs, Settings
 
-RUNNING_STATES = ("queued", "starting", "waiting", "running", "fixing")
+RUNNING_STATES = ("queued", "starting", "waiting", "running", "fixing", "reporting")
 # A worker still in one probe this long after its time limit is killed (a probe cannot be
 # interrupted in-process; the sweep itself stops before a probe that would pass the limit).
 TIME_LIMIT_GRACE_SECONDS = 5.0
@@ -136,7 +136,9 @@ def _sweep(request: SweepRequest, channel: Channel) -> Report | SweepOutcome:
                         return SweepOutcome(cancelled=True)
         if session.stopped_by is None and not any(m.fits for m in session.measurements):
             channel.put(("state", "fixing"))  # the report simulates each way out
-        return session.report()
+        # After the last probe the report may build the model again and run steps (the plan's
+        # accumulation, the eval batch): each says what it does, or the page would sit silent.
+        return session.report(on_stage=lambda text: channel.put(("stage", text)))
 
 
 def run_items(
@@ -236,8 +238,12 @@ class SweepJob:
     probe_seconds: list[float] = field(default_factory=list)
     state: str = "queued"
     """queued (its place: `queue_position`), starting, waiting (for the device lock), running,
-    fixing (nothing fit: simulating what would), done, cancelled or failed."""
+    fixing (nothing fit: simulating what would), reporting (after the last probe: `stage` says
+    what the report checks), done, cancelled or failed."""
     error: str | None = None
+    stage: str | None = None
+    """What the report is doing after the sweep's last probe (the engine's words), while the
+    state is reporting."""
     gpu: GPU | None = None
     backend_name: str | None = None
     report: Report | None = None
@@ -298,6 +304,8 @@ class SweepJob:
             self.state = payload
             if payload == "running":
                 self.running_since = time.perf_counter()
+        elif kind == "stage":
+            self.state, self.stage = "reporting", payload
         elif kind == "probe":
             m, seconds = payload
             self.measurements.append(m)

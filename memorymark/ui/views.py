@@ -21,6 +21,7 @@ from memorymark.reporting.markdown import escape
 from memorymark.settings import Settings
 from memorymark.ui import charts, probe_log, throughput_chart
 from memorymark.ui.sweep_runner import SweepJob, sweep_progress
+from memorymark.units import plural
 
 POLL_SECONDS = 0.5
 LOG_HEIGHT = 220
@@ -127,9 +128,18 @@ def _draw_job(job: SweepJob) -> None:
             "Waiting for the GPU: another session is measuring on it. This sweep starts "
             "as soon as that one ends (real-GPU sweeps run one at a time)."
         )
-    progress = 1.0 if not job.running else sweep_progress(ms, job.settings.step)
-    label = STATE_WORDS.get(job.state, job.state.capitalize())
-    st.progress(progress, text=f"{label}: {len(ms)} probes, {job.elapsed_seconds:.1f} s")
+    took = f"{plural(len(ms), 'probe')}, {job.elapsed_seconds:.1f} s"
+    if job.running:
+        label = STATE_WORDS.get(job.state, job.state.capitalize())
+        if job.state == "reporting" and job.stage:
+            # After the last probe: what the report checks (a plan, the eval batch) in words.
+            label = f"Last probe done; {job.stage}"
+        st.progress(sweep_progress(ms, job.settings.step), text=f"{label} ({took})")
+    elif job.state == "done":
+        st.progress(1.0, text=f"Done ({took})")
+    else:
+        # No bar for a failed or cancelled job: a full one reads as success.
+        st.caption(f"{job.state.capitalize()} after {took}.")
     if job.gpu is None:
         return
     real = any(m.measured for m in ms) or (not ms and is_measured(job.backend_name))
@@ -163,12 +173,13 @@ def finished_sweep(report: Report, job: SweepJob | None, *, saved_utc: str | Non
     swept_here = ran_here and len(job.probe_seconds) == n
     secs = job.probe_seconds if swept_here else None
     best = f"optimal batch {report.optimal.batch_size}" if report.optimal else "no batch fits"
-    footer = f"done: {best} ({n} probes, {took:.1f} s)"
+    probes = plural(n, "probe")
+    footer = f"done: {best} ({probes}, {took:.1f} s)"
     if ran_here and not swept_here:
-        footer = f"re-planned from the cached sweep: {best} ({n} probes, not run again)"
+        footer = f"re-planned from the cached sweep: {best} ({probes}, not run again)"
     elif not ran_here:
         where = "cached" if saved_utc is None else f"saved {saved_utc}"
-        footer = f"{where}: {best} ({n} probes, {took:.1f} s when first run; not run again)"
+        footer = f"{where}: {best} ({probes}, {took:.1f} s when first run; not run again)"
     log = probe_log.log_text(
         header(report.settings, report.gpu, report.backend),
         report.measurements,
