@@ -31,7 +31,7 @@ def analyze_page() -> None:
         "for a catalog GPU."
     )
     sweep_runner.start_workers()  # warm while the user picks settings
-    settings, costs = sidebar.settings_sidebar()
+    settings, costs = sidebar.settings_sidebar(check_gpu=True)
     requested = sidebar.analysis_requested()  # a fix applied with one click
     if settings is None:
         return

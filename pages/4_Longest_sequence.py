@@ -24,7 +24,7 @@ st.caption(
     "Checkpointing, LoRA, bf16, FlashAttention-2 and Liger's kernels move it most."
 )
 # The title first: the sidebar may wait for a worker's first answer (app.py).
-settings, _ = sidebar.settings_sidebar(costs=False)
+settings, _ = sidebar.settings_sidebar(costs=False, check_gpu=True)
 if settings is None:
     st.stop()
 if models.find_model(settings.model).input_kind != "text":

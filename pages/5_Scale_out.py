@@ -21,7 +21,7 @@ st.caption(
     "the largest per-GPU batch against N, the smallest N that trains, and the cost of a run."
 )
 # The title first: the sidebar may wait for a worker's first answer (app.py).
-settings, costs = sidebar.settings_sidebar()
+settings, costs = sidebar.settings_sidebar(check_gpu=True)
 if settings is None:
     st.stop()
 if settings.dist == "none":

@@ -187,8 +187,35 @@ def _cost_inputs(sb: Any, gpu: GPU, show: bool) -> Costs:
     )
 
 
-def settings_sidebar(*, costs: bool = True) -> tuple[Settings | None, Costs]:
-    """Draw the sidebar; return the chosen Settings (None if invalid, with st.error) and Costs."""
+def gpu_refusal(s: Settings, gpu: GPU) -> str | None:
+    """Why `gpu` cannot train `s`, in the sidebar's words, or None. The rule is the engine's own
+    (`GPU.check_precision`, `check_attention`, which a sweep would fail on in its worker); its
+    message names CLI flags, so the words here name the widgets instead."""
+    try:
+        gpu.check_precision(s.precision)
+    except ValueError:
+        major, minor = gpu.compute_capability
+        return (
+            f"the {gpu.name} has no bf16 (compute capability {major}.{minor}; bf16 needs 8.0 or "
+            "newer). Set **Precision** to 16-mixed (fp16 autocast with a gradient scaler) or "
+            "32-true, or pick a **GPU** with bf16 (an A10, L4, A100 or newer)"
+        )
+    try:
+        gpu.check_attention(s.attention)
+    except ValueError:
+        return (
+            f"FlashAttention-2 needs an Ampere or newer GPU and the {gpu.name} is older. Set "
+            "**Attention** to sdpa, or pick a newer **GPU**"
+        )
+    return None
+
+
+def settings_sidebar(
+    *, costs: bool = True, check_gpu: bool = False
+) -> tuple[Settings | None, Costs]:
+    """Draw the sidebar; return the chosen Settings (None if invalid, with st.error) and Costs.
+    `check_gpu`: also refuse settings the chosen GPU cannot train (bf16 on a T4), for a page
+    that runs on that GPU (not one that compares the catalog)."""
     _seed_from_url()
     _keep_alive()
     sb = st.sidebar
@@ -210,6 +237,10 @@ def settings_sidebar(*, costs: bool = True) -> tuple[Settings | None, Costs]:
     except ValueError as exc:
         message = escape(one_line(exc), every_punctuation=True)
         st.error(f"These settings cannot run: {message}. Next step: change it in the sidebar.")
+        return None, chosen_costs
+    refusal = gpu_refusal(chosen, gpu) if check_gpu else None
+    if refusal is not None:
+        st.error(f"These settings cannot run here: {refusal}.")
         return None, chosen_costs
     query = {**chosen.to_query(), **chosen_costs.to_query()}
     if st.query_params.to_dict() != query:

@@ -8,6 +8,7 @@ results below the panel to `results`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import streamlit as st
@@ -33,8 +34,18 @@ STATE_WORDS = {
     "running": "Sweeping",
     "fixing": "Nothing fits: simulating what would (checkpointing, bf16, LoRA, a bigger GPU)",
 }
+FLAG_WIDGETS = {  # a CLI flag the engine's one-line refusals name -> the widget that sets it
+    "--precision": "Precision",
+    "--attention": "Attention",
+    "--backend": "Backend (Advanced)",
+}
 NEXT_STEPS = (  # (any of these words, and any of these too, or none needed) -> the next step
     (("unknown model",), (), "pick a model from the list, or check the spec's spelling."),
+    (
+        ("bf16",),
+        ("no bf16",),
+        "set Precision to 16-mixed or 32-true in the sidebar, or pick a GPU with bf16.",
+    ),  # fmt: skip
     (("gpu",), ("unknown", "sees no"), "pick another GPU, or set Backend to sim under Advanced."),
     (("seq_len", "position"), (), "lower the sequence length in the sidebar."),
     (("lora",), (), "name the modules to adapt in 'LoRA target modules', or set the rank to 0."),
@@ -67,9 +78,18 @@ def next_step(error: str) -> str:
     return "check the settings in the sidebar, or try a smaller model to see whether it runs."
 
 
+def app_words(error: str) -> str:
+    """The engine's message with each CLI flag it names put as the sidebar widget that sets it
+    (`use --precision 16-mixed` -> `set Precision to 16-mixed`): the app has no flags."""
+    for flag, widget in FLAG_WIDGETS.items():
+        error = re.sub(rf"\buse {flag} (\S+)", rf"set {widget} to \1", error)
+        error = error.replace(flag, widget)
+    return error
+
+
 def show_error(error: str) -> None:
-    """An st.error with the message and a next step: never a traceback."""
-    shown = escape(error, every_punctuation=True)
+    """An st.error with the message (in the app's words) and a next step: never a traceback."""
+    shown = escape(app_words(error), every_punctuation=True)
     st.error(f"The analysis failed: {shown}\n\nNext step: {next_step(error)}")
 
 
