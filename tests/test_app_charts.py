@@ -102,6 +102,22 @@ def test_capacity_bars_mark_a_current_batch_that_runs_out_of_memory() -> None:
     assert fig.data[0].text[0] == "out of memory"
 
 
+def test_capacity_bars_and_the_verdict_give_one_share_on_the_reserved_basis() -> None:
+    # A user saw "uses 13%" (reserved) beside "11% of usable" (peak) for the same batch.
+    base = sample_report()
+    reserved = tuple(
+        dataclasses.replace(m, required_bytes=m.peak_bytes + GIB // 4) for m in base.measurements
+    )
+    report = dataclasses.replace(base, measurements=reserved)
+    fig = charts.capacity_bars(report)
+    current = report.current.required_bytes
+    share = f"{100 * current / A10.usable_bytes:.0f}%"
+    assert fig.data[0].text[0] == f"{current / GIB:.2f} GiB reserved, {share} of usable"
+    assert fig.data[0].x[0] == pytest.approx(current / GIB)
+    assert f"uses {share} of this A10's usable memory" in report.verdict()
+    assert "reserved" in fig.layout.xaxis.title.text
+
+
 def test_breakdown_bar_stacks_every_category_to_the_peak() -> None:
     m = probe(192)
     fig = charts.breakdown_bar(m.breakdown, batch_size=192, memory_source="simulated")

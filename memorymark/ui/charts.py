@@ -192,14 +192,18 @@ def sweep_figure(
 
 
 def _bar(label: str, m: Measurement | None, gpu: GPU) -> tuple[str, float, str]:
-    """(label, GiB, text) of one capacity bar; a batch that ran out of memory fills usable."""
+    """(label, GiB, text) of one capacity bar; a batch that ran out of memory fills usable.
+    A bar is what the GPU holds for the step (reserved), the basis the fit policy judges against
+    usable memory and the verdict's "uses N%" reads: one share per batch, not two."""
     if m is None or not m.runs:
         need = (
             "" if m is None or m.required_bytes is None else f": needs {gib_text(m.required_bytes)}"
         )
         return label, gpu.usable_gib, "out of memory" + need
-    share = 100 * m.peak_bytes / gpu.usable_bytes
-    return label, m.peak_bytes / GIB, f"{gib_text(m.peak_bytes)}, {share:.0f}% of usable"
+    held = m.required_bytes if m.required_bytes is not None else m.peak_bytes
+    basis = "reserved" if m.required_bytes is not None else "peak"  # as Report's verdict reads
+    share = 100 * held / gpu.usable_bytes
+    return label, held / GIB, f"{gib_text(held)} {basis}, {share:.0f}% of usable"
 
 
 def capacity_bars(report: Report) -> go.Figure:
@@ -211,14 +215,15 @@ def capacity_bars(report: Report) -> go.Figure:
     labels, values, texts = (list(column) for column in zip(*bars, strict=True))
     fig = go.Figure(go.Bar(
         x=values, y=labels, orientation="h", marker_color=[RED, GREEN][: len(bars)], text=texts,
-        textposition="auto", name="peak memory",
+        textposition="auto", name="reserved memory",
     ))  # fmt: skip
     fig.add_vline(x=gpu.usable_gib, line=dict(color=AMBER, dash="dash"),
                   annotation_text=f"usable {gpu.usable_gib:.2f} GiB",
                   annotation_position="top left")  # fmt: skip
     fig.update_layout(
         title=f"Memory at current vs optimal batch ({report.memory_source})",
-        xaxis=dict(title="peak memory (GiB)", range=[0, gpu.total_gib * 1.02]),
+        xaxis=dict(title="reserved: what the GPU holds for the step (GiB)",
+                   range=[0, gpu.total_gib * 1.02]),
         yaxis=dict(autorange="reversed"), height=260, showlegend=False, **LAYOUT,
     )  # fmt: skip
     return fig
