@@ -58,7 +58,7 @@ def _add_workload_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every command (the README lists each of its options)."""
+    """The argument parser of every command (docs/cli.md lists each of its options)."""
     parser = _Parser(prog="memorymark", description="Find the largest batch size that trains.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     d = Settings()

@@ -7,7 +7,7 @@ time that takes over the interconnect (an estimate). Pure arithmetic: no torch, 
 I/O; the simulation (memorymark/backends/dist_sim.py) runs PyTorch's own DDP, ZeRO and FSDP2
 code and this module never knows how.
 
-ZeRO stages, as the README maps them: ZeRO-1 (optimizer state sharded) is PyTorch's
+ZeRO stages, as docs/many-gpus.md maps them: ZeRO-1 (optimizer state sharded) is PyTorch's
 `ZeroRedundancyOptimizer` under DDP (`zero1`); ZeRO-2 (gradients sharded too) is FSDP2 with
 `reshard_after_forward=False` (`fsdp-no-reshard`: parameters stay gathered between forward and
 backward, as ZeRO-2 keeps whole parameters); ZeRO-3 (parameters sharded too) is FSDP2

@@ -35,9 +35,10 @@ CEILING_FIELDS = ("time_limit_seconds", "max_probes", "max_batch")
 DEFAULT_MAX_TIME_LIMIT_SECONDS = 300.0
 DEFAULT_MAX_PROBES = 64
 HOSTED_WORKERS = 1
-"""Sweep workers on a hosted server: a free host has 1-2 cores and 1-3 GB (Streamlit Community
-Cloud, a free Hugging Face Space), and each worker holds torch (README, "Hosting": the measured
-memory). More visitors queue for it, and the page says where they are in the queue."""
+"""Sweep workers on a hosted server. Streamlit Community Cloud gives an app at most 2 cores and
+2.7 GB ("CPU: 0.078 cores minimum, 2 cores maximum; Memory: 690MB minimum, 2.7GBs maximum", its
+docs' limits as of February 2024), and each job's process holds torch (README, "What a host
+needs", has the measured memory). More visitors queue, and the page says where they are."""
 DEFAULT_WORKER_MEMORY_GIB = 8.0
 """Beyond the preloaded libraries: a simulated 70B sweep holds well under 2 GiB of Python
 objects; a real cpu-backend step of a large model would need far more (and is off by default)."""
