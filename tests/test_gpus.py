@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -92,7 +93,7 @@ def test_gpu_names_cover_the_required_gpus_in_catalog_order():
 @pytest.mark.parametrize("gpu", gpus.CATALOG, ids=lambda g: g.name)
 def test_every_catalog_entry_is_complete_and_loses_some_memory_to_overheads(gpu):
     assert gpu.usd_per_hour > 0
-    assert gpu.bf16_tflops > 0 and gpu.memory_bandwidth_bytes_per_s > 0
+    assert gpu.half_tflops > 0 and gpu.memory_bandwidth_bytes_per_s > 0
     assert len(gpu.compute_capability) == 2 and gpu.arch != ""
     assert gpu.context_bytes > 0
     # The caching allocator serves the workspaces, so only the context is outside usable memory.
@@ -238,6 +239,35 @@ def test_bf16_needs_ampere_and_the_error_names_the_fp16_way(name, ok):
     for precision in ("bf16-mixed", "bf16-true"):
         with pytest.raises(ValueError, match="no bf16 support .* use --precision 16-mixed"):
             gpu.check_precision(precision)
+
+
+def test_the_catalog_claims_no_bf16_rate_for_a_gpu_without_bf16():
+    for gpu in gpus.CATALOG:
+        assert (gpu.bf16_tflops is not None) is gpu.supports_bf16, gpu.name
+        assert (gpu.tf32_tflops is not None) is gpu.supports_bf16, gpu.name
+    t4, v100 = find_gpu("T4"), find_gpu("V100 16GB")
+    assert (t4.bf16_tflops, t4.half_tflops, v100.bf16_tflops, v100.half_tflops) == (
+        None, 65.0, None, 125.0)  # fmt: skip
+    assert (find_gpu("A100 80GB").half_tflops, find_gpu("A100 80GB").tf32_tflops) == (312, 156)
+
+
+def test_a_record_that_gave_a_pre_ampere_gpu_a_bf16_rate_reads_it_as_fp16():
+    # Records saved before bf16 and fp16 were told apart hold the T4's 65 as bf16_tflops.
+    old = dataclasses.replace(find_gpu("A10"), name="T4", compute_capability=(7, 5),
+                              bf16_tflops=65.0)  # fmt: skip
+    assert (old.bf16_tflops, old.fp16_tflops, old.half_tflops) == (None, 65.0, 65.0)
+
+
+def test_gpus_lists_no_bf16_for_the_t4_and_v100(capsys):
+    from memorymark.cli.parser import main
+
+    assert main(["gpus"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
+    assert rows["T4"][4:8] == ["—", "65", "—", "8.1"]  # bf16, fp16, tf32, fp32
+    assert rows["A100"][5:9] == ["312", "312", "156", "19.5"]  # "A100 40GB" splits in two
+    assert main(["gpus", "--json"]) == 0
+    t4 = json.loads(capsys.readouterr().out)[0]
+    assert (t4["bf16_tflops"], t4["fp16_tflops"], t4["tf32_tflops"]) == (None, 65.0, None)
 
 
 def test_bf16_on_a_t4_is_refused_before_any_step_and_compare_leaves_it_out():

@@ -92,6 +92,16 @@ def test_rates_come_from_the_gpu_catalog():
     assert a100.conv_fp32_flops_per_s == 156e12  # TF32 for cuDNN convolutions, Ampere on
     t4 = Roofline.for_gpu(gpus.find_gpu("T4"))
     assert t4.conv_fp32_flops_per_s == t4.fp32_flops_per_s == 8.1e12  # Turing: no TF32
+    assert t4.half_flops_per_s == 65e12  # fp16 tensor cores (the T4 has no bf16)
+
+
+def test_tf32_on_runs_fp32_matmuls_at_the_tf32_rate_where_the_gpu_has_it():
+    # A script with torch.backends.cuda.matmul.allow_tf32 = True: the A100's fp32 matmuls run
+    # at 156 TFLOP/s, ahead of the A10's 62.5; the T4 has no TF32 and keeps its FP32 rate.
+    a100 = Roofline.for_gpu(gpus.find_gpu("A100 80GB"), tf32=True)
+    a10 = Roofline.for_gpu(gpus.find_gpu("A10"), tf32=True)
+    assert (a100.fp32_flops_per_s, a10.fp32_flops_per_s) == (156e12, 62.5e12)
+    assert Roofline.for_gpu(gpus.find_gpu("T4"), tf32=True).fp32_flops_per_s == 8.1e12
 
 
 def test_time_step_warms_up_synchronizes_and_takes_the_median():

@@ -61,21 +61,19 @@ class Roofline:
     half_flops_per_s: float
     """bf16/fp16 tensor-core rate (dense)."""
     fp32_flops_per_s: float
-    """Plain FP32 rate: fp32 matmuls by default."""
+    """fp32 matmuls' rate: plain FP32 by default, TF32 when a script turns it on."""
     conv_fp32_flops_per_s: float
     """fp32 convolutions: TF32 tensor cores on Ampere and later, else plain FP32."""
     bytes_per_s: float
 
     @classmethod
-    def for_gpu(cls, gpu: GPU) -> Roofline:
-        """The rates of a catalog (or custom) GPU."""
+    def for_gpu(cls, gpu: GPU, *, tf32: bool = False) -> Roofline:
+        """The rates of a catalog (or custom) GPU; with `tf32` (a script that sets
+        torch.backends.cuda.matmul.allow_tf32 = True), fp32 matmuls run at the TF32 rate too."""
         fp32 = gpu.fp32_tflops * 1e12
-        half = gpu.bf16_tflops * 1e12
-        # TF32 exists from compute capability 8.0 on; every datasheet in the catalog gives the
-        # dense TF32 rate as half the dense FP16/BF16 one (A100 156/312, A10 62.5/125, H100 SXM
-        # 494.7/989.5, L4 60/121, RTX 4090 82.6/165.2).
-        tf32 = max(fp32, half / 2) if gpu.compute_capability >= (8, 0) else fp32
-        return cls(half, fp32, tf32, gpu.memory_bandwidth_bytes_per_s)
+        tf32_rate = (gpu.tf32_tflops or gpu.fp32_tflops) * 1e12  # plain FP32 before Ampere
+        matmul = tf32_rate if tf32 else fp32
+        return cls(gpu.half_tflops * 1e12, matmul, tf32_rate, gpu.memory_bandwidth_bytes_per_s)
 
 
 def _tensor_bytes(values: Any) -> tuple[int, torch.dtype | None]:

@@ -50,10 +50,13 @@ class GpuFit:
         return replace(self, est_hours_per_run=hours_per_run / self.relative_speed)
 
 
-def peak_tflops(gpu: GPU, precision: str) -> float:
+def peak_tflops(gpu: GPU, precision: str, *, tf32: bool = False) -> float:
     """The peak rate a run at `precision` can use: tensor-core bf16/fp16, else plain FP32
-    (PyTorch keeps TF32 off for matmuls by default, so fp32 training runs at the FP32 rate)."""
-    return gpu.fp32_tflops if precision == "32-true" else gpu.bf16_tflops
+    (PyTorch keeps TF32 off for matmuls by default, so fp32 training runs at the FP32 rate),
+    or TF32 where `tf32` turns it on and the GPU has it."""
+    if precision != "32-true":
+        return gpu.half_tflops
+    return (gpu.tf32_tflops or gpu.fp32_tflops) if tf32 else gpu.fp32_tflops
 
 
 def without_precision(settings: Settings, catalog: tuple[GPU, ...] = gpus.CATALOG) -> list[GPU]:

@@ -205,17 +205,25 @@ def _gpus(args: argparse.Namespace) -> int:
     if args.json:
         render.print_json(rows)
         return 0
+    print("Peak dense TFLOP/s from datasheets; TF32 estimated as half of fp16 (Ampere and newer).")
     print(
-        f"{'GPU':<12} {'total GiB':>9} {'usable GiB':>10} {'$/hour':>7} {'bf16 TFLOP/s':>12} "
-        f"{'fp32 TFLOP/s':>12} {'GB/s':>6}"
+        f"{'GPU':<12} {'total GiB':>9} {'usable GiB':>10} {'$/hour':>7} {'bf16':>7} {'fp16':>7} "
+        f"{'tf32':>7} {'fp32':>7} {'GB/s':>6}"
     )
     for row in rows:
+        rates = (row[k] for k in ("bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops"))
         print(
             f"{row['name']:<12} {row['total_gb']:>9} {row['usable_gb']:>10} "
-            f"{row['usd_per_hour']:>7} {row['bf16_tflops']:>12} {row['fp32_tflops']:>12} "
+            f"{row['usd_per_hour']:>7} {' '.join(f'{_rate(r):>7}' for r in rates)} "
             f"{row['bandwidth_gb_per_s']:>6}"
         )
+    print("—: the GPU has no such tensor cores (bf16 and TF32 need compute capability 8.0).")
     return 0
+
+
+def _rate(tflops: float | None) -> str:
+    """A peak rate for the `gpus` table: `—` where the GPU has none (no bf16 before Ampere)."""
+    return "—" if tflops is None else f"{tflops:g}"
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -260,7 +268,9 @@ def gpu_table() -> list[dict[str, Any]]:
             "total_gb": round(g.total_gib, 2),
             "usable_gb": round(g.usable_gib, 2),
             "usd_per_hour": g.usd_per_hour,
-            "bf16_tflops": g.bf16_tflops,
+            "bf16_tflops": g.bf16_tflops,  # null: no bf16 (compute capability below 8.0)
+            "fp16_tflops": g.half_tflops,
+            "tf32_tflops": None if g.tf32_tflops is None else round(g.tf32_tflops, 2),
             "fp32_tflops": g.fp32_tflops,
             "bandwidth_gb_per_s": round(g.memory_bandwidth_bytes_per_s / 1e9),
             # One direction, per GPU: NVLink or PCIe inside a node, the network between nodes.

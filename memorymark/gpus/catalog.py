@@ -65,8 +65,10 @@ from memorymark.units import MIB
 #     "RunPod GPU Pricing"). RunPod serverless H200 $0.00155/s = 5.58/h (docs.runpod.io/serverless/
 #     pricing, 2025-26). Baseten V100 16GB 3.67, Aug 2023
 #     (the-full-stack/the-full-stack-website#84).
-# bf16_tflops (dense) and bandwidth: NVIDIA datasheets, sparsity figures halved: T4 (65 FP16, no
-# bf16 tensor cores; 320 GB/s), L4 (121, 300 GB/s), A10 (125, 600 GB/s), L40S (362.05, 864 GB/s),
+# bf16_tflops (dense) and bandwidth: NVIDIA datasheets, sparsity figures halved. The T4 and V100
+# have no bf16 (compute capability 7.5 and 7.0; bf16 needs 8.0: memorymark/gpus/record.py), so
+# their bf16_tflops is None and their datasheets' FP16 tensor rate is fp16_tflops. T4 (65 FP16;
+# 320 GB/s), L4 (121, 300 GB/s), A10 (125, 600 GB/s), L40S (362.05, 864 GB/s),
 # A100 (312; 1555 GB/s 40GB SXM, 2039 GB/s 80GB SXM), H100 SXM (989.5, 3.35 TB/s), H200 (989.5,
 # 4.8 TB/s), V100 SXM2 (125 FP16, no bf16; 900 GB/s); RTX 4090: Ada Lovelace architecture
 # whitepaper (165.2 with FP32 accumulate, 1008 GB/s). A10G: no NVIDIA datasheet; 70 and 600 GB/s
@@ -87,7 +89,7 @@ from memorymark.units import MIB
 # GPUs; the same is assumed for the other PCIe GPUs and the V100 (unverified: an assumption).
 CATALOG: tuple[GPU, ...] = (
     GPU(name="T4", intra_node_bytes_per_s=16e9,
-        total_bytes=15095 * MIB, usd_per_hour=0.5904, bf16_tflops=65.0,
+        total_bytes=15095 * MIB, usd_per_hour=0.5904, bf16_tflops=None, fp16_tflops=65.0,
         memory_bandwidth_bytes_per_s=320e9, compute_capability=(7, 5), fp32_tflops=8.1,
         aliases=("Tesla T4", "NVIDIA T4")),
     GPU(name="L4", intra_node_bytes_per_s=32e9,
@@ -123,7 +125,7 @@ CATALOG: tuple[GPU, ...] = (
         memory_bandwidth_bytes_per_s=4.8e12, compute_capability=(9, 0), fp32_tflops=67.0,
         aliases=("NVIDIA H200", "H200 141GB")),
     GPU(name="V100 16GB", intra_node_bytes_per_s=150e9,
-        total_bytes=16160 * MIB, usd_per_hour=3.67, bf16_tflops=125.0,
+        total_bytes=16160 * MIB, usd_per_hour=3.67, bf16_tflops=None, fp16_tflops=125.0,
         memory_bandwidth_bytes_per_s=900e9, compute_capability=(7, 0), fp32_tflops=15.7,
         aliases=("V100-SXM2-16GB", "V100-PCIE-16GB")),
 )  # fmt: skip

@@ -48,9 +48,15 @@ DEFAULT_FP32_TFLOPS = 25.0
 DEFAULT_BANDWIDTH_BYTES_PER_S = 1e12
 # bf16 needs Ampere or newer: transformers' `is_torch_bf16_gpu_available` asks
 # `torch.cuda.is_bf16_supported(including_emulation=False)`, which checks compute capability >= 8.0
-# (torch/cuda/__init__.py), and TrainingArguments(bf16=True) raises without it.
+# (torch/cuda/__init__.py), and TrainingArguments(bf16=True) raises without it. NVIDIA's own:
+# bf16 Tensor Core math is new in Ampere (NVIDIA A100 Tensor Core GPU Architecture whitepaper,
+# 2020, "third-generation Tensor Cores"), and the T4 (Turing, 7.5) and V100 (Volta, 7.0)
+# datasheets list FP16 tensor rates and none for bf16.
 BF16_MIN_CAPABILITY = (8, 0)
 BF16_PRECISIONS = ("bf16-mixed", "bf16-true")
+# TF32 tensor cores arrived with Ampere too (NVIDIA A100 Tensor Core GPU Architecture
+# whitepaper, 2020: "TF32 ... new in the A100"), hence the same 8.0.
+TF32_MIN_CAPABILITY = (8, 0)
 
 # Compute capability assumed for a GPU we know nothing about: Ampere's, the middle of the range,
 # so it gets Ampere's context and workspace estimates.
@@ -67,8 +73,12 @@ class GPU:
     """`torch.cuda.get_device_properties(0).total_memory`, not the marketing figure."""
     usd_per_hour: float
     """Default on-demand price of one GPU; the user overrides it."""
-    bf16_tflops: float
-    """Peak dense bf16 tensor-core TFLOP/s, no sparsity (fp16 on GPUs without bf16 units)."""
+    bf16_tflops: float | None
+    """Peak dense bf16 tensor-core TFLOP/s, no sparsity; None on a GPU without bf16 (compute
+    capability below 8.0: the T4, the V100)."""
+    fp16_tflops: float | None = None
+    """Peak dense fp16 tensor-core TFLOP/s (FP32 accumulate), no sparsity; None: the same as
+    `bf16_tflops` (every catalog GPU with bf16 lists both at one rate)."""
     fp32_tflops: float = DEFAULT_FP32_TFLOPS
     """Peak FP32 TFLOP/s without tensor cores: what fp32 matmuls run at by default (PyTorch
     keeps TF32 off for matmuls since 1.12)."""
@@ -92,9 +102,17 @@ class GPU:
             raise ValueError("GPU name must not be empty")
         if self.total_bytes <= 0:
             raise ValueError(f"{self.name}: total_bytes must be > 0, got {self.total_bytes}")
+        if self.bf16_tflops is not None and not self.supports_bf16:
+            # A record saved before bf16 and fp16 were told apart held the fp16 rate as bf16's.
+            if self.fp16_tflops is None:
+                object.__setattr__(self, "fp16_tflops", self.bf16_tflops)
+            object.__setattr__(self, "bf16_tflops", None)
+        if self.bf16_tflops is None and self.fp16_tflops is None:
+            raise ValueError(f"{self.name}: give fp16_tflops (or bf16_tflops)")
+        rates = (("bf16_tflops", self.bf16_tflops), ("fp16_tflops", self.fp16_tflops))
         for field, value in (
             ("usd_per_hour", self.usd_per_hour),
-            ("bf16_tflops", self.bf16_tflops),
+            *((name, rate) for name, rate in rates if rate is not None),
             ("fp32_tflops", self.fp32_tflops),
             ("memory_bandwidth_bytes_per_s", self.memory_bandwidth_bytes_per_s),
         ):
@@ -121,6 +139,26 @@ class GPU:
         if major in (10, 11, 12):
             return "blackwell"
         return "other"
+
+    @property
+    def half_tflops(self) -> float:
+        """The tensor-core rate of 16-bit math: fp16's (bf16 runs at the same rate where it
+        exists)."""
+        half = self.fp16_tflops if self.fp16_tflops is not None else self.bf16_tflops
+        assert half is not None  # __post_init__ refuses a GPU with neither
+        return half
+
+    @property
+    def tf32_tflops(self) -> float | None:
+        """Dense TF32 tensor-core TFLOP/s (estimated), or None before Ampere, which has no TF32.
+
+        What fp32 matmuls get when a script turns TF32 on (torch.backends.cuda.matmul.allow_tf32
+        = True); PyTorch leaves it off for matmuls since 1.12. Every datasheet in the catalog
+        gives the dense TF32 rate as half the dense FP16/BF16 one (A100 156/312, A10 62.5/125,
+        H100 SXM 494.7/989.5, L4 60/121, RTX 4090 82.6/165.2), so half of that is used here."""
+        if tuple(self.compute_capability) < TF32_MIN_CAPABILITY:
+            return None
+        return max(self.fp32_tflops, self.half_tflops / 2)
 
     @property
     def supports_bf16(self) -> bool:
