@@ -164,6 +164,11 @@ def test_a_hosted_server_turns_off_what_strangers_must_not_reach() -> None:
         {"MEMORYMARK_ALLOW_CPU_BACKEND": "true"}, {"MEMORYMARK_HOSTED": True}
     )
     assert config.hosted and not config.allow_cpu_backend and config.workers == 1
+    assert config.worker_memory_gib == 2.0  # a free host's memory, unless the owner says more
+    owner = ServerConfig.from_sources(
+        {"MEMORYMARK_HOSTED": "1", "MEMORYMARK_WORKER_MEMORY_GIB": "6"}
+    )
+    assert owner.worker_memory_gib == 6.0
     with pytest.raises(ValueError, match="cpu backend"):
         config.apply(Settings(backend="cpu"))
     assert ServerConfig(hosted=True, workers=3).workers == 3  # the owner's count wins

@@ -10,8 +10,9 @@ memorymark/service/jobs.py), so a ceiling is never written into a link.
 
 `MEMORYMARK_HOSTED=true` is the one switch a hosting guide sets: every visitor keeps a history of
 their own (memorymark/ui/history_views.py), no page shows a path on the server, user code and the
-`cpu` backend are off whatever else is set, and the pool is sized for a free host (one sweep
-worker). Knows nothing of Streamlit or torch: the app passes its secrets in.
+`cpu` backend are off whatever else is set, and the pool is sized for a free host (one job at a
+time, 2 GiB each, unless the environment or secrets say otherwise). Knows nothing of Streamlit
+or torch: the app passes its secrets in.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ HOSTED_WORKERS = 1
 2.7 GB ("CPU: 0.078 cores minimum, 2 cores maximum; Memory: 690MB minimum, 2.7GBs maximum", its
 docs' limits as of February 2024), and each job's process holds torch (README, "What a host
 needs", has the measured memory). More visitors queue, and the page says where they are."""
+HOSTED_WORKER_MEMORY_GIB = 2.0
+"""What each job's process may allocate beyond its libraries on a hosted server, unless
+MEMORYMARK_WORKER_MEMORY_GIB says otherwise: with the server and the forkserver (about 0.4 GiB
+together, measured) it stays under Community Cloud's 2.7 GB."""
 DEFAULT_WORKER_MEMORY_GIB = 8.0
 """Beyond the preloaded libraries: a simulated 70B sweep holds well under 2 GiB of Python
 objects; a real cpu-backend step of a large model would need far more (and is off by default)."""
@@ -94,6 +99,8 @@ class ServerConfig:
                 values[name] = parse(str(raw).strip())
             except ValueError:
                 raise ValueError(f"{var} has a bad value: {limits.shown(raw)}") from None
+        if values.get("hosted") and "worker_memory_gib" not in values:
+            values["worker_memory_gib"] = HOSTED_WORKER_MEMORY_GIB
         return cls(**values)
 
     @property
