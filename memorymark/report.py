@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from memorymark.analyses.fixes import Fix
+from memorymark.analyses.ways_out import Fix
 from memorymark.environment import Stamp
 from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
@@ -290,6 +290,11 @@ class Report:
         if self.costs.usd_per_hour is not None:
             return self.costs.usd_per_hour
         return self.gpu.usd_per_hour
+
+    def fix_usd_per_gpu_hour(self, fix: Fix) -> float | None:
+        """The user's price per GPU-hour for a way out on the GPU kind they chose (more of it,
+        or a change of settings there); None, the catalog's price, for another kind."""
+        return self.costs.usd_per_hour if fix.gpu.name == self.gpu.name else None
 
     @property
     def annual_cost_usd(self) -> float:

@@ -1,7 +1,9 @@
 """Analyses: questions answered by running the engine more than once.
 
-Owns what would make a model fit when nothing does (`fixes`), one model across the GPU catalog
-(`compare`), the backward-pass proof (`proof`), and scaling out over GPU counts (`scale_out`).
+Owns what would make a model fit when nothing does (`fixes`, with the hardware ways out in
+`hardware`, the states' lower bound in `states` and the records in `ways_out`), one model across
+the GPU catalog (`compare`), the backward-pass proof (`proof`), and scaling out over GPU counts
+(`scale_out`).
 
 Must not know: how one measurement is taken (they ask the engine or a backend), or how anything is
 shown.

@@ -1,75 +1,35 @@
-"""When nothing fits: which settings, or which GPU, would make the model train.
+"""When nothing fits: which settings, which GPU, or how many GPUs would make the model train.
 
 For a model that runs out of memory even at batch 1, each candidate change (gradient
 checkpointing, bf16 weights, LoRA, 8-bit AdamW, their combination, QLoRA, Liger's fused loss for a
-causal LM, a bigger catalog GPU) is simulated at
-batch 1; a simulated step traces to its end even past the GPU's capacity, so the answer says how
-far off each one is, not only whether it fits. What the states alone decide is not stepped: the
-weights, gradients and optimizer state all live at the optimizer step, so when their bytes
-(counted on the meta device, in seconds even for a 70B model) already pass a limit, the change is
-reported as needing at least that. This module composes settings and the simulated backend; it
-never touches a real device, and imports the engine only when it simulates, so the report can
-hold `Fix` records without torch.
+causal LM) is simulated at batch 1 on the chosen GPU; a simulated step traces to its end even
+past the GPU's capacity, so the answer says how far off each one is, not only whether it fits.
+Then other hardware (memorymark/analyses/hardware.py): the cheapest bigger catalog GPU that
+trains batch 1, the fewest GPUs of the chosen kind under FSDP, and, when no change fits here,
+the change that comes closest on the cheapest bigger GPU that trains it. What the states alone
+decide is not stepped: the weights, gradients and optimizer state all live at the optimizer
+step, so when their bytes (memorymark/analyses/states.py) already pass a limit, the change is
+reported as needing at least that. Every peak a way out states otherwise is its own simulated
+step, with the settings it applies, on the GPU it names. This module composes settings and the
+simulated backend; it never touches a real device, and imports the engine only when it
+simulates; the records (`Fix`, `FitAnswer`) live in memorymark/analyses/ways_out.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 from memorymark import gpus
+from memorymark.analyses import hardware
+from memorymark.analyses.states import counted_states, state_bytes
+from memorymark.analyses.ways_out import FitAnswer, Fix
 from memorymark.backends import selection
 from memorymark.measurement import Measurement
 from memorymark.settings import Settings
-from memorymark.units import gib
+
+__all__ = ["FitAnswer", "Fix", "simulated_step", "state_bytes", "what_would_fit"]
 
 LORA_RANK = 16
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Fix:
-    """One change and its simulated batch-1 step against the GPU it targets."""
-
-    label: str
-    settings: Settings
-    gpu: gpus.GPU
-    peak_bytes: int
-    """Peak of live tensor bytes at batch 1 (the report's "memory")."""
-    required_bytes: int
-    """What the GPU must hold at batch 1: predicted reserved bytes, as a sweep decides fit."""
-    limit_bytes: int
-    """What batch 1 must stay within on that GPU: usable memory less the margin (the fit
-    policy's limit)."""
-    lower_bound: bool = False
-    """True when the states alone decided it without a step: it needs at least `required_bytes`
-    (weights, gradients and optimizer state), which already pass the limit."""
-
-    @property
-    def fits(self) -> bool:
-        """True when batch 1 fits within the GPU's usable memory less the margin."""
-        return self.required_bytes <= self.limit_bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fix as one entry of the JSON report's `fixes` list (GiB are 2**30 bytes)."""
-        return {
-            "label": self.label,
-            "gpu_name": self.gpu.name,
-            "batch_1_memory_gb": gib(self.peak_bytes),
-            "batch_1_required_gb": gib(self.required_bytes),
-            "limit_gb": gib(self.limit_bytes),
-            "fits": self.fits,
-            "at_least": self.lower_bound,
-            "settings": self.settings.to_dict(),
-        }
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FitAnswer:
-    """The unchanged settings' batch-1 step, and each way out."""
-
-    required_bytes: int
-    """What batch 1 needs as configured (predicted reserved bytes)."""
-    fixes: tuple[Fix, ...]
 
 
 def simulated_step(settings: Settings, gpu: gpus.GPU, batch_size: int = 1) -> Measurement:
@@ -144,46 +104,10 @@ def _simulable(backend: str) -> str:
     return "sim" if backend == "cpu" else backend
 
 
-def state_bytes(settings: Settings) -> int:
-    """A lower bound on any training step's peak under `settings`: the bytes of the weights and,
-    for the parameters that train, their gradients and the optimizer's state, all alive at the
-    optimizer step. Counted on the meta device: nothing is allocated or run."""
-    import torch
-
-    from memorymark.step.catalog import CatalogStep
-
-    with torch.device("meta"):
-        model = CatalogStep(settings).build_model()
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    if settings.forward_only or settings.optimizer == "none":
-        return weights
-    trained = [p for p in model.parameters() if p.requires_grad]
-    trainable = sum(p.numel() * p.element_size() for p in trained)
-    return weights + trainable + _state_lower_bound(settings.optimizer, trained)
-
-
-def _state_lower_bound(optimizer: str, trained: list[Any]) -> int:
-    """Bytes the optimizer's state takes at least, inside the allocator."""
-    like_weights = sum(p.numel() * p.element_size() for p in trained)
-    numel = sum(p.numel() for p in trained)
-    # AdamW keeps two buffers like each trained weight, SGD's momentum one; bitsandbytes' 8-bit
-    # ones a byte per value (two for AdamW, one for Lion), more for small tensors and absmax;
-    # paged state lives outside the allocator, and Adafactor's factored moments are small: they
-    # count as none (a lower bound stays a lower bound).
-    per_optimizer = {
-        "adamw": 2 * like_weights,
-        "adamw-fused": 2 * like_weights,
-        "adamw-forloop": 2 * like_weights,
-        "sgd": like_weights,
-        "sgd-forloop": like_weights,
-        "adamw-8bit": 2 * numel,
-        "lion-8bit": numel,
-    }
-    return per_optimizer.get(optimizer, 0)
-
-
 def what_would_fit(settings: Settings, batch_1: Measurement | None = None) -> FitAnswer:
-    """Batch 1 as configured, each candidate change, then the smallest catalog GPU that fits.
+    """Batch 1 as configured, each candidate change, then other hardware: the cheapest bigger
+    catalog GPU, the fewest GPUs of this kind under FSDP, and, when no change fits here, the
+    cheapest bigger GPU for the change that comes closest.
 
     `batch_1` is the sweep's own simulated step at batch 1 as configured, when it took one: it
     is not stepped again."""
@@ -204,35 +128,61 @@ def what_would_fit(settings: Settings, batch_1: Measurement | None = None) -> Fi
     base = batch_1 if batch_1 is not None and not batch_1.measured else None
     base = base if base is not None and base.required_bytes is not None else None
     base = base or simulated_step(settings, gpu)
-    states = state_bytes(settings)
-    # Another compute capability may pick other attention kernels: one step per capability,
-    # and none for a GPU the states alone overflow.
-    by_arch = {gpu.compute_capability: base}
-    for bigger in sorted(gpus.CATALOG, key=lambda g: g.usable_bytes):
-        if bigger.usable_bytes <= gpu.usable_bytes:
-            continue
-        if settings.precision in gpus.BF16_PRECISIONS and not bigger.supports_bf16:
-            continue
-        variant = replace(settings, gpu=bigger.name, gpu_memory_gib=None)
-        bigger_limit = selection.fit_policy(variant, bigger).limit_bytes
-        if states > bigger_limit:
-            continue
-        if bigger.compute_capability not in by_arch:
-            by_arch[bigger.compute_capability] = simulated_step(variant, bigger)
-        m = by_arch[bigger.compute_capability]
-        if _required(m) <= bigger_limit:
-            fixes.append(_fix(f"a bigger GPU: {bigger.name}", variant, bigger, m, bigger_limit))
-            break
     # A change of settings that needs no less than batch 1 as configured, in live or reserved
-    # bytes, is no way out: not offered (a bigger GPU helps by its capacity instead).
-    helpful = tuple(
+    # bytes, is no way out: not offered (other hardware helps by its capacity instead).
+    helpful = [
         f
         for f in fixes
-        if f.gpu is not gpu
-        or f.required_bytes < _required(base)
+        if f.required_bytes < _required(base)
         or (not f.lower_bound and f.peak_bytes < base.peak_bytes)
-    )
-    return FitAnswer(required_bytes=_required(base), fixes=helpful)
+    ]
+    states, parameters = counted_states(settings)
+    elsewhere = _other_hardware(settings, gpu, states, parameters)
+    if not any(f.fits for f in helpful):
+        elsewhere += _closest_change_elsewhere(helpful, gpu, elsewhere)
+    return FitAnswer(required_bytes=_required(base), fixes=(*helpful, *elsewhere))
+
+
+def _step(settings: Settings, gpu: gpus.GPU) -> Measurement:
+    return simulated_step(settings, gpu)  # looked up at each call: tests count the steps
+
+
+def _other_hardware(settings: Settings, gpu: gpus.GPU, states: int, parameters: int) -> list[Fix]:
+    """The cheapest bigger GPU that fits (or, when the states alone overflow the biggest, that
+    bound on it), and the fewest GPUs of this kind under FSDP."""
+    out = []
+    cheapest = hardware.cheapest_gpu(settings, gpu, _step, states)
+    if cheapest is not None:
+        out.append(cheapest)
+    else:
+        biggest = max(gpus.CATALOG, key=lambda g: g.usable_bytes)
+        on_it = replace(settings, gpu=biggest.name, gpu_memory_gib=None)
+        limit = hardware.limit_bytes(on_it, biggest)
+        if biggest.usable_bytes > gpu.usable_bytes and states > limit:
+            out.append(replace(_bound(hardware.BIGGER_GPU, on_it, biggest, states, limit),
+                               hardware=True))  # fmt: skip
+    several = hardware.fewest_gpus(settings, gpu, _step, states, parameters)
+    if several is not None:
+        out.append(several)
+    return out
+
+
+def _closest_change_elsewhere(changes: list[Fix], gpu: gpus.GPU, others: list[Fix]) -> list[Fix]:
+    """The change that needs least here, on the cheapest bigger GPU where it fits: offered when
+    that GPU is cheaper than the one the unchanged settings need (or none does)."""
+    if not changes:
+        return []
+    closest = min(changes, key=lambda f: f.required_bytes)
+    # A bound is the states themselves: not counted again (a 70B model takes seconds).
+    states = closest.required_bytes if closest.lower_bound else state_bytes(closest.settings)
+    label = f"{closest.label}, on {hardware.BIGGER_GPU}"
+    found = hardware.cheapest_gpu(closest.settings, gpu, _step, states, label)
+    unchanged = next((f for f in others if f.gpus == 1 and f.fits), None)
+    if found is None or (
+        unchanged is not None and unchanged.gpu.usd_per_hour <= found.gpu.usd_per_hour
+    ):
+        return []
+    return [found]
 
 
 def _bound(label: str, settings: Settings, gpu: gpus.GPU, states: int, limit: int) -> Fix:
@@ -261,4 +211,5 @@ def _fix(label: str, settings: Settings, gpu: gpus.GPU, m: Measurement, limit: i
         peak_bytes=m.peak_bytes,
         required_bytes=_required(m),
         limit_bytes=limit,
+        samples_per_second=m.samples_per_second if _required(m) <= limit else None,
     )

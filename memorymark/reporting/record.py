@@ -73,6 +73,8 @@ def _fix_record(fix: Fix) -> dict[str, Any]:
         "required_bytes": fix.required_bytes,
         "limit_bytes": fix.limit_bytes,
         "lower_bound": fix.lower_bound,
+        "hardware": fix.hardware,
+        "samples_per_second": fix.samples_per_second,
     }
 
 

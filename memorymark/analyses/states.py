@@ -1,0 +1,65 @@
+"""A lower bound on any training step's peak: the bytes of the model's states alone.
+
+The weights, and for the parameters that train their gradients and the optimizer's state, are
+all alive at the optimizer step, whatever the batch, so their bytes bound every step's peak from
+below. They are counted on the meta device: nothing is allocated or run (a 70B model still
+takes 10-20 s here, to build its modules). The ways out (memorymark/analyses/fixes.py) use the
+bound to skip a step that cannot fit.
+
+What the bound leaves out, so a step needs more: activations (with checkpointing, each layer's
+input and one layer recomputed at a time), the logits and the loss, autograd's temporaries (a
+NF4 layer's weight dequantized for its matmul), the CUDA rules' workspaces, and the caching
+allocator's rounding and cached free blocks (a step's required bytes are reserved, not live).
+Must not know how a step is measured or shown.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memorymark.settings import Settings
+
+
+def state_bytes(settings: Settings) -> int:
+    """A lower bound on any training step's peak under `settings`: the bytes of the weights and,
+    for the parameters that train, their gradients and the optimizer's state, all alive at the
+    optimizer step. Counted on the meta device: nothing is allocated or run."""
+    return counted_states(settings)[0]
+
+
+def counted_states(settings: Settings) -> tuple[int, int]:
+    """(`state_bytes`, the model's parameter count as built), from one model on the meta
+    device: the count is what a distributed step's traffic is estimated from."""
+    import torch
+
+    from memorymark.step.catalog import CatalogStep
+
+    with torch.device("meta"):
+        model = CatalogStep(settings).build_model()
+    parameters = sum(p.numel() for p in model.parameters())
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if settings.forward_only or settings.optimizer == "none":
+        return weights, parameters
+    trained = [p for p in model.parameters() if p.requires_grad]
+    trainable = sum(p.numel() * p.element_size() for p in trained)
+    return weights + trainable + _state_lower_bound(settings.optimizer, trained), parameters
+
+
+def _state_lower_bound(optimizer: str, trained: list[Any]) -> int:
+    """Bytes the optimizer's state takes at least, inside the allocator."""
+    like_weights = sum(p.numel() * p.element_size() for p in trained)
+    numel = sum(p.numel() for p in trained)
+    # AdamW keeps two buffers like each trained weight, SGD's momentum one; bitsandbytes' 8-bit
+    # ones a byte per value (two for AdamW, one for Lion), more for small tensors and absmax;
+    # paged state lives outside the allocator, and Adafactor's factored moments are small: they
+    # count as none (a lower bound stays a lower bound).
+    per_optimizer = {
+        "adamw": 2 * like_weights,
+        "adamw-fused": 2 * like_weights,
+        "adamw-forloop": 2 * like_weights,
+        "sgd": like_weights,
+        "sgd-forloop": like_weights,
+        "adamw-8bit": 2 * numel,
+        "lion-8bit": numel,
+    }
+    return per_optimizer.get(optimizer, 0)
