@@ -170,7 +170,7 @@ def print_report(r: Report, d: dict[str, Any]) -> None:
         print(f"  usable memory        {d['usable_gb']} GiB, less a {d['margin_gb']} GiB margin")
         _print_evaluation(r)
         _print_value_reads(r.value_reads)
-        _print_plan_and_fixes(r)
+        _print_plan_and_fixes(r, d["fixes"])
         return
     for line in _weight_and_paging_lines(r.optimal):
         print(f"  {line}")
@@ -203,7 +203,7 @@ def print_report(r: Report, d: dict[str, Any]) -> None:
     print(f"  {d['probes']} probes in {d['elapsed_seconds']:.1f} s")
     _print_value_reads(r.value_reads)
     _print_distributed(r, d["distributed"])
-    _print_plan_and_fixes(r)
+    _print_plan_and_fixes(r, d["fixes"])
 
 
 def _print_evaluation(r: Report) -> None:
@@ -234,7 +234,7 @@ def _print_distributed(r: Report, d: dict[str, Any]) -> None:
         print(f"  per rank (GiB, {r.memory_source}): {parts}; NCCL {d['per_rank_nccl_gb']} (est.)")
 
 
-def _print_plan_and_fixes(r: Report) -> None:
+def _print_plan_and_fixes(r: Report, fixes: list[dict[str, Any]]) -> None:
     plan = r.plan
     if plan is not None and plan.target_batch is not None:
         checked = "checked with accumulation" if r.plan_probes else "fits"
@@ -246,18 +246,27 @@ def _print_plan_and_fixes(r: Report) -> None:
     elif r.plan_note:
         print(f"  {r.plan_note}")
     if r.fixes:
-        needed = r.batch_1_required_bytes
+        _print_fixes(r, fixes)
+
+
+def _print_fixes(r: Report, fixes: list[dict[str, Any]]) -> None:
+    """Each way out: what it needs at batch 1 against its limit, and what a fit costs. `fixes`
+    is the `analyze --json` object's list, in the same order as `r.fixes`."""
+    needed = r.batch_1_required_bytes
+    print(
+        f"\nBatch 1 needs {gib(needed or 0):.2f} GiB on this {r.gpu.name}; ways out "
+        "(simulated at batch 1: what the allocator would reserve, of usable memory less the "
+        "margin; >= is a lower bound from the states alone; prices estimated):"
+    )
+    for fix in fixes:
+        verdict = "fits" if fix["fits"] else "still too big"
+        per = " per GPU" if fix["gpus"] > 1 else ""
+        price = f"  {fix['cost_note']}" if fix["fits"] else ""
         print(
-            f"\nBatch 1 needs {gib(needed or 0):.2f} GiB here; what would make it fit "
-            f"({r.memory_source}, batch 1, what the allocator would reserve):"
+            f"  {fix['title']:<44} {'>=' if fix['at_least'] else '  '}"
+            f"{fix['batch_1_required_gb']:9.2f} GiB of {fix['limit_gb']:.2f}{per}  "
+            f"{verdict}{price}"
         )
-        for fix in r.fixes:
-            verdict = "fits" if fix.fits else "still too big"
-            print(
-                f"  {fix.label:<34} {'>=' if fix.lower_bound else '  '}"
-                f"{gib(fix.required_bytes):9.2f} GiB of "
-                f"{gib(fix.limit_bytes):.2f} on {fix.gpu.name}  {verdict}"
-            )
 
 
 def _print_throughput(d: dict[str, Any]) -> None:

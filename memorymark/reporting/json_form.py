@@ -72,7 +72,7 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "plan_note": r.plan_note,
         "plan_probes": [_row(m) for m in r.plan_probes],
         "eval": r.evaluation.to_dict() if r.evaluation else None,
-        "fixes": [fix.to_dict() for fix in r.fixes],
+        "fixes": [fix.to_dict(r.fix_usd_per_gpu_hour(fix)) for fix in r.fixes],
         "batch_1_required_gb": None
         if r.batch_1_required_bytes is None
         else gib(r.batch_1_required_bytes),

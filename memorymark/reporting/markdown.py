@@ -94,6 +94,34 @@ def _answer(d: dict[str, Any], r: Report) -> list[str]:
     return ["| Answer | |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
 
 
+def _ways_out(d: dict[str, Any], r: Report) -> list[str]:
+    """When batch 1 does not fit: each way out, simulated at batch 1 against its own limit."""
+    if not d["fixes"]:
+        return []
+    lines = [
+        "### Ways out",
+        "",
+        f"Batch 1 as configured needs {d['batch_1_required_gb']} GiB on this "
+        f"{escape(r.gpu.name)} (simulated, reserved). Each way out was simulated at batch 1: "
+        "what the allocator would reserve against that GPU's usable memory less the margin "
+        '(per GPU on several); "at least" is a lower bound from the weights, gradients and '
+        "optimizer state alone. Prices are estimated.",
+        "",
+        "| Way out | Verdict | Batch 1 needs (GiB, simulated) | Limit (GiB) | Price (estimated) |",
+        "|---|---|---|---|---|",
+    ]
+    for fix in d["fixes"]:
+        need = f"{'at least ' if fix['at_least'] else ''}{fix['batch_1_required_gb']:.2f}"
+        per = " per GPU" if fix["gpus"] > 1 else ""
+        price = escape(fix["cost_note"]) if fix["fits"] else ""
+        verdict = "fits" if fix["fits"] else "too big"
+        lines.append(
+            f"| {escape(fix['title'])} | {verdict} | {need}{per} | {fix['limit_gb']:.2f} | "
+            f"{price} |"
+        )
+    return [*lines, ""]
+
+
 def _evaluation_row(e: dict[str, Any], r: Report) -> tuple[str, str]:
     """The evaluation pass: does the loop with it fit, and the largest eval batch that would."""
     kept = f"{e['accumulation']} batch{'es' if e['accumulation'] > 1 else ''} of predictions kept"
@@ -187,6 +215,7 @@ def report_markdown(r: Report, data: dict[str, Any] | None = None) -> str:
         + rate_note
         + f" {d['probes']} probes in {d['elapsed_seconds']:.1f} s. GiB = 2^30 bytes.",
         "",
+        *_ways_out(d, r),
         "### Settings",
         "",
         *_settings(r),

@@ -12,9 +12,11 @@ from typing import Any
 
 from memorymark.analyses.compare import GpuFit
 from memorymark.analyses.proof import BackwardProof, ProtocolResult
+from memorymark.analyses.ways_out import Fix
 from memorymark.measurement import Measurement, memory_source
 from memorymark.report import Report
 from memorymark.reporting.json_form import report_to_dict
+from memorymark.reporting.markdown import escape
 from memorymark.search.seq_len import SeqLenAnswer
 from memorymark.units import gib, gib_text
 
@@ -124,6 +126,24 @@ def how_far_off(peak_bytes: int, capacity_bytes: int) -> str:
     if capacity_bytes <= 0:
         return f"{shown}: the margin leaves no room at all"
     return f"{shown}: {peak_bytes / capacity_bytes:.1f}x the limit"
+
+
+def fix_line(fix: Fix, usd_per_gpu_hour: float | None = None) -> str:
+    """One way out in a line of Streamlit Markdown: `:green[**fits**] · **a bigger GPU: A100
+    80GB**: batch 1 needs 44.06 GiB of 77.94 GiB: fits, ... (simulated) · $2.50/h, ...`, or
+    `:red[still too big] · **LoRA rank 16** on A10: batch 1 needs at least ...`."""
+    mark = ":green[**fits**]" if fix.fits else ":red[still too big]"
+    per = " per GPU" if fix.gpus > 1 else ""
+    price = f" · {escape(fix.cost_note(usd_per_gpu_hour), every_punctuation=True)}"
+    price = price if fix.fits else ""
+    source = "counted states, a lower bound" if fix.lower_bound else "simulated"
+    # A change of settings says which GPU it stays on; other hardware names it in its title.
+    on = "" if fix.hardware else f" on {escape(fix.gpu.name, every_punctuation=True)}"
+    return (
+        f"{mark} · **{escape(fix.title, every_punctuation=True)}**{on}: batch 1 needs "
+        f"{'at least ' if fix.lower_bound else ''}"
+        f"{how_far_off(fix.required_bytes, fix.limit_bytes)}{per} ({source}){price}"
+    )
 
 
 def baseline_peak(report: Report) -> int | None:

@@ -73,25 +73,22 @@ def how_far_off_here(report: Report) -> str | None:
 
 
 def fixes(report: Report) -> None:
-    """Each fix with its batch-1 peak against its limit, and a button that applies it."""
+    """Each way out with its batch-1 peak against its limit, what it costs where it fits, and a
+    button that applies it (settings, another GPU, or `dist=fsdp, gpus=N`)."""
     st.subheader("What would make it fit")
     here = how_far_off_here(report)
     if here:
         st.markdown(here)
     for i, fix in enumerate(report.fixes):
         text_col, button_col = st.columns([4, 1], vertical_alignment="center")
-        mark = ":green[**fits**]" if fix.fits else ":red[still too big]"
-        text_col.markdown(
-            f"{mark} · **{fix.label}** on {fix.gpu.name}: batch 1 peaks at "
-            f"{'at least ' if fix.lower_bound else ''}"
-            f"{tables.how_far_off(fix.required_bytes, fix.limit_bytes)}"
-        )
+        text_col.markdown(tables.fix_line(fix, report.fix_usd_per_gpu_hour(fix)))
         button_col.button(
             "Apply and analyze", key=f"apply_fix_{i}", on_click=sidebar.apply_and_analyze,
             args=(fix.settings,), type="primary" if fix.fits else "secondary", width="stretch",
         )  # fmt: skip
     st.caption(
-        "Batch-1 peaks simulated on fake tensors with no memory limit; each limit is that "
-        "GPU's usable memory less your margin. A button loads the change into the sidebar and "
-        "analyzes it."
+        "Batch-1 peaks simulated on fake tensors with no memory limit (at least: a lower bound "
+        "from the weights, gradients and optimizer state alone); each limit is that GPU's usable "
+        "memory less your margin, per GPU on several. Prices are estimated. A button loads the "
+        "change into the sidebar and analyzes it."
     )

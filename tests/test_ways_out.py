@@ -1,0 +1,192 @@
+"""Ways out by hardware (the cheapest GPU that fits, the fewest GPUs under FSDP), their prices,
+and every place a report shows them; a stated peak is what applying the way out measures."""
+
+from dataclasses import replace
+
+import pytest
+
+from memorymark import Session, gpus
+from memorymark.analyses import hardware
+from memorymark.analyses.fixes import what_would_fit
+from memorymark.analyses.ways_out import SAMPLES_PER_RUN, Fix
+from memorymark.cli import render
+from memorymark.measurement import Measurement
+from memorymark.report import Report
+from memorymark.reporting.json_form import report_to_dict
+from memorymark.reporting.markdown import report_markdown
+from memorymark.settings import Costs, Settings
+from memorymark.units import GIB
+
+
+def _step(required_gib: float, samples_per_second: float | None = 10.0) -> Measurement:
+    """A fake batch-1 step that needs `required_gib` (it fits: its verdict is the caller's)."""
+    need = int(required_gib * GIB)
+    return Measurement(batch_size=1, fits=True, runs=True, peak_bytes=need, required_bytes=need,
+                       backend="sim", measured=False, samples_per_second=samples_per_second,
+                       throughput_source="estimated")  # fmt: skip
+
+
+def test_the_cheapest_gpu_that_fits_beats_bigger_dearer_ones():
+    # 30 GiB at batch 1: the T4, RTX 4090 and A10 are cheaper but too small; the A100 40GB is
+    # the cheapest that holds it (the L40S, A100 80GB and H100 hold it too, dearer).
+    stepped = []
+
+    def step(settings, gpu):
+        stepped.append(gpu.name)
+        return _step(30)
+
+    settings = Settings(model="tiny-bert", gpu_memory_gib=8)
+    fix = hardware.cheapest_gpu(settings, gpus.custom_gpu(8), step, states=0)
+    assert fix is not None and fix.fits and fix.gpu.name == "A100 40GB"
+    # In price order; the L4 and A10G share a stepped GPU's compute capability, whose step
+    # already passed their limit, so they are not stepped.
+    assert stepped == ["T4", "RTX 4090", "A10", "A100 40GB"]
+    assert fix.label == "a bigger GPU" and fix.title == "a bigger GPU: A100 40GB"
+    assert fix.settings.gpu == "A100 40GB" and fix.settings.gpu_memory_gib is None
+
+
+def test_states_past_every_limit_step_nothing():
+    def step(settings, gpu):
+        raise AssertionError("stepped")
+
+    settings = Settings(model="tiny-bert", gpu_memory_gib=8)
+    assert hardware.cheapest_gpu(settings, gpus.custom_gpu(8), step, states=200 * GIB) is None
+
+
+def test_the_fewest_gpus_start_where_a_rank_s_share_of_the_states_fits():
+    # States of 100 GiB, sharded over n A10s, need n >= 5; batch 1 needs 2 GiB more per rank.
+    stepped = []
+
+    def step(settings, gpu):
+        n = settings.gpu_count
+        stepped.append(n)
+        return _step(2 + 100 / n)
+
+    a10 = gpus.find_gpu("a10")
+    settings = Settings(model="tiny-bert", gpu="a10")
+    fix = hardware.fewest_gpus(settings, a10, step, states=100 * GIB, parameters=10**9)
+    assert stepped == [5, 6]  # 5: 22 GiB, past the limit; 6: 18.7 GiB
+    assert fix is not None and fix.fits and fix.gpus == 6
+    assert (fix.settings.dist, fix.settings.gpus) == ("fsdp", "6")
+    assert fix.title == "several GPUs (FSDP): 6 x A10"
+    # Six GPUs cost six times the hour, and the run's time is estimated.
+    assert fix.usd_per_hour() == pytest.approx(6 * a10.usd_per_hour)
+    assert fix.samples_per_second is not None
+    hours = SAMPLES_PER_RUN / fix.samples_per_second / 3600
+    assert fix.cost_per_run_usd() == pytest.approx(6 * a10.usd_per_hour * hours, abs=0.01)
+    # The user's own price for this kind replaces the catalog's.
+    assert fix.to_dict(usd_per_gpu_hour=1.0)["usd_per_hour"] == 6.0
+
+
+def test_a_gpu_count_past_the_search_s_first_tries_is_bisected():
+    stepped = []
+
+    def step(settings, gpu):
+        n = settings.gpu_count
+        stepped.append(n)
+        return _step(15 + 100 / n)
+
+    settings = Settings(model="tiny-bert", gpu="a10")
+    fix = hardware.fewest_gpus(settings, gpus.find_gpu("a10"), step, states=50 * GIB,
+                               parameters=10**9)  # fmt: skip
+    # 3, 4, 5 in order (too big); 15 + 100/n through 4 and 5 says 24 holds it, so the search
+    # runs over 6...48 only, and finds 24 (19.2 GiB per rank).
+    assert stepped[:3] == [3, 4, 5] and fix.gpus == 24 and fix.fits
+    assert max(stepped) <= 48 and len(stepped) <= 8
+
+
+def test_no_gpu_count_is_stepped_when_what_is_not_sharded_overflows_alone():
+    stepped = []
+
+    def step(settings, gpu):
+        stepped.append(settings.gpu_count)
+        return _step(25 + 100 / settings.gpu_count)  # 25 GiB whatever the count
+
+    settings = Settings(model="tiny-bert", gpu="a10")
+    fix = hardware.fewest_gpus(settings, gpus.find_gpu("a10"), step, states=50 * GIB,
+                               parameters=10**9)  # fmt: skip
+    assert stepped == [3, 4, 5] and fix is not None and not fix.fits and fix.gpus == 5
+
+
+def test_a_cost_is_not_guessed_when_the_time_cannot_be_estimated():
+    fix = Fix(label=hardware.SEVERAL_GPUS, settings=Settings(model="tiny-bert", gpu="a10",
+              dist="fsdp", gpus="16"), gpu=gpus.find_gpu("a10"), peak_bytes=GIB,
+              required_bytes=GIB, limit_bytes=2 * GIB, hardware=True)  # fmt: skip
+    d = fix.to_dict()
+    assert d["gpus"] == 16 and d["usd_per_hour"] == pytest.approx(16 * 0.86)
+    assert d["cost_per_run_usd"] is None and "run time not estimated" in d["cost_note"]
+
+
+def _report_with_fixes() -> Report:
+    settings = Settings(model="tiny-bert", gpu="a10")
+    a10, a100 = gpus.find_gpu("a10"), gpus.find_gpu("A100 80GB")
+    oom = Measurement(batch_size=1, fits=False, runs=False, peak_bytes=30 * GIB,
+                      required_bytes=30 * GIB, backend="sim", measured=False)  # fmt: skip
+    fixes = (
+        Fix(label="QLoRA: NF4 + LoRA + checkpointing", settings=settings, gpu=a10,
+            peak_bytes=25 * GIB, required_bytes=25 * GIB, limit_bytes=21 * GIB,
+            lower_bound=True),
+        Fix(label=hardware.BIGGER_GPU, settings=replace(settings, gpu="A100 80GB"), gpu=a100,
+            peak_bytes=30 * GIB, required_bytes=31 * GIB, limit_bytes=77 * GIB, hardware=True,
+            samples_per_second=100.0),
+        Fix(label=hardware.SEVERAL_GPUS, settings=replace(settings, dist="fsdp", gpus="4"),
+            gpu=a10, peak_bytes=9 * GIB, required_bytes=10 * GIB, limit_bytes=21 * GIB,
+            hardware=True),
+    )  # fmt: skip
+    return Report(settings=settings, costs=Costs(), gpu=a10, backend="sim",
+                  measurements=(oom,), elapsed_seconds=1.0, fixes=fixes,
+                  batch_1_required_bytes=30 * GIB)  # fmt: skip
+
+
+def test_every_report_form_lists_the_ways_out(capsys):
+    r = _report_with_fixes()
+    d = report_to_dict(r)
+    assert [f["title"] for f in d["fixes"]] == [
+        "QLoRA: NF4 + LoRA + checkpointing",
+        "a bigger GPU: A100 80GB",
+        "several GPUs (FSDP): 4 x A10",
+    ]
+    assert d["fixes"][1]["cost_per_run_usd"] == pytest.approx(
+        round(SAMPLES_PER_RUN / 100 / 3600 * 2.4984, 2)
+    )
+    assert d["fixes"][2]["gpus"] == 4 and d["fixes"][2]["usd_per_hour"] == pytest.approx(3.44)
+    page = report_markdown(r, d)
+    assert "### Ways out" in page
+    assert "| QLoRA: NF4 + LoRA + checkpointing | too big | at least 25.00 | 21.00 |" in page
+    assert "| a bigger GPU: A100 80GB | fits | 31.00 | 77.00 |" in page
+    assert "10.00 per GPU" in page and "run time not estimated" in page
+    render.print_report(r, d)
+    text = capsys.readouterr().out
+    assert "a bigger GPU: A100 80GB" in text and "on A100 80GB" not in text
+    assert ">=    25.00 GiB of 21.00  still too big" in text
+
+
+def test_the_app_line_names_the_gpu_once():
+    from memorymark.ui import tables
+
+    fix = _report_with_fixes().fixes[1]
+    line = tables.fix_line(fix)
+    assert "A100 80GB" in line.replace("\\", "") and line.count("A100") == 1
+    assert "(simulated)" in line and "estimated" in line
+
+
+def test_each_stated_peak_is_what_applying_the_way_out_measures(monkeypatch):
+    # Real steps: tiny-bert on a 1 GiB GPU, every way out that states a peak (not a bound)
+    # applied through the front door at batch 1. One change of settings stands for them all
+    # (tests/test_fixes.py simulates each); the hardware ways out are all here.
+    from memorymark.analyses import fixes
+
+    real_variants = fixes._variants
+    monkeypatch.setattr(
+        fixes,
+        "_variants",
+        lambda s, gpu: [v for v in real_variants(s, gpu) if v[0] == "LoRA rank 16"],
+    )
+    settings = Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1, margin="49%")
+    answer = what_would_fit(settings)
+    stated = [f for f in answer.fixes if not f.lower_bound]
+    assert {"LoRA rank 16", "a bigger GPU", "several GPUs (FSDP)"} <= {f.label for f in stated}
+    for fix in stated:
+        applied = Session(fix.settings).measure(1)
+        assert applied.required_bytes == pytest.approx(fix.required_bytes, rel=0.01), fix.title
+        assert applied.peak_bytes == pytest.approx(fix.peak_bytes, rel=0.01), fix.title
