@@ -150,11 +150,11 @@ def test_every_setting_round_trips_through_the_link() -> None:
         "model": "tiny-gpt2", "task": "sequence-classification", "seq_len": "64",
         "optimizer": "adafactor", "mode": "eval", "loss": "logits-mean",
         "precision": "bf16-true", "attention": "eager", "grad_checkpointing": "true",
-        "lora_rank": "8", "lora_targets": "c_attn", "forward_only": "true", "gpu": "T4",
+        "lora_rank": "8", "lora_targets": "c_attn", "forward_only": "true", "gpu": "L4",
         "backend": "sim", "strategy": "linear", "step": "4", "current_batch": "8",
         "max_batch": "256", "target_batch": "64", "margin": "5%",
     }  # fmt: skip
-    at = app(**link)
+    at = app(**link)  # bf16 needs a GPU with bf16: an L4, not a T4 (tests/test_app_gpu_choice.py)
     assert not at.exception and not at.error
     assert dict(at.query_params) == link
     assert at.checkbox(key="mm_grad_checkpointing").value is True
