@@ -48,7 +48,10 @@ def analyze_page() -> None:
         st.caption(f"{escape(note, every_punctuation=True)}: this server's ceiling is used.")
     job = sweep_runner.current_job()
     running = job is not None and job.running
-    analyze_col, cancel_col, save_col, _ = st.columns([1, 1, 2, 4], vertical_alignment="center")
+    # Slots sized to their labels, in a row that wraps: fixed columns cut "Analyze" to "An..."
+    # on a 1024-pixel-wide page.
+    row = st.container(horizontal=True, vertical_alignment="center")
+    analyze_col, cancel_col, save_col = (row.container(width="content") for _ in range(3))
     history_views.save_toggle(save_col)
     clicked = analyze_col.button("Analyze", type="primary", disabled=running, key="analyze")
     mine = job is not None and job.settings == settings

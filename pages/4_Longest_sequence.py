@@ -14,6 +14,7 @@ import streamlit as st
 from memorymark import models
 from memorymark.service.jobs import longest_sequence
 from memorymark.ui import charts, page_runs, sidebar, tables, views
+from memorymark.units import plural
 
 st.set_page_config(page_title="Longest sequence · MemoryMark", layout="wide")
 st.title("Longest sequence")
@@ -70,6 +71,6 @@ st.info(answer.verdict())
 st.dataframe(tables.seq_len_table(answer), hide_index=True, width="stretch")
 st.caption(
     f"Memory {charts.source_label(answer.memory_source)} against {answer.gpu_name}; "
-    f"{len(answer.probes)} probes in {answer.elapsed_seconds:.1f} s. CLI: "
+    f"{plural(len(answer.probes), 'probe')} in {answer.elapsed_seconds:.1f} s. CLI: "
     f"`{settings.to_command_line()}`"
 )

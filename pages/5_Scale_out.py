@@ -12,6 +12,7 @@ import streamlit as st
 
 from memorymark.service.jobs import scale_out
 from memorymark.ui import page_runs, scale_out_view, sidebar, views
+from memorymark.units import plural
 
 st.set_page_config(page_title="Scale out · MemoryMark", layout="wide")
 st.title("Scale out")
@@ -47,8 +48,8 @@ rows, error = page_runs.run_streamed(
     scale_out,
     (counts, costs, float(samples)),
     settings=base,
-    steps=[f"{n} GPUs" for n in counts],
-    describe=lambda r: f"{r.gpus} GPUs: per-GPU batch {r.per_gpu_batch or 'none'}",
+    steps=[plural(n, "GPU") for n in counts],
+    describe=lambda r: f"{plural(r.gpus, 'GPU')}: per-GPU batch {r.per_gpu_batch or 'none'}",
     build=list,
 )
 if error is not None:
@@ -57,7 +58,7 @@ if error is not None:
 smallest = scale_out_view.smallest(rows)
 st.metric(
     "Smallest count that trains (of those swept, simulated)",
-    "none" if smallest is None else f"{smallest} GPUs",
+    "none" if smallest is None else plural(smallest, "GPU"),
 )
 st.plotly_chart(scale_out_view.figure(rows), key="scale_out_chart", width="stretch")
 st.dataframe(scale_out_view.table(rows), hide_index=True, width="stretch")

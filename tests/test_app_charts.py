@@ -112,10 +112,11 @@ def test_capacity_bars_and_the_verdict_give_one_share_on_the_reserved_basis() ->
     fig = charts.capacity_bars(report)
     current = report.current.required_bytes
     share = f"{100 * current / A10.usable_bytes:.0f}%"
-    assert fig.data[0].text[0] == f"{current / GIB:.2f} GiB reserved, {share} of usable"
+    assert fig.data[0].text[0] == f"{current / GIB:.2f} GiB, {share}"
     assert fig.data[0].x[0] == pytest.approx(current / GIB)
     assert f"uses {share} of this A10's usable memory" in report.verdict()
     assert "reserved" in fig.layout.xaxis.title.text
+    assert "reserved (what the GPU holds), % of usable" in fig.layout.title.text
 
 
 def test_breakdown_bar_stacks_every_category_to_the_peak() -> None:

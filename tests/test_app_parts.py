@@ -118,9 +118,9 @@ def test_throughput_figure_says_why_it_is_empty() -> None:
     def title(ms: list[Measurement]) -> str:
         return throughput_chart.throughput_figure(ms, A10, x_range=[0.0, 80.0]).layout.title.text
 
-    assert title([]).endswith("waiting for the first probe")
-    assert title([probe(8, fits=False)]).endswith("no batch fitted, so none was timed")
-    assert title([probe(8)]).endswith("not known for this backend")
+    assert title([]).endswith("waiting for the first probe</sup>")
+    assert title([probe(8, fits=False)]).endswith("no batch fitted, so none was timed</sup>")
+    assert title([probe(8)]).endswith("not known for this backend</sup>")
 
 
 def test_cards_price_nothing_against_a_current_batch_that_crashes() -> None:

@@ -53,4 +53,4 @@ def test_the_page_asks_for_a_strategy_then_draws_each_count():
     table = at.dataframe[0].value
     assert list(table["GPUs"]) == [1, 2]
     assert list(table["global batch"]) == [8, 16]
-    assert at.metric[0].value == "1 GPUs"
+    assert at.metric[0].value == "1 GPU"  # never "1 GPUs"

@@ -20,7 +20,7 @@ from memorymark.report import Report
 from memorymark.reporting import exports
 from memorymark.settings import Settings
 from memorymark.step import paging
-from memorymark.units import gib
+from memorymark.units import gib, plural
 
 if TYPE_CHECKING:
     from memorymark.analyses.proof import BackwardProof
@@ -50,7 +50,7 @@ def header_line(subject: str, gpu: GPU, backend: str, source: str, ranks: str = 
 
 def ranks_text(s: Settings) -> str:
     """How many GPUs, over how many nodes, with which strategy (for a run on many GPUs)."""
-    return f" x{s.gpu_count} ({s.node_count} node(s), {s.dist})"
+    return f" x{s.gpu_count} ({plural(s.node_count, 'node')}, {s.dist})"
 
 
 def environment_line(report: Report) -> str:
@@ -97,9 +97,9 @@ def print_gpu_search(search: GpuSearch) -> None:
     """Each GPU count tried for batch 1, and the fewest that train it."""
     for n, m in search.tried:
         need = "" if m.required_bytes is None else f", needs {gib(m.required_bytes):.1f} GiB"
-        print(f"  {n:>5} GPUs: batch 1 {'runs' if m.runs else 'does not run'}{need}")
+        print(f"  {plural(n, 'GPU'):>10}: batch 1 {'runs' if m.runs else 'does not run'}{need}")
     if search.min_gpus is None:
-        print(f"  no count up to {max(n for n, _ in search.tried)} GPUs trains batch 1")
+        print(f"  no count up to {plural(max(n for n, _ in search.tried), 'GPU')} trains batch 1")
     else:
         print(f"  min_gpus = {search.min_gpus} (simulated, batch 1 trains)")
 
@@ -224,8 +224,8 @@ def _print_distributed(r: Report, d: dict[str, Any]) -> None:
         return
     zero = "" if d["zero_stage"] is None else f", ~ZeRO-{d['zero_stage']}"
     print(
-        f"  on {d['gpus']} GPUs ({d['nodes']} node(s), {d['dist']}{zero}): per-GPU batch "
-        f"{d['per_gpu_batch']}, global batch {d['global_batch']}"
+        f"  on {plural(d['gpus'], 'GPU')} ({plural(d['nodes'], 'node')}, {d['dist']}{zero}): "
+        f"per-GPU batch {d['per_gpu_batch']}, global batch {d['global_batch']}"
     )
     if d["per_rank_breakdown_bytes"]:
         parts = ", ".join(

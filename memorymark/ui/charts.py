@@ -9,7 +9,9 @@ Memory is plotted in GiB (2**30 bytes).
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
+from typing import Any
 
 import plotly.graph_objects as go
 
@@ -48,6 +50,22 @@ PAIR_LAYOUT = dict(
         entrywidth=0.5, entrywidthmode="fraction",
     ),
 )  # fmt: skip
+
+
+TITLE_DETAIL_CHARS = 52
+"""Characters per line of a title's small second line. Plotly never wraps a title, and a chart
+in half of a 1024-pixel-wide page (sidebar open) holds about this many (seen in screenshots)."""
+
+
+def titled(layout: dict[str, Any], headline: str, detail: str) -> dict[str, Any]:
+    """`layout` with a title that fits a half-width chart: a short headline and, in small type
+    below, the GPU and where the figures came from, wrapped by hand (a long one-line title was
+    cut off at the chart's edge), and a top margin that holds every line."""
+    lines = textwrap.wrap(detail, TITLE_DETAIL_CHARS)
+    text = f"{headline}<br><sup>{'<br>'.join(lines)}</sup>"
+    return dict(
+        layout, title=dict(text=text), margin=dict(layout["margin"], t=44 + 16 * len(lines))
+    )
 
 
 def source_label(memory_source: str) -> str:
@@ -183,10 +201,11 @@ def sweep_figure(
         name = f"optimal (batch {optimal.batch_size})"
         fig.add_trace(_points(name, [optimal], GREEN, "star", 18))
     fig.update_layout(
-        title=f"Peak memory vs batch size on {gpu.name}: {source_label(memory_source)}",
         xaxis=dict(title="batch size", range=x_range, autorange=False),
         yaxis=dict(title="peak memory (GiB)", range=y_range, autorange=False),
-        uirevision="sweep", height=420, **PAIR_LAYOUT,
+        uirevision="sweep", height=440,
+        **titled(PAIR_LAYOUT, "Peak memory vs batch size",
+                 f"{gpu.name}: {source_label(memory_source)}"),
     )  # fmt: skip
     return fig
 
@@ -201,9 +220,8 @@ def _bar(label: str, m: Measurement | None, gpu: GPU) -> tuple[str, float, str]:
         )
         return label, gpu.usable_gib, "out of memory" + need
     held = m.required_bytes if m.required_bytes is not None else m.peak_bytes
-    basis = "reserved" if m.required_bytes is not None else "peak"  # as Report's verdict reads
     share = 100 * held / gpu.usable_bytes
-    return label, held / GIB, f"{gib_text(held)} {basis}, {share:.0f}% of usable"
+    return label, held / GIB, f"{gib_text(held)}, {share:.0f}%"
 
 
 def capacity_bars(report: Report) -> go.Figure:
@@ -221,10 +239,10 @@ def capacity_bars(report: Report) -> go.Figure:
                   annotation_text=f"usable {gpu.usable_gib:.2f} GiB",
                   annotation_position="top left")  # fmt: skip
     fig.update_layout(
-        title=f"Memory at current vs optimal batch ({report.memory_source})",
-        xaxis=dict(title="reserved: what the GPU holds for the step (GiB)",
-                   range=[0, gpu.total_gib * 1.02]),
-        yaxis=dict(autorange="reversed"), height=260, showlegend=False, **LAYOUT,
+        xaxis=dict(title="GiB reserved", range=[0, gpu.total_gib * 1.02]),
+        yaxis=dict(autorange="reversed"), height=280, showlegend=False,
+        **titled(LAYOUT, "Current vs optimal batch",
+                 f"reserved (what the GPU holds), % of usable; {report.memory_source}"),
     )  # fmt: skip
     return fig
 
@@ -246,8 +264,7 @@ def breakdown_bar(breakdown: Breakdown, *, batch_size: int, memory_source: str) 
         )
     fig.update_layout(
         barmode="stack",
-        height=260,
-        title=f"What the peak is made of, GiB ({memory_source})",
-        **LAYOUT,
+        height=280,
+        **titled(LAYOUT, "What the peak is made of", f"GiB at batch {batch_size}, {memory_source}"),
     )
     return fig

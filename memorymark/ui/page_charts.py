@@ -14,7 +14,7 @@ from plotly.subplots import make_subplots
 from memorymark.analyses.compare import GpuFit
 from memorymark.analyses.proof import BackwardProof
 from memorymark.gpus import GPU
-from memorymark.ui.charts import AMBER, GREEN, GREY, LAYOUT
+from memorymark.ui.charts import AMBER, GREEN, GREY, LAYOUT, titled
 from memorymark.units import GIB, gib_text
 
 
@@ -84,10 +84,9 @@ def proof_figure(proof: BackwardProof, gpu: GPU) -> go.Figure:
     )
     top = max([r.peak_bytes / GIB for r in proof.results] + [0.0])
     fig.update_layout(
-        title=f"Peak at batch {proof.batch_size} by protocol ({proof.memory_source})",
         yaxis=dict(title="peak memory (GiB)", range=[0, max(top * 1.25, 0.01)]),
         height=440,
         showlegend=False,
-        **LAYOUT,
+        **titled(LAYOUT, "Peak by protocol", f"batch {proof.batch_size}, {proof.memory_source}"),
     )
     return fig

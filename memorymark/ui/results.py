@@ -16,7 +16,7 @@ from memorymark.reporting import exports
 from memorymark.step import paging
 from memorymark.ui import charts, tables, takeaway
 from memorymark.ui.throughput_chart import source_words
-from memorymark.units import GIB, gib_text
+from memorymark.units import GIB, gib_text, plural
 
 SPEEDUP_HELP = (
     "Training samples per second at the optimal batch over the current batch: estimated from "
@@ -143,13 +143,16 @@ def distributed_note(report: Report) -> str | None:
     if search is not None:
         found = (
             f"Smallest GPU count that trains batch 1: {search.min_gpus} "
-            f"({len(search.tried)} counts simulated). "
+            f"({plural(len(search.tried), 'count')} simulated). "
             if search.min_gpus is not None
-            else f"No count up to {max(n for n, _ in search.tried)} GPUs trains batch 1. "
+            else f"No count up to {plural(max(n for n, _ in search.tried), 'GPU')} trains batch 1. "
         )
     best = report.optimal
     if best is None:
-        return found + f"On {report.gpus} GPUs ({s.dist}) even batch 1 does not fit per rank."
+        return (
+            found
+            + f"On {plural(report.gpus, 'GPU')} ({s.dist}) even batch 1 does not fit per rank."
+        )
     b = best.breakdown
     states = "" if b is None else (
         f" Rank 0 holds {gib_text(b.parameters)} of parameters, {gib_text(b.gradients)} of "
@@ -158,8 +161,8 @@ def distributed_note(report: Report) -> str | None:
         "(estimated)."
     )  # fmt: skip
     return (
-        f"{found}On {report.gpus} GPUs ({s.dist}): per-GPU batch {best.batch_size}, global "
-        f"batch {report.global_batch_per_step}.{states}"
+        f"{found}On {plural(report.gpus, 'GPU')} ({s.dist}): per-GPU batch {best.batch_size}, "
+        f"global batch {report.global_batch_per_step}.{states}"
     )
 
 
@@ -221,10 +224,14 @@ def _downloads(report: Report) -> None:
         ("Download probes CSV", exports.probes_csv, "csv", "text/csv"),
         ("Download Markdown report", exports.markdown, "markdown", "text/markdown"),
     )
-    for column, (label, text, fmt, mime) in zip(st.columns([1, 1, 1, 2]), buttons, strict=False):
-        column.download_button(
+    # A row that sizes each button to its label and wraps on a narrow page: fixed columns cut
+    # "Download Markdown report" short at 1024 pixels.
+    row = st.container(horizontal=True)
+    for label, text, fmt, mime in buttons:
+        row.download_button(
             label, text(report), file_name=exports.file_name(report, fmt), mime=mime,
-            on_click="ignore", key=f"download_{fmt}",
+            on_click="ignore", key=f"download_{fmt}", icon=":material/download:",
+            width="content",
         )  # fmt: skip
 
 
@@ -245,6 +252,6 @@ def results(report: Report) -> None:
     st.caption(
         f"Memory {charts.source_label(report.memory_source)} on {report.gpu.name}; "
         f"speedup and savings: {speedup_source(report)}. "
-        f"{len(report.measurements)} probes in {report.elapsed_seconds:.1f} s."
+        f"{plural(len(report.measurements), 'probe')} in {report.elapsed_seconds:.1f} s."
     )
     _downloads(report)

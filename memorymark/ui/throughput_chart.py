@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
-from memorymark.ui.charts import AMBER, GREEN, PAIR_LAYOUT, RED, WHITE, nice_ceiling
+from memorymark.ui.charts import AMBER, GREEN, PAIR_LAYOUT, RED, WHITE, nice_ceiling, titled
 
 SOURCE_WORDS = {
     "measured": "measured on the GPU",
@@ -111,9 +111,10 @@ def throughput_figure(
         )  # fmt: skip
     top = nice_ceiling(max(rates) * 1.2) if rates else 1.0
     fig.update_layout(
-        title=f"Throughput vs batch size on {gpu.name}: {_how(points, measurements)}",
         xaxis=dict(title="batch size", range=x_range, autorange=False),
         yaxis=dict(title="samples per second", range=[0.0, top], autorange=False),
-        uirevision="throughput", height=420, **PAIR_LAYOUT,
+        uirevision="throughput", height=440,
+        **titled(PAIR_LAYOUT, "Throughput vs batch size",
+                 f"{gpu.name}: {_how(points, measurements)}"),
     )  # fmt: skip
     return fig
