@@ -45,6 +45,18 @@ def test_the_cheapest_gpu_that_fits_beats_bigger_dearer_ones():
     assert fix.settings.gpu == "A100 40GB" and fix.settings.gpu_memory_gib is None
 
 
+def test_a_gpu_that_cannot_run_the_precision_is_passed_over():
+    stepped = []
+
+    def step(settings, gpu):
+        stepped.append(gpu.name)
+        return _step(10)
+
+    settings = Settings(model="tiny-bert", precision="bf16-mixed", gpu_memory_gib=8)
+    fix = hardware.cheapest_gpu(settings, gpus.custom_gpu(8), step, states=0)
+    assert stepped == ["RTX 4090"] and fix is not None  # the cheaper T4 has no bf16
+
+
 def test_states_past_every_limit_step_nothing():
     def step(settings, gpu):
         raise AssertionError("stepped")

@@ -60,9 +60,12 @@ def cheapest_gpu(
     )
     live_by_arch: dict[tuple[int, int], int] = {}
     for gpu in candidates:
-        variant = replace(settings, gpu=gpu.name, gpu_memory_gib=None)
-        if settings.precision in gpus.BF16_PRECISIONS and not gpu.supports_bf16:
+        try:  # what a Session refuses on this GPU: bf16 or FlashAttention-2 before Ampere
+            gpu.check_precision(settings.precision)
+            gpu.check_attention(settings.attention)
+        except ValueError:
             continue
+        variant = replace(settings, gpu=gpu.name, gpu_memory_gib=None)
         limit = limit_bytes(variant, gpu)
         if states > limit or live_by_arch.get(gpu.compute_capability, 0) > limit:
             continue
