@@ -205,8 +205,10 @@ class Measurement:
             return f"ran out of memory after {gib_text(self.peak_bytes)} allocated"
         if held > capacity_bytes:
             return f"needs {gib_text(held)}"
+        # The replay ran out below the capacity: a flush left the cache fragmented (the need is
+        # the loop replayed with no limit, which never flushes).
         after = f" after {flushed}" if self.alloc_retries else ""
-        return f"ran out of memory{after} at {gib_text(held)}"
+        return f"ran out of memory{after}: fragmented, though it needs {gib_text(held)}"
 
     def __post_init__(self) -> None:
         if self.runs is None:

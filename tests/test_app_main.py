@@ -50,7 +50,9 @@ def test_analyze_shows_metrics_chart_verdict_and_downloads(fake) -> None:
         "Download JSON report", "Download probes CSV", "Download Markdown report"]  # fmt: skip
     # The fake's batch 200 runs out below the capacity (21.06 of 21.68 GiB): the log says it
     # ran out there, never a bare "needs 21.1 GiB of 21.7" that reads as a fit.
-    assert "batch  200 OOM, ran out of memory at 21.06 GiB" in at.code[0].value
+    assert "batch  200 OOM, ran out of memory: fragmented, though it needs 21.06 GiB" in (
+        at.code[0].value
+    )
     assert at.query_params["model"] == "tiny-bert"
 
 

@@ -45,7 +45,8 @@ def test_each_kind_of_not_fitting_has_its_reason_and_figure() -> None:
     assert FITS.why_not(USABLE) is None
     assert FLUSHED.why_not(USABLE) == "needs a cache flush (allocation retry) at 19.43 GiB"
     assert RAN_OUT.why_not(USABLE) == (
-        "ran out of memory after a cache flush (allocation retry) at 19.43 GiB"
+        "ran out of memory after a cache flush (allocation retry): fragmented, though it "
+        "needs 19.43 GiB"
     )
     assert RAISED.why_not(USABLE) == "ran out of memory after 18.00 GiB allocated"
     assert PAST.why_not(USABLE) == "needs 23.90 GiB"
@@ -81,8 +82,8 @@ def test_the_longest_sequence_table_has_a_why_not_column() -> None:
 def test_the_cli_probe_line_never_shows_a_bare_need_below_the_capacity() -> None:
     line = render.seq_probe_line(11_264, RAN_OUT, USABLE)
     assert line.startswith("  seq   11264  OOM ")
-    assert "(ran out of memory after a cache flush (allocation retry) at 19.43 GiB)" in line
-    assert "needs 19.4" not in line
+    assert "(ran out of memory after a cache flush (allocation retry): fragmented" in line
+    assert "needs 19.4 GiB of" not in line  # the bare figure that read as a fit
     assert "(ran out of memory after 18.00 GiB allocated)" in render.probe_line(RAISED, USABLE)
     assert f"needs 23.9 GiB of {USABLE / GIB:.1f}" in render.seq_probe_line(12_288, PAST, USABLE)
     assert render.seq_probe_line(11_264, FLUSHED, USABLE).endswith("(after a cache flush)")
@@ -91,5 +92,6 @@ def test_the_cli_probe_line_never_shows_a_bare_need_below_the_capacity() -> None
 def test_the_live_log_says_why_a_step_ran_out_below_the_capacity() -> None:
     ran_out = dataclasses.replace(RAN_OUT, batch_size=40)
     assert probe_log.probe_line(ran_out, A10) == (
-        "batch   40 OOM, ran out of memory after a cache flush (allocation retry) at 19.43 GiB"
+        "batch   40 OOM, ran out of memory after a cache flush (allocation retry): fragmented, "
+        "though it needs 19.43 GiB"
     )
