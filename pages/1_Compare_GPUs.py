@@ -13,7 +13,8 @@ import streamlit as st
 from memorymark.analyses.compare import without_precision
 from memorymark.service.jobs import compare_gpus
 from memorymark.settings import Costs
-from memorymark.ui import page_charts, page_runs, sidebar, tables, views
+from memorymark.ui import compare_view, page_charts, page_runs, sidebar, tables, views
+from memorymark.ui.compare_view import COLUMNS
 
 st.set_page_config(page_title="Compare GPUs · MemoryMark", layout="wide")
 settings, costs = sidebar.settings_sidebar()
@@ -47,7 +48,16 @@ chosen = page_runs.gpu_for(settings).name
 st.plotly_chart(
     page_charts.compare_figure(rows, chosen=chosen), key="compare_chart", width="stretch"
 )
-st.dataframe(tables.compare_table(rows), hide_index=True, width="stretch", height="content")
+st.dataframe(
+    compare_view.table(rows, settings),
+    hide_index=True,
+    width="stretch",
+    height="content",
+    column_config={name: st.column_config.Column(help=text) for name, text in COLUMNS.items()},
+)
+note = compare_view.tf32_note(settings)
+if note is not None:
+    st.info(note)
 st.caption(
     f"Memory simulated on fake tensors: {len(probes)} probes for {len(rows)} GPUs. Relative "
     "speed is estimated as Analyze estimates speedup (each operator's FLOPs and bytes on the "

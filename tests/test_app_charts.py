@@ -12,7 +12,8 @@ from app_samples import A10, MIB, by_name, gpu_fit, probe, sample_proof, sample_
 
 from memorymark.reporting import exports
 from memorymark.reporting.json_form import report_to_dict
-from memorymark.ui import charts, page_charts, probe_log, tables
+from memorymark.settings import Settings
+from memorymark.ui import charts, compare_view, page_charts, probe_log, tables
 from memorymark.units import GIB
 
 
@@ -135,11 +136,11 @@ def test_compare_figure_and_table_show_every_gpu() -> None:
     assert list(fig.data[0].y) == [112, 176, 0]
     assert fig.data[0].marker.color[1] == charts.GREEN
     assert list(fig.data[1].y) == [r.est_cost_per_run_usd for r in rows]
-    table = tables.compare_table(tables.rescale_hours(rows, 2.0))
-    assert table[1]["Max batch (simulated)"] == 176
-    assert table[1]["Hours per run (estimated)"] == 2.0
-    assert table[1]["$ per run (estimated)"] == pytest.approx(1.72)
-    assert table[2]["Peak at max batch (GiB, simulated)"] is None
+    table = compare_view.table(tables.rescale_hours(rows, 2.0), Settings())
+    assert table[1]["Batch (sim.)"] == 176
+    assert table[1]["h/run (est.)"] == 2.0
+    assert table[1]["$/run (est.)"] == pytest.approx(1.72)
+    assert table[2]["Batch (sim.)"] is None
 
 
 def test_proof_figure_shows_ratios_and_each_protocols_max_batch() -> None:

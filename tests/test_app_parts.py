@@ -12,7 +12,8 @@ from app_samples import A10, MIB, by_name, gpu_fit, probe, sample_proof, sample_
 
 from memorymark.measurement import Measurement
 from memorymark.reporting import exports
-from memorymark.ui import model_inputs, results, tables, throughput_chart, views
+from memorymark.settings import Settings
+from memorymark.ui import compare_view, model_inputs, results, tables, throughput_chart, views
 from memorymark.units import GIB
 
 
@@ -82,7 +83,7 @@ def test_the_probes_csv_has_reserved_bytes_and_throughput() -> None:
 
 def test_compare_table_has_the_estimated_relative_speed() -> None:
     row = replace(gpu_fit("H100", 512, 1.0), relative_speed=7.654)
-    assert tables.compare_table([row])[0]["Relative speed (estimated)"] == 7.65
+    assert compare_view.table([row], Settings())[0]["Speed (est.)"] == 7.65
 
 
 def test_protocol_line_as_each_protocol_lands() -> None:

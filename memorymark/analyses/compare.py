@@ -13,6 +13,7 @@ measured.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from memorymark import gpus
 from memorymark.gpus import GPU
@@ -20,6 +21,7 @@ from memorymark.measurement import Measurement
 from memorymark.search.strategies import FastStrategy
 from memorymark.search.sweep import best_fit, sweep
 from memorymark.settings import Costs, Settings
+from memorymark.units import GIB
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,6 +46,21 @@ class GpuFit:
     def est_cost_per_run_usd(self) -> float:
         """Estimated cost of one training run on this GPU."""
         return round(self.usd_per_hour * self.est_hours_per_run, 2)
+
+    def to_dict(self, precision: str, *, tf32: bool = False) -> dict[str, Any]:
+        """The `compare --json` row: memory simulated, rates from the catalog, the rest
+        estimated."""
+        return {
+            "gpu": self.gpu.name,
+            "usable_gb": round(self.gpu.usable_gib, 2),
+            "max_batch": self.max_batch,
+            "peak_gb": None if self.peak_bytes is None else round(self.peak_bytes / GIB, 3),
+            "peak_tflops": peak_tflops(self.gpu, precision, tf32=tf32),
+            "usd_per_hour": self.usd_per_hour,
+            "relative_speed": self.relative_speed,
+            "est_hours_per_run": round(self.est_hours_per_run, 3),
+            "est_cost_per_run_usd": self.est_cost_per_run_usd,
+        }
 
     def with_hours(self, hours_per_run: float) -> GpuFit:
         """The same fit priced for another run length on the chosen GPU (no new probes)."""

@@ -161,7 +161,7 @@ def simulated_backend(
     else:
         backend = CpuBackend(step, **limits)
     # The step's time is estimated for the GPU simulated, not this machine's CPU.
-    backend.roofline = throughput.Roofline.for_gpu(gpu)
+    backend.roofline = throughput.Roofline.for_gpu(gpu, tf32=settings.tf32)
     return backend
 
 

@@ -59,6 +59,8 @@ def run(args: argparse.Namespace, settings: Settings | None) -> int:
         else:
             render.print_measurement(m)
         return 0
+    if args.command == "compare":
+        return _compare(args, settings)
     if args.command == "validate-backward":
         proof = Session(settings, training=training).prove_backward(
             args.batch_size, sweeps=args.sweeps
@@ -197,6 +199,31 @@ def _models(args: argparse.Namespace) -> int:
             f"{row['key']:<14} {row['name']:<34} {row['parameters'] / 1e6:9.1f}M  "
             f"{row['default_task']}"
         )
+    return 0
+
+
+def _compare(args: argparse.Namespace, settings: Settings) -> int:
+    session = Session(settings)
+    rows, probes = session.compare(Costs(hours_per_run=args.hours_per_run))
+    data = [r.to_dict(settings.precision, tf32=settings.tf32) for r in rows]
+    if args.json:
+        render.print_json(data)
+        return 0
+    print(f"{'GPU':<12} {'usable GiB':>10} {'max batch':>9} {'TFLOP/s':>8} {'$/hour':>7} "
+          f"{'speed':>6} {'hours/run':>9} {'$/run':>8}")  # fmt: skip
+    for d in data:
+        print(
+            f"{d['gpu']:<12} {d['usable_gb']:>10} {d['max_batch'] or 'none':>9} "
+            f"{d['peak_tflops']:>8.1f} {d['usd_per_hour']:>7} {d['relative_speed']:>6.2f} "
+            f"{d['est_hours_per_run']:>9.2f} {d['est_cost_per_run_usd']:>8.2f}"
+        )
+    matmuls = "TF32" if settings.tf32 else "plain FP32 (PyTorch's default; --tf32 for TF32)"
+    rate = matmuls if settings.precision == "32-true" else "tensor-core 16-bit"
+    print(
+        f"max batch simulated ({len(probes)} probes); TFLOP/s: {rate}; speed, hours and cost "
+        f"estimated against {args.hours_per_run:g} h at batch {settings.current_batch} on "
+        f"{session.gpu.name}"
+    )
     return 0
 
 

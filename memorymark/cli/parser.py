@@ -117,6 +117,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="also find the max batch each protocol would recommend",
     )
 
+    compare = sub.add_parser(
+        "compare",
+        help="the largest batch on every catalog GPU (simulated), with time and cost per run",
+        epilog="example: memorymark compare bert --current-batch 16 --hours-per-run 10 --tf32",
+    )
+    _add_workload_flags(compare)
+    setting_flags.add_setting_flags(compare, ("current_batch", "max_batch", "margin"))
+    compare.add_argument(
+        "--hours-per-run",
+        type=number,
+        default=costs.hours_per_run,
+        help=setting_flags.help_text("hours_per_run"),
+    )
+
     calibrate = sub.add_parser(
         "calibrate",
         help="measured vs simulated memory on this machine's CUDA GPU, stamped for docs/",

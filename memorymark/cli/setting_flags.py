@@ -25,7 +25,7 @@ from memorymark.settings.sections import flat_types
 # step runs, then analyze's search.
 TRAINING_FLAGS = ("task", "seq_len", "image_size", "optimizer", "grad_accum", "max_grad_norm",
                   "eval_batch", "eval_accumulation", "mode", "loss")  # fmt: skip
-RUNNING_FLAGS = ("gpu", "gpu_memory_gib", "backend", "precision", "attention", "kernels",
+RUNNING_FLAGS = ("gpu", "gpu_memory_gib", "backend", "precision", "tf32", "attention", "kernels",
                  "loss_chunks", "grad_checkpointing", "lora_rank", "lora_targets", "quantization",
                  "double_quant", "forward_only", "dist", "gpus", "nodes", "offload",
                  "mp_policy")  # fmt: skip

@@ -76,6 +76,11 @@ class Workload:
     precision: Precision = "32-true"
     """Lightning's names: 32-true, bf16-mixed / 16-mixed (autocast; fp16 adds a GradScaler),
     bf16-true (weights and optimizer state in bf16)."""
+    tf32: bool = False
+    """fp32 matmuls on TF32 tensor cores (Ampere and newer), as a script that sets
+    torch.backends.cuda.matmul.allow_tf32 = True (or torch.set_float32_matmul_precision("high"),
+    or Trainer's tf32=True) runs them; PyTorch leaves it off by default since 1.12. Changes the
+    speed only (estimated from the GPU's TF32 rate when simulated), not the memory."""
     attention: Attention = "sdpa"
     """sdpa (torch's scaled_dot_product_attention, as CUDA dispatches it), eager (matmuls) or
     flash_attention_2 (the flash-attn package, Ampere or newer, fp16/bf16 only)."""
@@ -401,6 +406,7 @@ class Settings:
     mode = _Flat[Mode]("workload")
     loss = _Flat[Loss]("workload")
     precision = _Flat[Precision]("workload")
+    tf32 = _Flat[bool]("workload")
     attention = _Flat[Attention]("workload")
     grad_checkpointing = _Flat[bool]("workload")
     lora_rank = _Flat[int]("workload")

@@ -159,6 +159,18 @@ class CatalogStep:
         """Run one optimizer step at micro-batch `batch_size`: `grad_accum` forward/backward
         passes whose gradients add up, clipping if asked, then the optimizer step (through
         `run_optimizer`). Raises the device's OOM error if it does not fit."""
+        with _tf32_matmuls(self.settings.tf32):
+            self._run_step(model, optimizer, batch_size, device, on_phase, run_optimizer)
+
+    def _run_step(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        batch_size: int,
+        device: torch.device | str,
+        on_phase: OnPhase,
+        run_optimizer: RunOptimizer,
+    ) -> None:
         s = self.settings
         model.train(s.mode == "train")
         if s.forward_only:
@@ -310,6 +322,21 @@ class CatalogStep:
         if self.settings.loss == "logits-mean":
             return outputs.logits.mean()
         return outputs.loss
+
+
+@contextlib.contextmanager
+def _tf32_matmuls(on: bool) -> Iterator[None]:
+    """fp32 matmuls on TF32 tensor cores for this step, as the user's script would set it
+    (torch.backends.cuda.matmul.allow_tf32, a process-wide flag, put back afterwards)."""
+    if not on:
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def _tensors(value: Any) -> bool:

@@ -26,24 +26,6 @@ def rescale_hours(rows: Sequence[GpuFit], hours_per_run: float) -> list[GpuFit]:
     return [r.with_hours(hours_per_run) for r in rows]
 
 
-def compare_table(rows: Sequence[GpuFit]) -> list[dict[str, Any]]:
-    """One row per GPU: memory, max batch (simulated), price, time and cost per run (estimated)."""
-    return [
-        {
-            "GPU": r.gpu.name,
-            "Total (GiB)": round(r.gpu.total_gib, 2),
-            "Usable (GiB)": round(r.gpu.usable_gib, 2),
-            "Max batch (simulated)": r.max_batch,
-            "Peak at max batch (GiB, simulated)": gib(r.peak_bytes) if r.peak_bytes else None,
-            "$ per hour (catalog)": r.usd_per_hour,
-            "Relative speed (estimated)": round(r.relative_speed, 2),
-            "Hours per run (estimated)": round(r.est_hours_per_run, 2),
-            "$ per run (estimated)": r.est_cost_per_run_usd,
-        }
-        for r in rows
-    ]
-
-
 def proof_table(proof: BackwardProof) -> list[dict[str, Any]]:
     """One row per protocol: peak, ratio to forward-only, and the max batch it would recommend."""
     base = proof.peak("forward_only") or 1

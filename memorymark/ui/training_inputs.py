@@ -178,6 +178,7 @@ def training_inputs(sb: Any, entry: models.ModelEntry | None) -> dict[str, Any]:
         key=key("precision"),
         help=field_help("precision"),
     )
+    sb.checkbox("TF32 matmuls (allow_tf32)", key=key("tf32"), help=field_help("tf32"))
     sb.selectbox("Optimizer", choices.OPTIMIZERS, key=key("optimizer"), help=OPTIMIZER_HELP)
     if use.get("grad_checkpointing", True):
         sb.checkbox(
