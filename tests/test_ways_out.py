@@ -96,28 +96,28 @@ def test_a_gpu_count_past_the_search_s_first_tries_is_bisected():
     def step(settings, gpu):
         n = settings.gpu_count
         stepped.append(n)
-        return _step(15 + 100 / n)
+        return _step(15 + 100 / n)  # 100 GiB sharded, 15 GiB whatever the count
 
     settings = Settings(model="tiny-bert", gpu="a10")
-    fix = hardware.fewest_gpus(settings, gpus.find_gpu("a10"), step, states=50 * GIB,
+    fix = hardware.fewest_gpus(settings, gpus.find_gpu("a10"), step, states=100 * GIB,
                                parameters=10**9)  # fmt: skip
-    # 3, 4, 5 in order (too big); 15 + 100/n through 4 and 5 says 24 holds it, so the search
-    # runs over 6...48 only, and finds 24 (19.2 GiB per rank).
-    assert stepped[:3] == [3, 4, 5] and fix.gpus == 24 and fix.fits
+    # 5, 6, 7 in order (too big); 15 + 100/n through 6 and 7 says 24 holds it, so the search
+    # runs over 8...48 only, and finds 24 (19.2 GiB per rank).
+    assert stepped[:3] == [5, 6, 7] and fix.gpus == 24 and fix.fits
     assert max(stepped) <= 48 and len(stepped) <= 8
 
 
-def test_no_gpu_count_is_stepped_when_what_is_not_sharded_overflows_alone():
+def test_no_more_gpus_are_stepped_once_what_is_not_sharded_overflows_alone():
     stepped = []
 
     def step(settings, gpu):
         stepped.append(settings.gpu_count)
-        return _step(25 + 100 / settings.gpu_count)  # 25 GiB whatever the count
+        return _step(25 + 50 / settings.gpu_count)  # 25 GiB whatever the count
 
     settings = Settings(model="tiny-bert", gpu="a10")
     fix = hardware.fewest_gpus(settings, gpus.find_gpu("a10"), step, states=50 * GIB,
                                parameters=10**9)  # fmt: skip
-    assert stepped == [3, 4, 5] and fix is not None and not fix.fits and fix.gpus == 5
+    assert stepped == [3] and fix is not None and not fix.fits and fix.gpus == 3
 
 
 def test_a_cost_is_not_guessed_when_the_time_cannot_be_estimated():

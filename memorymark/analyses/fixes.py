@@ -149,7 +149,8 @@ def _step(settings: Settings, gpu: gpus.GPU) -> Measurement:
 
 def _other_hardware(settings: Settings, gpu: gpus.GPU, states: int, parameters: int) -> list[Fix]:
     """The cheapest bigger GPU that fits (or, when the states alone overflow the biggest, that
-    bound on it), and the fewest GPUs of this kind under FSDP."""
+    bound on it), and the fewest GPUs of this kind under FSDP, with gradient checkpointing too
+    when no count trains the settings as they are."""
     out = []
     cheapest = hardware.cheapest_gpu(settings, gpu, _step, states)
     if cheapest is not None:
@@ -164,6 +165,15 @@ def _other_hardware(settings: Settings, gpu: gpus.GPU, states: int, parameters: 
     several = hardware.fewest_gpus(settings, gpu, _step, states, parameters)
     if several is not None:
         out.append(several)
+    if several is not None and not several.fits and not settings.grad_checkpointing:
+        # Sharding leaves activations whole: checkpointing is what lets more GPUs help.
+        try:
+            checkpointed = replace(settings, grad_checkpointing=True)
+        except ValueError:
+            return out  # this model has no such switch
+        label = f"gradient checkpointing, on {hardware.SEVERAL_GPUS}"
+        several = hardware.fewest_gpus(checkpointed, gpu, _step, states, parameters, label)
+        out += [several] if several is not None else []
     return out
 
 

@@ -8,7 +8,8 @@ step: under FSDP each rank holds at least 1/N of them (every parameter, gradient
 state is sharded). GPU counts are tried in the order a cluster offers them
 (memorymark/distributed/topology.py) from the first the states allow, a few at most, then
 memorymark/distributed/gpu_count.py's search takes the counts a fit through those steps says
-may hold it (none when what is not sharded alone overflows); every count is judged as every
+may hold it; a step whose bytes beyond its share of the states already pass the limit ends
+the search (activations are not sharded: no count helps); every count is judged as every
 way out is: reserved bytes within usable memory (less NCCL's buffers) less the margin. Time is
 estimated as scaling out estimates it (memorymark/analyses/scale_out.py: the step's FLOPs and
 bytes on the roofline, the strategy's traffic over the catalog's links, overlapping).
@@ -77,7 +78,12 @@ def cheapest_gpu(
 
 
 def fewest_gpus(
-    settings: Settings, gpu: gpus.GPU, step: Step, states: int, parameters: int
+    settings: Settings,
+    gpu: gpus.GPU,
+    step: Step,
+    states: int,
+    parameters: int,
+    label: str = SEVERAL_GPUS,
 ) -> Fix | None:
     """The fewest GPUs of `gpu`'s kind (of the counts a cluster offers, more than the settings
     use) on which batch 1 of `settings` fits sharded with FSDP; the largest count stepped, as
@@ -116,13 +122,18 @@ def fewest_gpus(
         if fits(gpu_count.with_gpus(base, n)).runs:
             found = n
             break
-    rest = _reachable(counts[COUNTS_IN_ORDER:], steps, limit)
-    if found is None and rest:
-        found = gpu_count.min_gpus(base, fits, rest, limit).min_gpus
+        # What is not sharded stays whatever the count: past the last count's limit, no
+        # count trains it (activations without checkpointing, for a 70B model).
+        if _required(steps[n]) - sharded // n > limit(counts[-1]):
+            break
+    else:
+        rest = _reachable(counts[COUNTS_IN_ORDER:], steps, limit)
+        if rest:
+            found = gpu_count.min_gpus(base, fits, rest, limit).min_gpus
     if not steps:
         return None
     n = found or max(steps)
-    return _fix(SEVERAL_GPUS, gpu_count.with_gpus(base, n), gpu, steps[n], limit(n), parameters)
+    return _fix(label, gpu_count.with_gpus(base, n), gpu, steps[n], limit(n), parameters)
 
 
 def _reachable(
