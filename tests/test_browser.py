@@ -55,10 +55,16 @@ def wait_healthy(url: str, server: subprocess.Popen, log: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def app_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+def server_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the server writes stdout and stderr."""
+    return tmp_path_factory.mktemp("streamlit") / "server.log"
+
+
+@pytest.fixture(scope="module")
+def app_server(server_log: Path) -> Iterator[tuple[str, int]]:
     """The server's URL and the pid of the `streamlit run` process itself (no shell between)."""
     port = free_port()
-    log = tmp_path_factory.mktemp("streamlit") / "server.log"
+    log = server_log
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
                "--server.address", "127.0.0.1", "--server.port", str(port)]  # fmt: skip
@@ -164,3 +170,15 @@ def test_the_server_process_never_maps_libtorch_during_an_analysis(
     assert torch_lines(pid) == []
     # The check sees torch where it is: the workers' forkserver has it loaded.
     assert any(maps_torch(child) for child in descendants(pid))
+
+
+def test_the_server_log_stays_quiet_through_an_analysis(app_url: str, server_log: Path) -> None:
+    # Workers once re-ran the page script bare (as multiprocessing's __main__) before each job,
+    # logging about 36 "missing ScriptRunContext" lines per analysis; and the welcome block is
+    # off (.streamlit/config.toml, [logger] hideWelcomeMessage).
+    with answered(app_url, "model=tiny-bert&max_batch=16&current_batch=2"):
+        pass
+    log = server_log.read_text()
+    assert "missing ScriptRunContext" not in log
+    assert "streamlit run [FILE_NAME]" not in log  # st.* called in a bare worker
+    assert "You can now view your Streamlit app" not in log
