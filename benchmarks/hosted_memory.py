@@ -52,23 +52,26 @@ def pss_mib(process: psutil.Process) -> float:
 
 
 def tree(pid: int) -> dict[str, float]:
-    """PSS in MiB of the process `pid` and each descendant, by "pid name"."""
+    """PSS in MiB of the process `pid` and each descendant, by "pid role"."""
     root = psutil.Process(pid)
     shown = {}
     for p in [root, *root.children(recursive=True)]:
         with contextlib.suppress(psutil.Error):
-            cmd = " ".join(p.cmdline())
-            kind = "server" if p.pid == pid else _kind(cmd)
-            shown[f"{p.pid} {kind}"] = pss_mib(p)
+            shown[f"{p.pid} {_role(p, pid)}"] = pss_mib(p)
     return shown
 
 
-def _kind(cmdline: str) -> str:
-    if "forkserver" in cmdline:
-        return "forkserver"
-    if "spawn_main" in cmdline:
-        return "spawned worker (GPU probe)"
-    return "worker" if "multiprocessing" in cmdline else cmdline[:40]
+def _role(p: psutil.Process, server_pid: int) -> str:
+    """What the process is to the server: a job's process is forked by the forkserver, so it
+    carries the forkserver's command line; its parent tells them apart."""
+    if p.pid == server_pid:
+        return "server"
+    command = " ".join(p.cmdline())
+    if "forkserver" in command:
+        return "forkserver" if p.ppid() == server_pid else "job (forked: a sweep or question)"
+    if "spawn_main" in command:
+        return "job (spawned: the GPU probe)"
+    return command[:40]
 
 
 @contextlib.contextmanager
