@@ -10,7 +10,7 @@ from memorymark.analyses import hardware
 from memorymark.analyses.fixes import what_would_fit
 from memorymark.analyses.ways_out import SAMPLES_PER_RUN, Fix
 from memorymark.cli import render
-from memorymark.measurement import Measurement
+from memorymark.measurement import Breakdown, Measurement
 from memorymark.report import Report
 from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.markdown import report_markdown
@@ -18,12 +18,14 @@ from memorymark.settings import Costs, Settings
 from memorymark.units import GIB
 
 
-def _step(required_gib: float, samples_per_second: float | None = 10.0) -> Measurement:
+def _step(required_gib: float, activations_gib: float = 0.0) -> Measurement:
     """A fake batch-1 step that needs `required_gib` (it fits: its verdict is the caller's)."""
     need = int(required_gib * GIB)
+    live = Breakdown(parameters=need - int(activations_gib * GIB), gradients=0,
+                     optimizer_state=0, activations=int(activations_gib * GIB))  # fmt: skip
     return Measurement(batch_size=1, fits=True, runs=True, peak_bytes=need, required_bytes=need,
-                       backend="sim", measured=False, samples_per_second=samples_per_second,
-                       throughput_source="estimated")  # fmt: skip
+                       backend="sim", measured=False, samples_per_second=10.0,
+                       throughput_source="estimated", breakdown=live)  # fmt: skip
 
 
 def test_the_cheapest_gpu_that_fits_beats_bigger_dearer_ones():
@@ -107,12 +109,13 @@ def test_a_gpu_count_past_the_search_s_first_tries_is_bisected():
     assert max(stepped) <= 48 and len(stepped) <= 8
 
 
-def test_no_more_gpus_are_stepped_once_what_is_not_sharded_overflows_alone():
+def test_no_more_gpus_are_stepped_once_activations_overflow_alone():
     stepped = []
 
     def step(settings, gpu):
         stepped.append(settings.gpu_count)
-        return _step(25 + 50 / settings.gpu_count)  # 25 GiB whatever the count
+        # 25 GiB of activations whatever the count: sharding never brings them down.
+        return _step(25 + 50 / settings.gpu_count, activations_gib=25)
 
     settings = Settings(model="tiny-bert", gpu="a10")
     fix = hardware.fewest_gpus(settings, gpus.find_gpu("a10"), step, states=50 * GIB,

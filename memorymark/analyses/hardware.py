@@ -8,8 +8,8 @@ step: under FSDP each rank holds at least 1/N of them (every parameter, gradient
 state is sharded). GPU counts are tried in the order a cluster offers them
 (memorymark/distributed/topology.py) from the first the states allow, a few at most, then
 memorymark/distributed/gpu_count.py's search takes the counts a fit through those steps says
-may hold it; a step whose bytes beyond its share of the states already pass the limit ends
-the search (activations are not sharded: no count helps); every count is judged as every
+may hold it; a step whose activations and logits alone pass the limit ends the search (they
+are not sharded: no count helps); every count is judged as every
 way out is: reserved bytes within usable memory (less NCCL's buffers) less the margin. Time is
 estimated as scaling out estimates it (memorymark/analyses/scale_out.py: the step's FLOPs and
 bytes on the roofline, the strategy's traffic over the catalog's links, overlapping).
@@ -122,10 +122,8 @@ def fewest_gpus(
         if fits(gpu_count.with_gpus(base, n)).runs:
             found = n
             break
-        # What is not sharded stays whatever the count: past the last count's limit, no
-        # count trains it (activations without checkpointing, for a 70B model).
-        if _required(steps[n]) - sharded // n > limit(counts[-1]):
-            break
+        if _unsharded(steps[n]) > limit(counts[-1]):
+            break  # no count trains it
     else:
         rest = _reachable(counts[COUNTS_IN_ORDER:], steps, limit)
         if rest:
@@ -134,6 +132,15 @@ def fewest_gpus(
         return None
     n = found or max(steps)
     return _fix(label, gpu_count.with_gpus(base, n), gpu, steps[n], limit(n), parameters)
+
+
+def _unsharded(m: Measurement) -> int:
+    """Bytes of a step's peak that every count holds alike: the batch's activations and
+    logits (the same forward on each rank), a lower bound on any count's step. What else
+    stays (FSDP2 keeps the root module's parameters gathered after forward) is not known
+    apart from what shrinks (foreach AdamW's temporaries are the size of a shard)."""
+    b = m.breakdown
+    return 0 if b is None else b.activations + b.logits
 
 
 def _reachable(
