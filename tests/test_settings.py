@@ -112,7 +112,7 @@ EVERY_FIELD_CHANGED = (
         "find": "seq-len",
         "seq_step": 512,
     },
-    {"model": "gpt2", "loss_chunks": 4},
+    {"model": "gpt2", "loss_chunks": 4, "tf32": True},
     {"dist": "hsdp", "gpus": "16", "nodes": 2, "offload": "cpu", "mp_policy": "none"},
 )
 
