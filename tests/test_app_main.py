@@ -20,7 +20,7 @@ from streamlit.testing.v1 import AppTest
 
 import memorymark.models
 from memorymark import gpus
-from memorymark.ui import sidebar, sweep_runner
+from memorymark.ui import sidebar, sweep_runner, views
 from memorymark.units import GIB
 
 pytestmark = pytest.mark.usefixtures("fresh_caches")
@@ -319,3 +319,20 @@ def test_the_title_shows_before_the_sidebar_waits_for_a_worker(monkeypatch, page
     at = at.run()
     assert at.exception  # the wait never ends here
     assert at.title[0].value == title
+
+
+@pytest.mark.usefixtures("fresh_caches")
+def test_a_rerun_with_nothing_new_draws_the_charts_it_built(fake, monkeypatch) -> None:
+    """A running sweep's panel redraws every half second, mostly with no new probe: the
+    figures are built again only when what they show changed."""
+    built = []
+    real = views._figures
+    monkeypatch.setattr(views, "_figures", lambda *a: built.append(a) or real(*a))
+    at = app(model="tiny-bert")
+    at.button(key="analyze").click().run()
+    assert not at.exception and len(built) == 1
+    at.run()  # nothing new: the same figures
+    assert len(built) == 1 and chart(at, "sweep_chart")["data"]
+    at.number_input(key="mm_current_batch").set_value(8).run()
+    at.button(key="analyze").click().run()  # another analysis: its own charts
+    assert not at.exception and len(built) == 2
