@@ -54,7 +54,7 @@ def alive(pid: int) -> bool:
 
 
 def test_the_default_pool_leaves_one_core_to_the_server() -> None:
-    assert default_workers() == max(1, (os.cpu_count() or 2) - 1)
+    assert default_workers() == max(1, os.cpu_count() or 1)
 
 
 def test_a_job_runs_in_another_process_behind_the_executor_interface() -> None:

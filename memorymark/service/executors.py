@@ -109,7 +109,7 @@ class SweepService:
 def local_service(
     workers: int | None = None, memory_limit_bytes: int | None = None, *, preload: bool = True
 ) -> SweepService:
-    """A pool of worker processes on this machine (cores less one by default)."""
+    """A pool of worker processes on this machine (one per core by default)."""
     pool = WorkerPool(
         workers, memory_limit_bytes=memory_limit_bytes, preload=PRELOAD if preload else ()
     )

@@ -66,7 +66,7 @@ class ServerConfig:
     """Whether users may run real training steps on the server's CPU
     (MEMORYMARK_ALLOW_CPU_BACKEND)."""
     workers: int | None = None
-    """Worker processes; None: cores less one, at least one (MEMORYMARK_WORKERS)."""
+    """Worker processes; None: one per core (MEMORYMARK_WORKERS)."""
     dask_scheduler: str | None = None
     """A Dask scheduler's address (tcp://host:8786): sweeps then run on that cluster
     (MEMORYMARK_DASK_SCHEDULER)."""
