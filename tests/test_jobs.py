@@ -227,7 +227,7 @@ class SlowFake:
                                                  measured=False))  # fmt: skip
             yield self.measurements[-1]
 
-    def report(self):
+    def report(self, on_stage=None):
         from memorymark.report import Report
         from memorymark.settings import Costs
 
