@@ -120,7 +120,9 @@ def fix_line(fix: Fix, usd_per_gpu_hour: float | None = None) -> str:
     price = price if fix.fits else ""
     source = "counted states, a lower bound" if fix.lower_bound else "simulated"
     # A change of settings says which GPU it stays on; other hardware names it in its title.
-    on = "" if fix.hardware else f" on {escape(fix.gpu.name, every_punctuation=True)}"
+    # (A record saved before titles existed has the GPU in its label already.)
+    named = fix.hardware or fix.gpu.name in fix.label
+    on = "" if named else f" on {escape(fix.gpu.name, every_punctuation=True)}"
     return (
         f"{mark} · **{escape(fix.title, every_punctuation=True)}**{on}: batch 1 needs "
         f"{'at least ' if fix.lower_bound else ''}"
