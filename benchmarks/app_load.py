@@ -44,14 +44,22 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(workers: int | None, root: Path = ROOT) -> Iterator[tuple[subprocess.Popen, str]]:
-    """`streamlit run app.py` of the checkout at `root` on a free localhost port, once healthy,
-    stopped on leaving; the process is the server itself (its workers are its children)."""
+def serving(
+    workers: int | None,
+    root: Path = ROOT,
+    *,
+    python: str = sys.executable,
+    entrypoint: str = "app.py",
+    env: dict[str, str] | None = None,
+) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`streamlit run app.py` (or `entrypoint`) of the checkout at `root`, by `python`, on a free
+    localhost port with `env` added, once healthy, stopped on leaving; the process is the server
+    itself (its workers are its children)."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(root), "MEMORYMARK_MAX_TIME_LIMIT": "900"}
+    env = {**os.environ, "PYTHONPATH": str(root), "MEMORYMARK_MAX_TIME_LIMIT": "900", **(env or {})}
     if workers:
         env["MEMORYMARK_WORKERS"] = str(workers)
-    command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+    command = [python, "-m", "streamlit", "run", entrypoint, "--server.headless", "true",
                "--server.address", "127.0.0.1", "--server.port", str(port)]  # fmt: skip
     server = subprocess.Popen(
         command, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -20,15 +20,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
 import threading
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
-from app_load import CHROMIUM, CHROMIUM_ARGS, ROOT, analyze_in_page, free_port
+from app_load import CHROMIUM, CHROMIUM_ARGS, ROOT, analyze_in_page, serving
 
 QLORA_8B = (
     "model=llama-3.1-8b&optimizer=paged-adamw-8bit&precision=bf16-mixed&grad_checkpointing=true"
@@ -74,39 +71,6 @@ def _role(p: psutil.Process, server_pid: int) -> str:
     return command[:40]
 
 
-@contextlib.contextmanager
-def serving(
-    python: str, entrypoint: str, root: Path = ROOT
-) -> Iterator[tuple[subprocess.Popen, str]]:
-    """The hosted app on a free localhost port, once healthy; stopped on leaving."""
-    port = free_port()
-    env = {**os.environ, "MEMORYMARK_HOSTED": "true"}
-    command = [python, "-m", "streamlit", "run", entrypoint, "--server.headless", "true",
-               "--server.address", "127.0.0.1", "--server.port", str(port)]  # fmt: skip
-    server = subprocess.Popen(
-        command, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                if response.status == 200:
-                    break
-        time.sleep(0.25)
-    else:
-        server.kill()
-        raise SystemExit("streamlit did not start")
-    try:
-        yield server, url
-    finally:
-        for child in psutil.Process(server.pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-        server.kill()
-        server.wait(timeout=10)
-
-
 class Sampler:
     """Samples the tree's total PSS every half second until stopped; keeps the peak sample."""
 
@@ -141,7 +105,9 @@ def main() -> None:
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    served = serving(args.python, args.entrypoint, args.root.resolve())
+    hosted = {"MEMORYMARK_HOSTED": "true", "MEMORYMARK_MAX_TIME_LIMIT": "300"}
+    root = args.root.resolve()
+    served = serving(None, root, python=args.python, entrypoint=args.entrypoint, env=hosted)
     with served as (server, url), sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
