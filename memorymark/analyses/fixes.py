@@ -133,14 +133,14 @@ def what_would_fit(settings: Settings, batch_1: Measurement | None = None) -> Fi
     helpful = [
         f
         for f in fixes
-        if f.required_bytes < _required(base)
+        if f.required_bytes < hardware.required(base)
         or (not f.lower_bound and f.peak_bytes < base.peak_bytes)
     ]
     states, parameters = counted_states(settings)
     elsewhere = _other_hardware(settings, gpu, states, parameters)
     if not any(f.fits for f in helpful):
         elsewhere += _closest_change_elsewhere(helpful, gpu, elsewhere)
-    return FitAnswer(required_bytes=_required(base), fixes=(*helpful, *elsewhere))
+    return FitAnswer(required_bytes=hardware.required(base), fixes=(*helpful, *elsewhere))
 
 
 def _step(settings: Settings, gpu: gpus.GPU) -> Measurement:
@@ -207,19 +207,13 @@ def _bound(label: str, settings: Settings, gpu: gpus.GPU, states: int, limit: in
     )
 
 
-def _required(m: Measurement) -> int:
-    # A simulated step always traces to its end, so it always says what it needs.
-    assert m.required_bytes is not None
-    return m.required_bytes
-
-
 def _fix(label: str, settings: Settings, gpu: gpus.GPU, m: Measurement, limit: int) -> Fix:
     return Fix(
         label=label,
         settings=settings,
         gpu=gpu,
         peak_bytes=m.peak_bytes,
-        required_bytes=_required(m),
+        required_bytes=hardware.required(m),
         limit_bytes=limit,
-        samples_per_second=m.samples_per_second if _required(m) <= limit else None,
+        samples_per_second=m.samples_per_second if hardware.required(m) <= limit else None,
     )

@@ -72,7 +72,7 @@ def cheapest_gpu(
             continue
         m = step(variant, gpu)
         live_by_arch[gpu.compute_capability] = m.peak_bytes
-        if _required(m) <= limit:
+        if required(m) <= limit:
             return _fix(label, variant, gpu, m, limit, parameters=0)
     return None
 
@@ -114,7 +114,7 @@ def fewest_gpus(
         n = s.gpu_count or 1
         steps[n] = step(s, gpu)
         # Judged as every way out is (within the limit, margin kept), not only "runs".
-        within = _required(steps[n]) <= limit(n)
+        within = required(steps[n]) <= limit(n)
         return replace(steps[n], runs=within, fits=within and steps[n].fits)
 
     found = None
@@ -152,14 +152,15 @@ def _reachable(
     if len(steps) < 2 or not counts:
         return tuple(counts)
     (n1, m1), (n2, m2) = sorted(steps.items())[-2:]
-    b = (_required(m1) - _required(m2)) / (1 / n1 - 1 / n2)
-    a = _required(m1) - b / n1
+    b = (required(m1) - required(m2)) / (1 / n1 - 1 / n2)
+    a = required(m1) - b / n1
     first = next((n for n in counts if a + b / n <= limit(n)), None)
     return () if first is None else tuple(n for n in counts if n <= 2 * first)
 
 
-def _required(m: Measurement) -> int:
-    # A simulated step always traces to its end, so it always says what it needs.
+def required(m: Measurement) -> int:
+    """What the device must hold for a simulated step: it always traces to its end, so it
+    always says."""
     assert m.required_bytes is not None
     return m.required_bytes
 
@@ -167,13 +168,13 @@ def _required(m: Measurement) -> int:
 def _fix(
     label: str, settings: Settings, gpu: gpus.GPU, m: Measurement, limit: int, parameters: int
 ) -> Fix:
-    fits = _required(m) <= limit
+    fits = required(m) <= limit
     return Fix(
         label=label,
         settings=settings,
         gpu=gpu,
         peak_bytes=m.peak_bytes,
-        required_bytes=_required(m),
+        required_bytes=required(m),
         limit_bytes=limit,
         hardware=True,
         samples_per_second=samples_per_second(settings, gpu, m, parameters) if fits else None,
