@@ -205,3 +205,29 @@ def test_each_stated_peak_is_what_applying_the_way_out_measures(monkeypatch):
         applied = Session(fix.settings).measure(1)
         assert applied.required_bytes == pytest.approx(fix.required_bytes, rel=0.01), fix.title
         assert applied.peak_bytes == pytest.approx(fix.peak_bytes, rel=0.01), fix.title
+
+
+def test_when_no_count_trains_the_model_qlora_is_sharded_over_the_fewest(monkeypatch):
+    # Llama-3.1-70B on A10s: no count trains it in fp32, with or without checkpointing, but its
+    # 4-bit base weights shard over 4 (each step here a fake: 500 GiB unless QLoRA on >= 4).
+    from memorymark.analyses import fixes
+
+    stepped = []
+
+    def step(settings, gpu):
+        stepped.append((settings.quantization, settings.grad_checkpointing, settings.gpu_count))
+        fits = settings.quantization == "nf4" and (settings.gpu_count or 1) >= 4
+        return _step(15 if fits else 500)
+
+    monkeypatch.setattr(fixes, "_step", step)
+    monkeypatch.setattr(hardware, "cheapest_gpu", lambda *a, **k: None)
+    a10 = gpus.find_gpu("a10")
+    settings = Settings(model="tiny-llama", gpu="a10")
+    out = fixes._other_hardware(settings, a10, states=10 * GIB, parameters=10**9)
+    sharded = [f for f in out if f.label.startswith("QLoRA")]
+    assert [f.fits for f in out if f not in sharded] == [False, False]  # as is, checkpointed
+    assert len(sharded) == 1 and sharded[0].fits and sharded[0].gpus == 4
+    assert sharded[0].title == "QLoRA: NF4 + LoRA + checkpointing, on several GPUs (FSDP): 4 x A10"
+    s = sharded[0].settings
+    assert (s.quantization, s.lora_rank, s.dist, s.gpus) == ("nf4", 16, "fsdp", "4")
+    assert [n for q, _, n in stepped if q == "nf4"] == [2, 3, 4]

@@ -174,7 +174,22 @@ def _other_hardware(settings: Settings, gpu: gpus.GPU, states: int, parameters: 
         label = f"gradient checkpointing, on {hardware.SEVERAL_GPUS}"
         several = hardware.fewest_gpus(checkpointed, gpu, _step, states, parameters, label)
         out += [several] if several is not None else []
+    if several is not None and not several.fits:
+        out += _qlora_sharded(settings, gpu)
     return out
+
+
+def _qlora_sharded(settings: Settings, gpu: gpus.GPU) -> list[Fix]:
+    """QLoRA sharded with FSDP over the fewest GPUs of this kind, when no count trains the
+    model as configured: the 4-bit base weights are what is left to shard (Llama-3.1-70B: 4 x
+    A10, where 72 in fp32 do not train it: docs/cli.md, "When nothing fits")."""
+    qlora = _qlora(settings, gpu)
+    if qlora is None or qlora == settings:
+        return []
+    states, parameters = counted_states(qlora)
+    label = f"QLoRA: NF4 + LoRA + checkpointing, on {hardware.SEVERAL_GPUS}"
+    found = hardware.fewest_gpus(qlora, gpu, _step, states, parameters, label)
+    return [found] if found is not None else []
 
 
 def _closest_change_elsewhere(changes: list[Fix], gpu: gpus.GPU, others: list[Fix]) -> list[Fix]:
