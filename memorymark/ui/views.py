@@ -116,7 +116,7 @@ def sweep_panel(
     memory_col, speed_col = st.columns(2)
     # A running sweep redraws every POLL_SECONDS, mostly with nothing new: building the two
     # figures takes about 65 ms of the server's CPU (plotly's validation), drawing built ones 5.
-    signature = (settings, gpu, tuple(map(id, measurements)), memory_source, optimal, knee_batch)
+    signature = (settings, gpu, tuple(measurements), memory_source, optimal, knee_batch)
     built = st.session_state.get(FIGURES_KEY)
     if built is None or built[0] != signature:
         built = (signature, _figures(settings, gpu, measurements, memory_source, optimal,
