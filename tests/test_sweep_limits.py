@@ -171,7 +171,8 @@ def test_a_hosted_server_turns_off_what_strangers_must_not_reach() -> None:
     assert owner.worker_memory_gib == 6.0
     with pytest.raises(ValueError, match="cpu backend"):
         config.apply(Settings(backend="cpu"))
-    assert ServerConfig(hosted=True, workers=3).workers == 3  # the owner's count wins
+    owned = ServerConfig.from_sources({"MEMORYMARK_HOSTED": "1", "MEMORYMARK_WORKERS": "3"})
+    assert owned.workers == 3  # the owner's count wins
     assert ServerConfig().workers is None and not ServerConfig().hosted
 
 

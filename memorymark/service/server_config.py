@@ -72,14 +72,13 @@ class ServerConfig:
     (MEMORYMARK_DASK_SCHEDULER)."""
     hosted: bool = False
     """A server shared with strangers (MEMORYMARK_HOSTED): per-visitor history, no server paths,
-    no user code, no `cpu` backend, one sweep worker unless MEMORYMARK_WORKERS says otherwise."""
+    no user code, no `cpu` backend; read by `from_sources`, it also sizes the pool for a free
+    host (HOSTED_WORKERS, HOSTED_WORKER_MEMORY_GIB) unless the owner set those."""
 
     def __post_init__(self) -> None:
         if self.hosted:
             # Real training steps in the server's memory are for a server its owner alone uses.
             object.__setattr__(self, "allow_cpu_backend", False)
-            if self.workers is None:
-                object.__setattr__(self, "workers", HOSTED_WORKERS)
 
     @classmethod
     def from_sources(
@@ -99,8 +98,9 @@ class ServerConfig:
                 values[name] = parse(str(raw).strip())
             except ValueError:
                 raise ValueError(f"{var} has a bad value: {limits.shown(raw)}") from None
-        if values.get("hosted") and "worker_memory_gib" not in values:
-            values["worker_memory_gib"] = HOSTED_WORKER_MEMORY_GIB
+        if values.get("hosted"):  # a free host's pool, unless the owner sized it
+            values.setdefault("workers", HOSTED_WORKERS)
+            values.setdefault("worker_memory_gib", HOSTED_WORKER_MEMORY_GIB)
         return cls(**values)
 
     @property
