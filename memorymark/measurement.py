@@ -175,6 +175,9 @@ class Measurement:
     """Live bytes after each operator of the step: what the fast strategy extrapolates."""
     value_reads: tuple[ValueRead, ...] = ()
     """Where a user's step read a tensor value the simulation answered with zero."""
+    replayed: bool = False
+    """True when this simulated step was not traced but read off traced ones (the symbolic
+    sweep, memorymark/accounting/symbolic.py): the same figures a trace gives, by arithmetic."""
 
     @property
     def held_back(self) -> str | None:

@@ -160,46 +160,81 @@ def _heads_expanded(shapes: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(map(expand, shapes))
 
 
+OpWork = tuple[int, int, int]
+"""One operator's (FLOPs, bytes moved, the rate its FLOPs run at: one of the `RATE_` kinds).
+The kind, not the rate, so the same work costs right on any GPU."""
+
+RATE_NONE, RATE_HALF, RATE_CONV_FP32, RATE_FP32 = range(4)
+"""No FLOP formula; bf16/fp16; an fp32 convolution; other fp32 work (`Roofline`'s fields)."""
+
+
 class WorkCounter:
-    """FLOPs, bytes moved and roofline seconds of every operator it is shown."""
+    """FLOPs, bytes moved and roofline seconds of every operator it is shown.
 
-    __slots__ = ("roofline", "flops", "bytes_moved", "roofline_seconds")
+    With `keep_ops`, it also keeps each operator's parts in order (`ops`): what the symbolic
+    sweep reads a step's work at another batch size from (memorymark/accounting/symbolic.py),
+    each operator's FLOPs and bytes being polynomials of the batch and its rate kind a constant.
+    """
 
-    def __init__(self, roofline: Roofline) -> None:
+    __slots__ = ("roofline", "flops", "bytes_moved", "roofline_seconds", "ops", "_rates")
+
+    def __init__(self, roofline: Roofline, *, keep_ops: bool = False) -> None:
         self.roofline = roofline
         self.flops = 0
         self.bytes_moved = 0
         self.roofline_seconds = 0.0
+        self.ops: list[OpWork] | None = [] if keep_ops else None
+        """(FLOPs, bytes moved, rate kind) of each operator added, when kept."""
+        self._rates = (
+            0.0,
+            roofline.half_flops_per_s,
+            roofline.conv_fp32_flops_per_s,
+            roofline.fp32_flops_per_s,
+        )
 
     def count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """Add one operator: `func(*args, **kwargs)` returned `out`."""
-        packet = getattr(func, "_overloadpacket", None)
-        if packet is None or func.is_view or packet in _NO_KERNEL:
-            return  # a view moves no data; nor does reserving memory
-        in_bytes, dtype = _tensor_bytes(args)
-        out_bytes, out_dtype = _tensor_bytes(out if isinstance(out, (list, tuple)) else (out,))
-        nbytes = in_bytes + out_bytes
-        r = self.roofline
-        seconds = nbytes / r.bytes_per_s
-        formula = flop_registry.get(packet)
-        if formula is not None:
-            flops = _flops(formula, args, kwargs, out)
-            dtype = dtype or out_dtype
-            if dtype in _HALF:
-                peak = r.half_flops_per_s
-            elif packet in _CONVOLUTIONS:
-                peak = r.conv_fp32_flops_per_s
-            else:
-                peak = r.fp32_flops_per_s
-            seconds = max(seconds, flops / peak)
+        work = work_of(func, args, kwargs, out)
+        if work is not None:
+            self.add(*work)
+
+    def add(self, flops: int, nbytes: int, rate: int) -> None:
+        """Add one operator's work: max(FLOPs at its kind's peak rate, bytes at the
+        bandwidth)."""
+        seconds = nbytes / self.roofline.bytes_per_s
+        if rate:
+            seconds = max(seconds, flops / self._rates[rate])
             self.flops += flops
         self.bytes_moved += nbytes
         self.roofline_seconds += seconds
+        if self.ops is not None:
+            self.ops.append((flops, nbytes, rate))
 
     @property
     def step_seconds(self) -> float:
         """The estimated step time: the roofline sum over the efficiency factor."""
         return self.roofline_seconds / EFFICIENCY
+
+
+def work_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> OpWork | None:
+    """(FLOPs, bytes moved, the kind of rate its FLOPs run at) of one operator, or None when
+    it launches no kernel."""
+    packet = getattr(func, "_overloadpacket", None)
+    if packet is None or func.is_view or packet in _NO_KERNEL:
+        return None  # a view moves no data; nor does reserving memory
+    in_bytes, dtype = _tensor_bytes(args)
+    out_bytes, out_dtype = _tensor_bytes(out if isinstance(out, (list, tuple)) else (out,))
+    formula = flop_registry.get(packet)
+    if formula is None:
+        return 0, in_bytes + out_bytes, RATE_NONE
+    dtype = dtype or out_dtype
+    if dtype in _HALF:
+        rate = RATE_HALF
+    elif packet in _CONVOLUTIONS:
+        rate = RATE_CONV_FP32
+    else:
+        rate = RATE_FP32
+    return _flops(formula, args, kwargs, out), in_bytes + out_bytes, rate
 
 
 def count_work(run: Callable[[], object], roofline: Roofline) -> WorkCounter:

@@ -193,6 +193,12 @@ class MemoryTracker(TorchDispatchMode):
         self.peak_bytes = 0
         self._peak_by_category = dict(self.live_by_category)
         self.timeline: list[int] = []
+        self.category_timeline: list[tuple[int, ...]] | None = None
+        """When a list (the symbolic sweep sets it), the live bytes by category after each
+        operator, as the timeline has them in total: what a step's breakdown at its peak is
+        read from at another batch size."""
+        self.start_categories: tuple[int, ...] = ()
+        """Live bytes by category when the peak was last reset (before the step's first op)."""
         self.events: list[int] = []
         """Allocations (+nbytes) and frees (~seq) since the last `reset_peak`, in order."""
         self.events_first_seq = 0
@@ -261,6 +267,9 @@ class MemoryTracker(TorchDispatchMode):
         self.peak_bytes = self.live_bytes
         self._peak_by_category = dict(self.live_by_category)
         self.timeline = []
+        self.start_categories = tuple(self.live_by_category.values())
+        if self.category_timeline is not None:
+            self.category_timeline = []
         # Frees of setup allocations since the last step still apply to the next one.
         setup_end = ~self._baseline_end
         self.events = [e for e in self.events if setup_end < e < 0]
@@ -374,9 +383,12 @@ class MemoryTracker(TorchDispatchMode):
         prev_first = self._previous[0] if self._previous is not None else 0
         live, peak = self.live_bytes, self.peak_bytes
         by_category, events, timeline = self.live_by_category, self.events, self.timeline
+        categories = self.category_timeline
         for kind, nbytes, category, index in segment.items:
             if kind == _OP_END:
                 timeline.append(live)
+                if categories is not None:
+                    categories.append(tuple(by_category.values()))
                 if live > peak:
                     peak = live
                     self._peak_by_category = dict(by_category)
@@ -532,6 +544,8 @@ class MemoryTracker(TorchDispatchMode):
                         self._created(storage)
         live = self.live_bytes
         self.timeline.append(live)
+        if self.category_timeline is not None:
+            self.category_timeline.append(tuple(self.live_by_category.values()))
         if self._log is not None:
             self._log.append(_OP_END_ITEM)
         if live > self.peak_bytes:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from memorymark.accounting import allocator, throughput
+from memorymark.accounting.symbolic import StepRecord
 from memorymark.accounting.throughput import Roofline, WorkCounter
 from memorymark.accounting.tracker import MemoryTracker
 from memorymark.backends import user_code
@@ -347,9 +348,14 @@ class Backend:
         device_peak: tuple[int, int | None] | None,
         stats: dict[str, int] | None,
         evaluation: _EvalPass | None = None,
+        tracked: StepRecord | None = None,
     ) -> Measurement:
-        tracker = self._tracker or self._failed_tracker
-        traced = error is None and self._tracker is not None
+        """The Measurement of the step the tracker saw, or of `tracked`, a step the symbolic
+        sweep read off traced ones (memorymark/accounting/symbolic.py) instead."""
+        tracker: MemoryTracker | StepRecord | None = (
+            tracked or self._tracker or self._failed_tracker
+        )
+        traced = error is None and (tracked is not None or self._tracker is not None)
         tracked_peak = tracker.peak_bytes if tracker is not None else 0
         peak, reserved = device_peak if device_peak is not None else (tracked_peak, None)
         if evaluation is not None and evaluation.device_peak is not None and reserved is not None:
@@ -357,7 +363,7 @@ class Backend:
         prediction = retries = required = demand = loop = None
         if traced and not self.measured:
             between = evaluation.log if evaluation is not None else None
-            loop, prediction, demand = self._predict(self._tracker, between)
+            loop, prediction, demand = self._predict(tracker, between)
             required, retries = prediction.reserved_bytes, loop.alloc_retries
             if loop.out_of_memory:
                 error = self._allocator_oom(required)
@@ -378,7 +384,9 @@ class Backend:
         sps, source = self._throughput(samples, seconds, work) if ran else (None, None)
         paged = self._paged_bytes(tracker)
         return Measurement(
-            quantized_weight_bytes=self._quantized_bytes,
+            quantized_weight_bytes=self._quantized_bytes
+            if tracked is None
+            else tracked.quantized_weight_bytes,
             paged_bytes=paged,
             pages_to_host=None
             if paged is None
@@ -407,11 +415,14 @@ class Backend:
             measured=self.measured,
             error=error or note,
             timeline=tuple(tracker.timeline) if traced and tracker is not None else (),
-            value_reads=self._value_reads(),
+            value_reads=self._value_reads() if tracked is None else (),
+            replayed=tracked is not None,
         )
 
     @staticmethod
-    def _breakdown(tracker: MemoryTracker | None, evaluation: _EvalPass | None) -> Breakdown | None:
+    def _breakdown(
+        tracker: MemoryTracker | StepRecord | None, evaluation: _EvalPass | None
+    ) -> Breakdown | None:
         """The training step's peak breakdown (taken before an evaluation pass, if any)."""
         if evaluation is not None:
             return evaluation.step_breakdown
@@ -425,7 +436,7 @@ class Backend:
             return None
         return evaluation.device_peak[0] if evaluation.device_peak else evaluation.peak_bytes
 
-    def _paged_bytes(self, tracker: MemoryTracker | None) -> int | None:
+    def _paged_bytes(self, tracker: MemoryTracker | StepRecord | None) -> int | None:
         """Optimizer state in CUDA unified memory, or None when the optimizer is not paged."""
         if not self.training_step.settings.paged_optimizer:
             return None
@@ -439,7 +450,7 @@ class Backend:
         return stats[name] - self._counters_before.get(name, 0)
 
     def _predict(
-        self, tracker: MemoryTracker, between: allocator.EventLog | None = None
+        self, tracker: MemoryTracker | StepRecord, between: allocator.EventLog | None = None
     ) -> tuple[allocator.Prediction, allocator.Prediction, int]:
         """Replay a fresh process's training loop of this step, until its segments stop
         changing (`allocator.replay`): (the replay against the capacity, whose out-of-memory

@@ -32,13 +32,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.amp.grad_scaler import OptState
 
 from memorymark import cuda_rules, gpus
-from memorymark.accounting.throughput import Roofline, WorkCounter
+from memorymark.accounting.symbolic import Replays, StepRecord
+from memorymark.accounting.throughput import RATE_NONE, OpWork, WorkCounter, work_of
 from memorymark.accounting.tracker import MemoryTracker, Segment
 from memorymark.backends.base import PHASE_CATEGORY, Backend
 from memorymark.backends.user_code import ReadingFakeMode
 from memorymark.cuda_rules.scoped_patch import ScopedPatch
 from memorymark.fit import FitPolicy
-from memorymark.measurement import ValueRead
+from memorymark.measurement import Measurement, ValueRead
 from memorymark.settings import Settings
 from memorymark.step import liger
 from memorymark.step.protocol import Phase, TrainingStep
@@ -117,33 +118,29 @@ def _reuse_by_default() -> bool:
 class _WorkRecorder:
     """Keeps what each operator adds to a WorkCounter, in order, one entry per operator (zeros
     too, as the tracker logs one operator end each, so a stretch of operators can be cut out),
-    and counts it into `counter` when given: a later step adds the very same floats in the
-    very same order (adding a zero leaves a sum as it was)."""
+    and counts it into `counter` when given: a later step adds the very same parts in the very
+    same order (adding a zero leaves a sum as it was)."""
 
-    def __init__(self, roofline: Roofline, counter: WorkCounter | None = None) -> None:
-        self.roofline = roofline
+    def __init__(self, counter: WorkCounter | None = None) -> None:
         self.counter = counter
-        self.ops: list[tuple[int, int, float]] = []
+        self.ops: list[OpWork] = []
 
     def count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        one = WorkCounter(self.roofline)
-        one.count(func, args, kwargs, out)
-        self.ops.append((one.flops, one.bytes_moved, one.roofline_seconds))
+        work = work_of(func, args, kwargs, out) or (0, 0, RATE_NONE)
+        self.ops.append(work)
         if self.counter is not None:
-            add_work(self.counter, self.ops[-1:])
+            self.counter.add(*work)
 
 
 _STATE_FIRST = (torch.optim.Adam, torch.optim.AdamW)
 """Optimizers whose first step creates all their state before the update (`_state_first`)."""
 
 
-def add_work(counter: WorkCounter, ops: list[tuple[int, int, float]]) -> None:
-    """Add recorded operators' FLOPs, bytes and roofline seconds to `counter`, one by one as
-    `WorkCounter.count` adds them (a float sum depends on its order)."""
-    for flops, nbytes, seconds in ops:
-        counter.flops += flops
-        counter.bytes_moved += nbytes
-        counter.roofline_seconds += seconds
+def add_work(counter: WorkCounter, ops: list[OpWork]) -> None:
+    """Add recorded operators' work to `counter`, one by one as `WorkCounter.count` adds them
+    (a float sum depends on its order)."""
+    for work in ops:
+        counter.add(*work)
 
 
 def target_capability(settings: Settings, gpu: gpus.GPU | None = None) -> tuple[int, int]:
@@ -197,8 +194,12 @@ class SimBackend(Backend):
         MEMORYMARK_REUSE_OPTIMIZER_STEP=0."""
         self._kernel_patches: tuple[ScopedPatch, ...] = ()
         """Module-level functions the model's kernels replace while it steps (Liger's RoPE)."""
-        self._optimizer_record: tuple[Segment, list[tuple[int, int, float]] | None] | None = None
+        self._optimizer_record: tuple[Segment, list[OpWork] | None] | None = None
         """The optimizer phase's memory and work (None: no work counted), once reusable."""
+        self._keeping = False
+        self.last_record: StepRecord | None = None
+        """What the last probe's traced step left, when records are kept (`keep_records`);
+        None after a probe that ran an evaluation pass or failed."""
 
     @contextlib.contextmanager
     def _step_context(self) -> Iterator[None]:
@@ -243,7 +244,7 @@ class SimBackend(Backend):
         def record(first_step: Callable[[], None]) -> None:
             # The first step creates the state, then runs the update every later step runs:
             # keep the update as the optimizer phase's record, so no probe has to run it.
-            recorder = _WorkRecorder(self.roofline) if self.roofline is not None else None
+            recorder = _WorkRecorder() if self.roofline is not None else None
             tracker.work_counter = recorder
             tracker.start_segment()
             try:
@@ -289,9 +290,7 @@ class SimBackend(Backend):
             # after the first probe): record again. (State spliced as replaced, Adafactor's
             # RMS, would then be counted freed twice; no caller sets a roofline that late.)
             self._optimizer_record = None
-        recorder = (
-            _WorkRecorder(counter.roofline, counter) if isinstance(counter, WorkCounter) else None
-        )
+        recorder = _WorkRecorder(counter) if isinstance(counter, WorkCounter) else None
         tracker.work_counter = recorder or counter
         tracker.start_segment()
         completed = False
@@ -303,6 +302,65 @@ class SimBackend(Backend):
             segment = tracker.finish_segment(completed=completed)
         if segment is not None and (counter is None or recorder is not None):
             self._optimizer_record = segment, recorder.ops if recorder else None
+
+    # -- the symbolic sweep's replays (memorymark/accounting/symbolic.py) ---------------------
+    def keep_records(self) -> Replays:
+        """From the next probe on, keep what each traced step leaves (`last_record`), and the
+        `Replays` that fit a symbolic step to them and replay it; call before the first probe."""
+        self._keeping = True
+        return Replays(self.measurement_of, lambda: self.last_record)
+
+    def _prepare(self) -> MemoryTracker:
+        tracker = super()._prepare()
+        if self._keeping and tracker.category_timeline is None:
+            tracker.category_timeline = []  # from the next reset, kept per step
+        return tracker
+
+    def _work_counter(self) -> WorkCounter | None:
+        counter = super()._work_counter()
+        if counter is not None and self._keeping:
+            counter = WorkCounter(counter.roofline, keep_ops=True)
+        return counter
+
+    def _result(
+        self,
+        batch_size: int,
+        error: str | None,
+        seconds: float | None,
+        work: WorkCounter | None,
+        device_peak: tuple[int, int | None] | None,
+        stats: dict[str, int] | None,
+        evaluation: Any = None,
+        tracked: StepRecord | None = None,
+    ) -> Measurement:
+        tracker = self._tracker
+        self.last_record = None
+        # A step with an evaluation pass is not kept: its pass's log is not in the record.
+        if self._keeping and error is None and tracked is None and evaluation is None:
+            if tracker is not None and tracker.category_timeline is not None:
+                self.last_record = StepRecord(
+                    events_first_seq=tracker.events_first_seq,
+                    events=list(tracker.events),
+                    baseline_events=tracker.baseline_events,
+                    timeline=list(tracker.timeline),
+                    categories=list(tracker.category_timeline),
+                    start_categories=tracker.start_categories,
+                    work=None if work is None or work.ops is None else list(work.ops),
+                    unified_bytes=tracker.unified_bytes,
+                    quantized_weight_bytes=self._quantized_bytes,
+                )
+        return super()._result(
+            batch_size, error, seconds, work, device_peak, stats, evaluation, tracked
+        )
+
+    def measurement_of(self, batch_size: int, record: StepRecord) -> Measurement:
+        """The Measurement of the step `record` describes, at `batch_size`, judged as a traced
+        one is (`replayed` says it was read off traced steps)."""
+        work = None
+        if record.work is not None and self.roofline is not None:
+            work = WorkCounter(self.roofline)
+            add_work(work, record.work)  # the same parts in the same order: the same sums
+        return self._result(batch_size, None, None, work, None, None, tracked=record)
 
     def release(self) -> None:
         self._optimizer_record = None  # it numbers the tracker's allocations, which go too
