@@ -46,8 +46,9 @@ from memorymark.search import estimate
 from memorymark.search.eval_batch import EvalAnswer, EvalMeasurer
 from memorymark.search.plan import TrainingPlan, plan_for_target
 from memorymark.search.seq_len import SeqLenAnswer, SeqLenMeasurer, search_cap
-from memorymark.search.strategies import STRATEGIES, FastStrategy
+from memorymark.search.strategies import STRATEGIES, FastStrategy, Strategy
 from memorymark.search.sweep import SweepLimits, sweep
+from memorymark.search.symbolic import SymbolicStrategy
 from memorymark.settings import Costs, Settings, check_model
 from memorymark.step import training as user_training
 from memorymark.step.training import Training
@@ -117,6 +118,7 @@ class Session:
         self._fixes: FitAnswer | None = None
         self._evals: dict[int, EvalAnswer] = {}
         self._plans: dict[int, tuple[TrainingPlan | None, tuple[Measurement, ...]]] = {}
+        self._symbolic: SymbolicStrategy | None = None
 
     @property
     def runs_for_real(self) -> bool:
@@ -157,21 +159,45 @@ class Session:
         self.check_time_limit()
         if s.gpu_count is None:
             raise ValueError("--gpus auto: find the count first (Session.with_min_gpus)")
-        strategy = STRATEGIES[s.strategy](
-            step=s.step,
-            max_batch=s.max_batch,
-            capacity_bytes=self.policy.capacity_bytes,
-            limit_bytes=self.policy.limit_bytes,
-        )
+        backend = self.open_backend()
+        strategy = self._strategy(backend, step=s.step, max_batch=s.max_batch)
         limits = SweepLimits(time_limit_seconds=s.time_limit_seconds, max_probes=s.max_probes)
         start = time.perf_counter()
-        probes = sweep(self.open_backend(), strategy, also=(s.current_batch,), limits=limits)
+        probes = sweep(backend, strategy, also=(s.current_batch,), limits=limits)
         with contextlib.closing(probes):
             for measurement in probes:
                 self.measurements.append(measurement)
                 self.elapsed_seconds = time.perf_counter() - start
                 yield measurement
         self.stopped_by = limits.stopped_by
+
+    def _strategy(self, measurer: Any, *, step: int, max_batch: int, degree: int = 1) -> Strategy:
+        """The settings' strategy over `measurer`'s axis; the symbolic one replays where the
+        measurer keeps records of its traced steps (a simulation), else it is the fast one and
+        says why (`search_fallback`)."""
+        limits = {
+            "step": step,
+            "max_batch": max_batch,
+            "capacity_bytes": self.policy.capacity_bytes,
+            "limit_bytes": self.policy.limit_bytes,
+        }
+        if self.settings.strategy != "symbolic":
+            return STRATEGIES[self.settings.strategy](**limits)
+        keeps = hasattr(measurer, "keep_records")
+        strategy = SymbolicStrategy(
+            replayer=measurer.keep_records() if keeps else None,
+            degree=degree,
+            why_not=f"the {self.backend_name} backend traces every probe: nothing to replay",
+            **limits,
+        )
+        self._symbolic = strategy
+        return strategy
+
+    @property
+    def search_fallback(self) -> str | None:
+        """Why the symbolic strategy traced probes where it would have replayed them (None:
+        it replayed, or another strategy searched)."""
+        return self._symbolic.fallback if self._symbolic is not None else None
 
     def check_time_limit(self) -> None:
         """Refuse (ValueError, one line) a simulated model whose shortest sweep is estimated to
@@ -204,13 +230,9 @@ class Session:
         resident; the grid is `settings.seq_step` tokens up to the model's positions."""
         s = self.settings
         cap = search_cap(s, self._catalog_entry("a sequence-length search").max_positions)
-        strategy = STRATEGIES[s.strategy](
-            step=min(s.seq_step, cap),
-            max_batch=cap,
-            capacity_bytes=self.policy.capacity_bytes,
-            limit_bytes=self.policy.limit_bytes,
-        )
         measurer = SeqLenMeasurer(self.open_backend(), s, s.current_batch)
+        # Attention scores grow with the square of the length: polynomials of degree 2.
+        strategy = self._strategy(measurer, step=min(s.seq_step, cap), max_batch=cap, degree=2)
         start = time.perf_counter()
         with contextlib.closing(sweep(measurer, strategy)) as probes:
             for relabelled in probes:
@@ -232,6 +254,7 @@ class Session:
             usable_bytes=self.gpu.usable_bytes,
             memory_source=self.memory_source,
             elapsed_seconds=self.elapsed_seconds,
+            search_fallback=self.search_fallback,
         )
 
     def find_seq_len(self) -> SeqLenAnswer:
@@ -266,6 +289,7 @@ class Session:
             measurements=tuple(self.measurements),
             elapsed_seconds=self.elapsed_seconds,
             stopped_by=self.stopped_by,
+            search_fallback=self.search_fallback,
             torch_version=torch_version(),
             unverified_rules=versions.unverified_rules(),
             training=self.training.label if self.training is not None else None,

@@ -28,7 +28,7 @@ from memorymark.search.eval_batch import EvalAnswer
 from memorymark.search.plan import TrainingPlan
 from memorymark.search.sweep import best_fit
 from memorymark.settings import Costs, Settings
-from memorymark.units import gib
+from memorymark.units import gib, plural
 
 if TYPE_CHECKING:
     from memorymark.analyses.scale_out import GpuSearch
@@ -68,6 +68,9 @@ class Report:
     stopped_by: str | None = None
     """The limit that ended the sweep early ("the time limit (60 s)"): the answer is partial,
     the best known within what was measured. None when the search finished."""
+    search_fallback: str | None = None
+    """Why the symbolic search traced probes it would have replayed (None: it replayed, or
+    another strategy searched)."""
     torch_version: str | None = None
     """The PyTorch that ran the steps."""
     unverified_rules: tuple[str, ...] = ()
@@ -380,6 +383,21 @@ class Report:
         return (
             f"Partial answer: the sweep stopped at {self.stopped_by} after {n} "
             f"probe{'s' if n != 1 else ''}; {known}."
+        )
+
+    @property
+    def search_note(self) -> str | None:
+        """How the symbolic search got its answer: how many steps it traced and replayed, or
+        why it traced every probe; None for another strategy."""
+        if self.search_fallback is not None:
+            return f"The symbolic search traced every probe: {self.search_fallback}."
+        replayed = sum(m.replayed for m in self.measurements)
+        if not replayed:
+            return None
+        traced = len(self.measurements) - replayed
+        return (
+            f"{plural(traced, 'step')} traced, {replayed} replayed from them by arithmetic "
+            "(the symbolic search: the same figures a trace gives)."
         )
 
     @property

@@ -178,6 +178,7 @@ def test_json_keeps_the_original_api_fields_in_gib():
         "memory_gb": 21.0,
         "success": False,
         "runs": False,
+        "replayed": False,
         "required_bytes": 21 * GIB,
         "reserved_gb": None,
         "alloc_retries": None,

@@ -27,7 +27,7 @@ def test_defaults_are_the_issue_defaults():
             "adafactor, adamw-8bit, paged-adamw-8bit, paged-adamw-32bit, lion-8bit, none",
         ),
         ({"current_batch": 0}, "current_batch must be at least 1"),
-        ({"strategy": "binary"}, "strategy must be one of fast, linear"),
+        ({"strategy": "binary"}, "strategy must be one of symbolic, fast, linear"),
     ],
 )
 def test_bad_values_raise_one_line(kwargs, message):

@@ -1,13 +1,14 @@
 """One model across the whole GPU catalog, without a full sweep per GPU.
 
 Each GPU's answer must be the one `analyze --gpu` gives, and two things make a step GPU-specific:
-the attention kernels CUDA picks (by compute capability) and what the caching allocator reserves
-(it hands cached segments back only when the GPU's own limit is near). So two batches are traced
-once per compute capability, and their timeline extrapolation predicts every GPU of that
-capability; each prediction is then verified on that GPU's own simulated backend by the same
-sweep and fast strategy `analyze` uses, handed the borrowed traces: about two probes per GPU
-instead of a sweep. This module composes the engine; it knows nothing about how a step is
-measured.
+the kernels CUDA picks (attention, cuBLAS's workspace: by compute capability) and what the
+caching allocator reserves (it hands cached segments back only when the GPU's own limit is
+near). So the step is traced once per compute capability, on its largest GPU, and every GPU of
+that capability is judged against its own capacity: with the symbolic strategy, by replaying the
+step confirmed there (memorymark/search/symbolic.py; a GPU replayed never builds its model), else
+by the fast strategy's search handed the borrowed traces, about two probes per GPU. The user's
+current batch on their GPU, the baseline of every speed, is replayed too where it can be. This
+module composes the engine; it knows nothing about how a step is measured.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from memorymark import gpus
+from memorymark.accounting.symbolic import Replays
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
 from memorymark.search.strategies import FastStrategy
 from memorymark.search.sweep import best_fit, sweep
+from memorymark.search.symbolic import SymbolicStrategy
 from memorymark.settings import Costs, Settings
 from memorymark.units import GIB
 
@@ -93,36 +96,24 @@ def compare_gpus(
     """Each catalog GPU's max batch for `settings`, and every measurement it took; run times
     are scaled against `reference`, the GPU the user chose (their hours-per-run are for it).
     Called through `engine.Session.compare`."""
-    from memorymark.backends.resolve import resolve  # torch: only when comparing
-
     costs = costs or Costs()
     # Every GPU of the catalog is simulated (a CPU run keeps its real CPU kernels).
     settings = replace(settings, backend="cpu" if settings.backend == "cpu" else "sim")
-    # What the user's hours per run are for: their current batch on the GPU they chose.
-    with resolve(settings, gpu=reference).open_backend().session() as on_reference:
-        baseline = on_reference.measure(settings.current_batch).samples_per_second
-    traces: dict[tuple[int, int], tuple[Measurement, Measurement]] = {}
+    searches = _Searches(settings)
     measured: list[Measurement] = []
     rows = []
     # A GPU that cannot run the precision (bf16 before Ampere) has no answer to give.
     catalog = tuple(g for g in catalog if g not in without_precision(settings, catalog))
     # Largest first, so each capability's traces come from the GPU most likely to fit them.
+    best_by_gpu: dict[str, Measurement | None] = {}
     for gpu in sorted(catalog, key=lambda g: -g.usable_bytes):
-        resolution = resolve(settings, gpu=gpu)
-        backend, policy = resolution.open_backend(), resolution.policy
-        strategy = FastStrategy(
-            step=settings.step,
-            max_batch=settings.max_batch,
-            capacity_bytes=policy.capacity_bytes,
-            limit_bytes=policy.limit_bytes,
-            traces=traces.get(gpu.compute_capability),
-            find_max=False,
-        )
-        probes = list(sweep(backend, strategy))
+        probes = searches.search(gpu)
         measured += probes
-        if strategy.traces is not None:
-            traces.setdefault(gpu.compute_capability, strategy.traces)
-        best = best_fit(probes)
+        best_by_gpu[gpu.name] = best_fit(probes)
+    # What the user's hours per run are for: their current batch on the GPU they chose.
+    baseline = searches.one(reference, settings.current_batch).samples_per_second
+    for gpu in catalog:
+        best = best_by_gpu[gpu.name]
         speed = _relative_speed(best, gpu, reference, settings, baseline)
         rows.append(
             GpuFit(
@@ -134,9 +125,60 @@ def compare_gpus(
                 est_hours_per_run=costs.hours_per_run / speed,
             )
         )
-    order = {g.name: i for i, g in enumerate(catalog)}
-    rows.sort(key=lambda r: order[r.gpu.name])
     return rows, measured
+
+
+class _Searches:
+    """Each GPU's search, sharing what GPUs of one compute capability share: the symbolic
+    step, once traced and confirmed on one of them (every other one's answer is then replayed,
+    its model never built); or, for the fast and linear strategies, two traces."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.symbolic = settings.strategy == "symbolic"
+        self.traces: dict[tuple[int, int], tuple[Measurement, Measurement]] = {}
+        self.replays: dict[tuple[int, int], Replays] = {}
+
+    def search(self, gpu: GPU) -> list[Measurement]:
+        """The probes (traced or replayed) of the search for `gpu`'s recommended batch."""
+        from memorymark.backends.resolve import resolve  # torch: only when comparing
+
+        s, cc = self.settings, gpu.compute_capability
+        resolution = resolve(s, gpu=gpu)
+        backend, policy = resolution.open_backend(), resolution.policy
+        limits: dict[str, Any] = {
+            "step": s.step,
+            "max_batch": s.max_batch,
+            "capacity_bytes": policy.capacity_bytes,
+            "limit_bytes": policy.limit_bytes,
+            "traces": self.traces.get(cc),
+            "find_max": False,
+        }
+        if not self.symbolic or not hasattr(backend, "keep_records"):
+            strategy: FastStrategy = FastStrategy(**limits)
+        elif cc in self.replays:
+            known = self.replays[cc].measured_by(backend.measurement_of)
+            strategy = SymbolicStrategy(replayer=known, confirmed=True, **limits)
+        else:
+            strategy = SymbolicStrategy(replayer=backend.keep_records(), **limits)
+        probes = list(sweep(backend, strategy))
+        if strategy.traces is not None:
+            self.traces.setdefault(cc, strategy.traces)
+        if isinstance(strategy, SymbolicStrategy) and strategy.trusted:
+            self.replays.setdefault(cc, strategy.replayer)  # type: ignore[arg-type]
+        return probes
+
+    def one(self, gpu: GPU, batch_size: int) -> Measurement:
+        """`batch_size` on `gpu`: replayed where its capability's step is known, else traced."""
+        from memorymark.backends.resolve import resolve
+
+        backend = resolve(self.settings, gpu=gpu).open_backend()
+        known = self.replays.get(gpu.compute_capability)
+        replayed = known.measured_by(backend.measurement_of).replay(batch_size) if known else None
+        if replayed is not None:
+            return replayed
+        with backend.session():
+            return backend.measure(batch_size)
 
 
 def _relative_speed(

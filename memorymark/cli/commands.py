@@ -174,6 +174,8 @@ def _find_seq_len(args: argparse.Namespace, settings: Settings) -> int:
     answer = session.seq_len_answer()
     if talk:
         print(f"{answer.verdict()}; searched in {answer.elapsed_seconds:.1f} s")
+        if answer.search_fallback:
+            print(f"  the symbolic search traced every length: {answer.search_fallback}")
     else:
         render.print_json(answer.to_dict())
     return 0

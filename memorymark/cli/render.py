@@ -78,13 +78,18 @@ def probe_line(m: Measurement, usable_bytes: int) -> str:
         else:
             # Below the capacity (or unknown), a bare "needs" figure would read as a fit.
             need = f"  ({m.why_not(usable_bytes)})"
-        return f"  batch {m.batch_size:>6}  {status}{need}"
+        return f"  batch {m.batch_size:>6}  {status}{need}{_replayed(m)}"
     share = 100 * (m.required_bytes or m.peak_bytes) / usable_bytes
     why = f"  ({m.held_back})" if m.held_back else ""
     return (
         f"  batch {m.batch_size:>6}  {status}  peak {gib(m.peak_bytes):8.3f} GiB{held}  "
-        f"({share:5.1f}%){rate}{why}"
+        f"({share:5.1f}%){rate}{why}{_replayed(m)}"
     )
+
+
+def _replayed(m: Measurement) -> str:
+    """Marks a probe read off traced steps (the symbolic search) rather than traced."""
+    return "  [replayed]" if m.replayed else ""
 
 
 def seq_probe_line(seq_len: int, m: Measurement, usable_bytes: int) -> str:
@@ -164,6 +169,8 @@ def print_report(r: Report, d: dict[str, Any]) -> None:
     print(r.verdict())
     if r.partial_note:
         print(f"  {r.partial_note}")
+    if r.search_note:
+        print(f"  {r.search_note}")
     if r.rules_note:
         print(f"  note: {r.rules_note}")
     if r.optimal is None:

@@ -26,7 +26,7 @@ LATER_PROBE_SECONDS_PER_LAYER = 0.076
 # transformers builds an id2label dict entry per label (about a microsecond each in CPython).
 SECONDS_PER_LABEL = 1e-6
 SHORTEST_SWEEP_PROBES = 3
-"""The fast strategy's least: a trace, a prediction, and the batch that checks it."""
+"""The symbolic and fast strategies' least: two traces and the traced answer."""
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers",
                "encoder_layers", "decoder_layers", "depths")  # fmt: skip
 

@@ -54,6 +54,9 @@ class SeqLenAnswer:
     usable_bytes: int
     memory_source: str
     elapsed_seconds: float
+    search_fallback: str | None = None
+    """Why the symbolic search traced lengths it would have replayed (None: it replayed, or
+    another strategy searched)."""
 
     def _best(self, *, runs: bool) -> tuple[int, Measurement] | None:
         relabelled = [replace(m, batch_size=n) for n, m in self.probes]
@@ -112,6 +115,8 @@ class SeqLenAnswer:
             "capped_by_positions": self.capped,
             "memory_source": self.memory_source,
             "elapsed_seconds": round(self.elapsed_seconds, 3),
+            "strategy": self.settings.strategy,
+            "search_fallback": self.search_fallback,
             "results": [
                 {
                     "seq_len": n,
@@ -121,6 +126,7 @@ class SeqLenAnswer:
                     else round(gib(m.required_bytes), 4),
                     "success": m.fits,
                     "runs": m.runs,
+                    "replayed": m.replayed,
                     "breakdown": m.breakdown.to_dict() if m.breakdown else None,
                 }
                 for n, m in self.probes

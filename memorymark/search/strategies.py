@@ -67,6 +67,15 @@ class Strategy:
         """Yield batch sizes to try; each is measured and observed before the next is asked."""
         raise NotImplementedError
 
+    def settled(self) -> list[Measurement]:
+        """Measurements the strategy has without a probe (replays), for the sweep to yield;
+        none for a strategy that measures everything."""
+        return []
+
+    def replayed(self, batch_size: int) -> Measurement | None:
+        """`batch_size`'s measurement without a probe, when the strategy has one (replays)."""
+        return None
+
     def _fits(self, batch_size: int) -> bool:
         return self.results[batch_size].fits
 

@@ -2,10 +2,11 @@
 
 `sweep()` asks a strategy (memorymark/search/strategies.py) for batch sizes one at a time, measures
 each on a backend, shows the strategy the result and yields it, so a UI can draw every probe
-live; the backend is released however the consumer stops. `SweepLimits` ends a sweep early at a
-wall time or a probe count and says which one did. `best_fit` reads the answer off the
-measurements. This module knows nothing about models or devices: a backend is anything with
-`measure(batch_size)` and `release()`.
+live. It yields too what the strategy has without a probe (the symbolic strategy's replays,
+memorymark/search/symbolic.py), which no limit counts. The backend is released however the
+consumer stops. `SweepLimits` ends a sweep early at a wall time or a probe count and says which
+one did. `best_fit` reads the answer off the measurements. This module knows nothing about models
+or devices: a backend is anything with `measure(batch_size)` and `release()`.
 """
 
 from __future__ import annotations
@@ -76,13 +77,17 @@ def sweep(
 
     try:
         for batch_size in proposals():
-            if not limits.allows_next(probes, time.perf_counter() - start, last):
-                return
-            began = time.perf_counter()
-            measurement = backend.measure(batch_size)
-            last, probes = time.perf_counter() - began, probes + 1
+            yield from strategy.settled()
+            measurement = strategy.replayed(batch_size)
+            if measurement is None:
+                if not limits.allows_next(probes, time.perf_counter() - start, last):
+                    return
+                began = time.perf_counter()
+                measurement = backend.measure(batch_size)
+                last, probes = time.perf_counter() - began, probes + 1
             strategy.observe(measurement)
             yield measurement
+        yield from strategy.settled()
     finally:
         backend.release()
 

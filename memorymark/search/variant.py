@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from memorymark.accounting.symbolic import Replays
 from memorymark.measurement import Measurement
 from memorymark.settings import Settings
 
@@ -41,6 +42,18 @@ class VariantMeasurer:
         measurement = self._backend.measure(self.batch_size)
         self.probes[value] = self.kept(measurement)
         return self.relabelled(measurement, value)
+
+    def keep_records(self) -> Replays:
+        """The backend's records, by this axis's values, for the symbolic strategy
+        (memorymark/accounting/symbolic.py `Replays`); call before the first probe."""
+        self._backend.keep_records()
+
+        def at(value: int, record: Any) -> Measurement:
+            measurement = self._backend.measurement_of(self.batch_size, record)
+            self.probes[value] = self.kept(measurement)
+            return self.relabelled(measurement, value)
+
+        return Replays(at, lambda: self._backend.last_record)
 
     def kept(self, measurement: Measurement) -> Measurement:
         """What `probes` keeps of a probe's measurement (all of it, unless a subclass says)."""

@@ -37,7 +37,7 @@ Attention = Literal["sdpa", "eager", "flash_attention_2"]
 Kernels = Literal["none", "liger"]
 Find = Literal["batch", "seq-len"]
 Backend = Literal["auto", "cuda", "mps", "sim", "cpu"]
-Strategy = Literal["fast", "linear"]
+Strategy = Literal["symbolic", "fast", "linear"]
 Protocol = Literal["full", "inference-style"]
 # memorymark/step/quantization.py METHODS, repeated: settings never import bitsandbytes or torch.
 Quantization = Literal["none", "nf4", "fp4", "int8"]

@@ -226,9 +226,10 @@ class Hardware:
 class Search:
     """How batch sizes are searched, and the batches the answer is compared with."""
 
-    strategy: Strategy = "fast"
-    """fast (trace two batches, predict, verify, bisect) or linear (step, 2*step, ... until the
-    first OOM: the prototype's protocol)."""
+    strategy: Strategy = "symbolic"
+    """symbolic (trace two batches, replay every other one by arithmetic, trace the answer;
+    fast where replays do not hold), fast (trace two batches, predict, verify, converge) or
+    linear (step, 2*step, ... until the first OOM: the prototype's protocol)."""
     step: int = 8
     """Batch-size granularity of the search."""
     current_batch: int = 16

@@ -32,7 +32,8 @@ def probe_line(m: Measurement, gpu: GPU, seconds: float | None = None) -> str:
         result = f"OOM, {m.why_not(gpu.usable_bytes)}"
     else:
         result = f"OOM  {m.error or 'out of memory'}"
-    return f"{stamp}batch {m.batch_size:>4} {result}"
+    replayed = " [replayed]" if m.replayed else ""
+    return f"{stamp}batch {m.batch_size:>4} {result}{replayed}"
 
 
 def log_text(

@@ -103,8 +103,11 @@ def throughput_note(report: Report) -> str | None:
         f". Larger batches stop paying off at batch {knee.batch_size}: it reaches "
         f"{100 * KNEE_FRACTION:.0f}% of the best throughput measured"
     )
-    if report.settings.strategy == "fast":
-        text += " (coarse: a fast sweep measures few batches; the linear strategy measures more)"
+    if report.settings.strategy != "linear":
+        text += (
+            f" (coarse: a {report.settings.strategy} sweep measures few batches; the linear "
+            "strategy measures more)"
+        )
     return text + "."
 
 
@@ -253,5 +256,6 @@ def results(report: Report) -> None:
         f"Memory {charts.source_label(report.memory_source)} on {report.gpu.name}; "
         f"speedup and savings: {speedup_source(report)}. "
         f"{plural(len(report.measurements), 'probe')} in {report.elapsed_seconds:.1f} s."
+        + (f" {report.search_note}" if report.search_note else "")
     )
     _downloads(report)

@@ -1,0 +1,191 @@
+"""The symbolic strategy: trace two batch sizes, replay every other one, trace the answer.
+
+A simulated step's sizes are polynomials of the batch (memorymark/accounting/symbolic.py), so
+two traced steps give every figure of the step at any batch size by arithmetic, and the caching
+allocator's replay judges it in milliseconds where a traced probe takes a second. The strategy
+traces the fast strategy's first two probes, searches on replays exactly as the fast strategy
+searches on traces (the same proposals, the same verdicts), then traces the answer and compares
+it with its replay entry by entry. When they agree, the replays are the sweep's answer; when the
+traces do not align, a replay has no whole-byte sizes, or the answer's trace differs, the search
+goes on with traced probes from what it has, and `fallback` says why. A sequence-length search
+fits polynomials of degree 2 through three traces (attention scores grow with the square).
+
+It needs a `Replayer` (a simulated backend, or a measurer over another axis, that keeps what
+each traced step leaves); without one (a real GPU measures every probe) it is the fast strategy.
+This module knows nothing about models, devices or how a replay is computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import chain
+from typing import Protocol
+
+from memorymark.measurement import Measurement
+from memorymark.search.strategies import FastStrategy
+
+
+class Replayer(Protocol):
+    """What the symbolic strategy asks of the measurer (memorymark/accounting/symbolic.py
+    `Replays`): keep a traced probe, fit a symbolic step, replay, compare."""
+
+    def keep(self, value: int) -> None:
+        """Keep what the probe just traced at `value` left."""
+
+    def fit(self, points: tuple[int, ...]) -> str | None:
+        """Fit the symbolic step through the probes kept at `points`; why not, or None."""
+
+    def replay(self, value: int) -> Measurement | None:
+        """The step at `value` read off the fitted one; None when it has no whole sizes."""
+
+    def disagreement(self, value: int) -> str | None:
+        """Where the probe traced at `value` differs from its replay; None when it does not."""
+
+
+class SymbolicStrategy(FastStrategy):
+    """The fast strategy's search run on replays, between two traces and the traced answer."""
+
+    def __init__(
+        self,
+        *,
+        replayer: Replayer | None,
+        degree: int = 1,
+        why_not: str | None = None,
+        confirmed: bool = False,
+        **options: object,
+    ) -> None:
+        super().__init__(**options)  # type: ignore[arg-type]
+        self.replayer = replayer
+        self.confirmed = confirmed and replayer is not None
+        """The replayer's step was traced and confirmed elsewhere (another GPU of the same
+        kernels, Compare GPUs): search on replays alone, tracing nothing."""
+        self.degree = degree
+        """The polynomials' degree: 1 for the batch, 2 for a sequence length."""
+        self.fallback: str | None = why_not if replayer is None else None
+        """Why the search measured with traced probes instead of replays; None when it
+        replayed (or has not decided yet)."""
+        self._trusted = False
+        self._pending: list[Measurement] = []
+
+    def observe(self, measurement: Measurement) -> None:
+        """Record a result and, for a traced probe, keep what its step left."""
+        super().observe(measurement)
+        if self.replayer is not None and not measurement.replayed:
+            self.replayer.keep(measurement.batch_size)
+
+    @property
+    def trusted(self) -> bool:
+        """True once the answer's trace agreed with its replay (or the step was confirmed
+        elsewhere): every replay of this step may stand for a trace."""
+        return self._trusted
+
+    def settled(self) -> list[Measurement]:
+        """Replays the strategy vouches for since the last call (the traced answer agreed)."""
+        pending, self._pending = self._pending, []
+        return pending
+
+    def replayed(self, batch_size: int) -> Measurement | None:
+        """A batch size asked after the search, replayed once the answer's trace agreed."""
+        if not self._trusted or self.replayer is None:
+            return None
+        return self.replayer.replay(batch_size)
+
+    def propose(self) -> Iterator[int]:
+        """The traces, the traced answer, and traced probes only where replays do not hold."""
+        if self.confirmed:
+            replays = self._search(0)
+            if replays is None:
+                yield from super().propose()
+                return
+            self._settle(replays)
+            return
+        if self.replayer is None or self._borrowed:
+            yield from super().propose()
+            return
+        first = min(max(self.step, 2), self.max_grid)
+        points = tuple(sorted({min(first * k, self.max_grid) for k in range(1, self.degree + 2)}))
+        for i, point in enumerate(points):
+            yield point
+            if not self._fits(point):
+                self.fallback = f"batch {point} does not fit: too few traced sizes to replay"
+                yield from self._traced(points[i - 1] if i else 0, point)
+                return
+        if len(points) <= self.degree:
+            self.fallback = f"the grid stops at {self.max_grid}: too few sizes to replay"
+            return
+        self.traces = (self.results[points[0]], self.results[points[1]])
+        self.fallback = self.replayer.fit(points)
+        extra = min(first * (self.degree + 2), self.max_grid)
+        if self.fallback and extra not in points:
+            # The first step after setting up may run one-off work (FSDP's lazy init runs
+            # operators no later step runs): fit through the next size and the later ones.
+            yield extra
+            if not self._fits(extra):
+                yield from self._traced(points[-1], extra)
+                return
+            points = (*points[1:], extra)
+            self.traces = (self.results[points[0]], self.results[points[1]])
+            self.fallback = self.replayer.fit(points)
+        replays = None if self.fallback else self._search(points[-1])
+        if replays is None:
+            yield from self._traced(points[-1], None)
+            return
+        if replays:
+            answer = self._answer(replays)
+            yield answer
+            why = self.replayer.disagreement(answer)
+            if why is not None:
+                self.fallback = f"the step traced at {answer} differs from its replay: {why}"
+                yield from self._traced(*self._bounds(self._fits))
+                return
+        self._settle(replays)
+
+    def _settle(self, replays: dict[int, Measurement]) -> None:
+        """Vouch for the replays: results, and the sweep's to yield."""
+        self._trusted = True
+        for batch_size, m in sorted(replays.items()):
+            if batch_size not in self.results:
+                self.results[batch_size] = m
+                self._pending.append(m)
+
+    def _search(self, start: int) -> dict[int, Measurement] | None:
+        """The fast strategy's search from `start` up, every probe replayed: each replayed
+        batch size's measurement, or None (and `fallback` set) when one cannot be."""
+        inner = FastStrategy(
+            step=self.step,
+            max_batch=self.max_grid,
+            capacity_bytes=self.capacity_bytes,
+            limit_bytes=self.limit_bytes,
+            traces=self.traces,
+            find_max=self.find_max,
+        )
+        inner.results = dict(self.results)
+        assert self.replayer is not None
+        replays: dict[int, Measurement] = {}
+        searches = [inner._converge(start, None, inner._fits)]
+        if self.find_max:
+            searches.append(inner._max_phase())
+        for batch_size in chain.from_iterable(searches):
+            m = inner.results.get(batch_size) or self.replayer.replay(batch_size)
+            if m is None:
+                self.fallback = f"no whole-byte sizes replay batch {batch_size}"
+                return None
+            if batch_size not in self.results:
+                replays[batch_size] = m
+            inner.observe(m)
+        return replays
+
+    def _answer(self, replays: dict[int, Measurement]) -> int:
+        """The batch size to trace: the recommended one when it was replayed, else the replayed
+        one nearest it (so a trace away from the first two always checks the replays)."""
+        known = {**self.results, **replays}
+        fitting = [b for b in known if known[b].fits]
+        ceiling = min((b for b in known if not known[b].fits), default=None)
+        best = max((b for b in fitting if ceiling is None or b < ceiling), default=0)
+        return best if best in replays else min(replays, key=lambda b: (abs(b - best), b))
+
+    def _traced(self, lo: int, hi: int | None) -> Iterator[int]:
+        """Go on as the fast strategy, every probe traced, from the boundary known so far."""
+        yield from self._converge(lo, hi, self._fits)
+        if self.find_max:
+            yield from self._max_phase()

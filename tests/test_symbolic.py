@@ -1,0 +1,272 @@
+"""The symbolic sweep: every figure of a simulated step at any batch size read off two traced
+steps, identical to tracing it, and a strategy that traces only the two and the answer, falling
+back to traced probes (and saying why) wherever replays do not hold."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from memorymark import Session, Settings, gpus
+from memorymark.accounting.symbolic import StepRecord, SymbolicStep
+from memorymark.backends import resolve
+from memorymark.measurement import Measurement
+from memorymark.search.strategies import FastStrategy, LinearStrategy
+from memorymark.search.sweep import best_fit, sweep
+from memorymark.search.symbolic import SymbolicStrategy
+
+TRACED_AT = (2, 4)
+CHECKED_AT = (3, 9, 26)
+"""Between the traces, past them, and far past them (an odd one: no grid to hide behind)."""
+
+KINDS = {
+    "bert": Settings(model="tiny-bert", seq_len=32),
+    "gpt2": Settings(model="tiny-gpt2", seq_len=32),
+    "t5": Settings(model="t5-small", seq_len=8),
+    "vit": Settings(model="vit", image_size=32),
+    "resnet": Settings(model="tiny-resnet", image_size=32),
+    "llama-lora": Settings(model="tiny-llama", seq_len=16, lora_rank=4, precision="bf16-true"),
+    "qlora": Settings(
+        model="tiny-llama", seq_len=16, lora_rank=4, quantization="nf4", precision="bf16-mixed"
+    ),
+    "fsdp": Settings(model="tiny-gpt2", seq_len=32, dist="fsdp", gpus="2"),
+}
+
+
+def _backend(settings: Settings):
+    return resolve.resolve(
+        replace(settings, backend="sim"), gpu=gpus.find_gpu("a10")
+    ).open_backend()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_replayed_step_is_the_traced_step_entry_for_entry(kind):
+    backend = _backend(KINDS[kind])
+    replays = backend.keep_records()
+    with backend.session():
+        # FSDP's first step runs one-off operators: the strategy then fits through later ones.
+        points = (*TRACED_AT, 6) if kind == "fsdp" else TRACED_AT
+        for batch in points:
+            backend.measure(batch)
+            replays.keep(batch)
+        assert replays.fit(points[-2:]) is None
+        for batch in CHECKED_AT:
+            traced = backend.measure(batch)
+            replays.keep(batch)
+            replayed = replays.replay(batch)
+            assert replays.disagreement(batch) is None
+            assert replayed is not None and replayed.replayed and not traced.replayed
+            # Bytes, peaks, breakdown, the allocator's verdicts and retries, FLOPs, throughput.
+            assert replace(replayed, replayed=False) == traced
+            assert replayed.timeline == traced.timeline
+
+
+def test_the_first_fsdp_step_runs_operators_no_later_one_runs():
+    backend = _backend(KINDS["fsdp"])
+    replays = backend.keep_records()
+    with backend.session():
+        for batch in (2, 4, 6):
+            backend.measure(batch)
+            replays.keep(batch)
+    assert "operators" in replays.fit((2, 4))
+    assert replays.fit((4, 6)) is None
+
+
+def test_a_sequence_length_is_replayed_with_polynomials_of_degree_two():
+    s = Settings(model="tiny-gpt2", attention="eager", backend="sim", gpu="a10", current_batch=2)
+    from memorymark.search.seq_len import SeqLenMeasurer
+
+    measurer = SeqLenMeasurer(_backend(s), s, 2)
+    replays = measurer.keep_records()
+    for length in (16, 32, 48, 80):
+        measurer.measure(length)
+        replays.keep(length)
+    assert replays.fit((16, 32)) is None
+    assert "allocation" in replays.disagreement(80)  # eager attention's scores: s squared
+    assert replays.fit((16, 32, 48)) is None
+    assert replays.disagreement(80) is None
+    traced = measurer.probes[80]
+    replayed = replays.replay(80)
+    assert replayed.batch_size == 80 and measurer.probes[80].replayed  # what the answer reads
+    assert replace(replayed, replayed=False) == replace(traced, batch_size=80)
+
+
+def _record(sizes: list[int], ops: list[int]) -> StepRecord:
+    events = [*sizes, *(~i for i in range(len(sizes)))]
+    return StepRecord(
+        events_first_seq=0,
+        events=events,
+        baseline_events=(0, []),
+        timeline=ops,
+        categories=[(0, 0, 0, n, 0, 0) for n in ops],
+        start_categories=(0,) * 6,
+        work=[(n, n, 1.0) for n in ops],
+    )
+
+
+def test_sizes_are_read_as_exact_polynomials_or_not_at_all():
+    step = SymbolicStep.fit({2: _record([10, 7], [10, 17]), 4: _record([20, 7], [20, 27])})
+    assert isinstance(step, SymbolicStep)
+    assert step.at(9).events[:2] == [45, 7] and step.at(9).timeline == [45, 52]
+    assert step.at(9).peak_bytes == 52 and step.at(9).peak_breakdown().activations == 52
+    # 10 bytes a sample less 13: no non-negative size at batch 1; no whole one at 2.5.
+    odd = SymbolicStep.fit({2: _record([7], [7]), 4: _record([27], [27])})
+    assert odd.at(1) is None
+    assert SymbolicStep.fit({2: _record([7], [7]), 6: _record([17], [17])}).at(3) is None
+    assert "differs" in step.disagreement(9, _record([46, 7], [46, 53]))
+
+
+def test_steps_that_allocate_differently_do_not_fit():
+    why = SymbolicStep.fit({2: _record([10, 7], [10, 17]), 4: _record([20], [20])})
+    assert isinstance(why, str) and "event logs differ" in why
+
+
+# -- the strategy, on a backend whose peak is a known function of the batch ---------------------
+LIMIT = 300_000
+
+
+def _timeline(batch: int) -> tuple[int, ...]:
+    return (5_000 + 900 * batch, 10_000 + 1_000 * batch)
+
+
+class FunctionReplayer:
+    """Replays from the same function the backend measures: a replay that holds; or not."""
+
+    def __init__(self, backend, *, fit_error=None, wrong=False) -> None:
+        self.shadow = type(backend)(_timeline, LIMIT)
+        self.fit_error, self.wrong = fit_error, wrong
+        self.kept: list[int] = []
+
+    def keep(self, value: int) -> None:
+        self.kept.append(value)
+
+    def fit(self, points: tuple[int, ...]) -> str | None:
+        return self.fit_error
+
+    def replay(self, value: int) -> Measurement:
+        return replace(self.shadow.measure(value), replayed=True)
+
+    def disagreement(self, value: int) -> str | None:
+        return "allocation 3 differs: 512 predicted, 1024 traced" if self.wrong else None
+
+
+def _run(strategy, backend, also=(16,)) -> list[Measurement]:
+    return list(sweep(backend, strategy, also=also))
+
+
+def _answers(results: list[Measurement]) -> tuple[int | None, int | None]:
+    best, largest = best_fit(results), best_fit(results, runs=True)
+    return best and best.batch_size, largest and largest.batch_size
+
+
+def test_symbolic_traces_two_batches_and_the_answer_and_replays_the_rest(function_backend):
+    linear = _run(LinearStrategy(capacity_bytes=LIMIT), function_backend(_timeline, LIMIT))
+    backend = function_backend(_timeline, LIMIT)
+    replayer = FunctionReplayer(backend)
+    strategy = SymbolicStrategy(replayer=replayer, capacity_bytes=LIMIT)
+    results = _run(strategy, backend, also=(16, 40))
+    assert _answers(results) == _answers(linear) == (288, 288)
+    assert backend.tried == [8, 16, 288]
+    assert replayer.kept == [8, 16, 288]
+    assert {m.batch_size for m in results if m.replayed} == {40, 296}
+    assert strategy.fallback is None
+
+
+def test_an_answer_whose_trace_differs_falls_back_to_traced_probes(function_backend):
+    backend = function_backend(_timeline, LIMIT)
+    strategy = SymbolicStrategy(
+        replayer=FunctionReplayer(backend, wrong=True), capacity_bytes=LIMIT
+    )
+    results = _run(strategy, backend)
+    assert not any(m.replayed for m in results)
+    assert _answers(results) == (288, 288)
+    assert backend.tried[:3] == [8, 16, 288] and len(backend.tried) > 3
+    assert strategy.fallback.startswith("the step traced at 288 differs from its replay")
+
+
+def test_traces_that_do_not_align_search_as_the_fast_strategy(function_backend):
+    fast_backend = function_backend(_timeline, LIMIT)
+    _run(FastStrategy(capacity_bytes=LIMIT), fast_backend)
+    backend = function_backend(_timeline, LIMIT)
+    replayer = FunctionReplayer(backend, fit_error="the steps run 658 and 546 operators")
+    strategy = SymbolicStrategy(replayer=replayer, capacity_bytes=LIMIT)
+    results = _run(strategy, backend)
+    # One more size to fit through (the first step may be the odd one), then the fast search.
+    assert backend.tried[:3] == [8, 16, 24]
+    assert sorted(backend.tried) == sorted({*fast_backend.tried, 24})
+    assert strategy.fallback == "the steps run 658 and 546 operators"
+    assert _answers(results) == (288, 288)
+
+
+def test_without_a_replayer_it_is_the_fast_strategy_and_says_why(function_backend):
+    fast_backend, backend = function_backend(_timeline, LIMIT), function_backend(_timeline, LIMIT)
+    _run(FastStrategy(capacity_bytes=LIMIT), fast_backend)
+    strategy = SymbolicStrategy(replayer=None, why_not="a GPU traces", capacity_bytes=LIMIT)
+    _run(strategy, backend)
+    assert backend.tried == fast_backend.tried
+    assert strategy.fallback == "a GPU traces"
+
+
+def test_nothing_fits_at_the_first_size_searches_below_it_traced(function_backend):
+    backend = function_backend(_timeline, 12_000)
+    strategy = SymbolicStrategy(replayer=FunctionReplayer(backend), capacity_bytes=12_000)
+    results = _run(strategy, backend, also=())
+    assert _answers(results) == (2, 2)
+    assert "does not fit" in strategy.fallback
+
+
+# -- end to end: a session's sweep ---------------------------------------------------------------
+SMALL = dict(model="tiny-gpt2", seq_len=128, backend="sim", gpu_memory_gib=1, step=32)
+
+
+def test_a_symbolic_sweep_answers_as_the_linear_walk_tracing_three_steps():
+    linear = Session(Settings(**SMALL, strategy="linear")).analyze(fixes=False)
+    session = Session(Settings(**SMALL))
+    report = session.analyze(fixes=False)
+    assert report.settings.strategy == "symbolic"
+    assert report.optimal.batch_size == linear.optimal.batch_size
+    assert report.max_fit.batch_size == linear.max_fit.batch_size
+    by_batch = {m.batch_size: m for m in linear.measurements}
+    for m in report.measurements:
+        if m.batch_size in by_batch:
+            assert replace(m, replayed=False) == by_batch[m.batch_size]
+    traced = [m.batch_size for m in report.measurements if not m.replayed]
+    assert traced == [32, 64, report.optimal.batch_size]
+    assert report.search_fallback is None
+    assert report.search_note.startswith("3 steps traced, ")
+
+
+def test_a_sweep_with_an_evaluation_pass_traces_every_probe_and_says_why():
+    report = Session(Settings(**SMALL, eval_batch=4)).analyze(fixes=False, plan=False)
+    assert not any(m.replayed for m in report.measurements)
+    assert "left no record" in report.search_fallback
+    assert report.search_note.startswith("The symbolic search traced every probe")
+
+
+def test_the_json_says_which_probes_were_replayed(capsys):
+    from memorymark.cli.parser import main
+
+    assert main(["analyze", "tiny-gpt2", "--seq-len", "128", "--gpu-memory", "1",
+                 "--step", "32", "--backend", "sim", "--json"]) == 0  # fmt: skip
+    d = json.loads(capsys.readouterr().out)
+    assert d["strategy"] == "symbolic" and d["search_fallback"] is None
+    assert d["replayed"] == sum(row["replayed"] for row in d["results"]) > 0
+
+
+def test_a_symbolic_sequence_length_search_answers_as_the_linear_walk():
+    s = Settings(model="tiny-gpt2", attention="eager", backend="sim", gpu_memory_gib=1,
+                 current_batch=512, seq_step=8, find="seq-len")  # fmt: skip
+    linear = Session(replace(s, strategy="linear")).find_seq_len()
+    session = Session(s)
+    answer = session.find_seq_len()
+    assert (answer.optimal_seq_len, answer.max_seq_len) == (
+        linear.optimal_seq_len,
+        linear.max_seq_len,
+    )
+    assert answer.optimal_seq_len < answer.search_cap  # memory ends it, not the positions
+    traced = [n for n, m in answer.probes if not m.replayed]
+    assert traced == [8, 16, 24, answer.optimal_seq_len]
+    assert any(m.replayed for _, m in answer.probes)
+    assert answer.search_fallback is None
