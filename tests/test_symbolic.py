@@ -18,7 +18,7 @@ from memorymark.search.sweep import best_fit, sweep
 from memorymark.search.symbolic import SymbolicStrategy
 
 TRACED_AT = (2, 4)
-CHECKED_AT = (3, 9, 26)
+CHECKED_AT = (3, 26)
 """Between the traces, past them, and far past them (an odd one: no grid to hide behind)."""
 
 KINDS = {
@@ -51,6 +51,8 @@ def test_a_replayed_step_is_the_traced_step_entry_for_entry(kind):
         for batch in points:
             backend.measure(batch)
             replays.keep(batch)
+        if kind == "fsdp":
+            assert "operators" in replays.fit(points[:2])
         assert replays.fit(points[-2:]) is None
         for batch in CHECKED_AT:
             traced = backend.measure(batch)
@@ -61,17 +63,6 @@ def test_a_replayed_step_is_the_traced_step_entry_for_entry(kind):
             # Bytes, peaks, breakdown, the allocator's verdicts and retries, FLOPs, throughput.
             assert replace(replayed, replayed=False) == traced
             assert replayed.timeline == traced.timeline
-
-
-def test_the_first_fsdp_step_runs_operators_no_later_one_runs():
-    backend = _backend(KINDS["fsdp"])
-    replays = backend.keep_records()
-    with backend.session():
-        for batch in (2, 4, 6):
-            backend.measure(batch)
-            replays.keep(batch)
-    assert "operators" in replays.fit((2, 4))
-    assert replays.fit((4, 6)) is None
 
 
 def test_a_sequence_length_is_replayed_with_polynomials_of_degree_two():
@@ -134,16 +125,23 @@ def _timeline(batch: int) -> tuple[int, ...]:
 class FunctionReplayer:
     """Replays from the same function the backend measures: a replay that holds; or not."""
 
-    def __init__(self, backend, *, fit_error=None, wrong=False) -> None:
+    def __init__(self, backend, *, fit_error=None, wrong=False, odd_first=False) -> None:
         self.shadow = type(backend)(_timeline, LIMIT)
-        self.fit_error, self.wrong = fit_error, wrong
+        self.fit_error, self.wrong, self.odd_first = fit_error, wrong, odd_first
         self.kept: list[int] = []
+        self.fitted: list[tuple[int, ...]] = []
 
     def keep(self, value: int) -> None:
         self.kept.append(value)
 
     def fit(self, points: tuple[int, ...]) -> str | None:
+        self.fitted.append(points)
+        if self.odd_first and points[0] == 8:
+            return "the steps run 658 and 546 operators"
         return self.fit_error
+
+    def size_disagreement(self, value: int) -> str | None:
+        return self.disagreement(value)
 
     def replay(self, value: int) -> Measurement:
         return replace(self.shadow.measure(value), replayed=True)
@@ -193,11 +191,22 @@ def test_traces_that_do_not_align_search_as_the_fast_strategy(function_backend):
     replayer = FunctionReplayer(backend, fit_error="the steps run 658 and 546 operators")
     strategy = SymbolicStrategy(replayer=replayer, capacity_bytes=LIMIT)
     results = _run(strategy, backend)
-    # One more size to fit through (the first step may be the odd one), then the fast search.
-    assert backend.tried[:3] == [8, 16, 24]
-    assert sorted(backend.tried) == sorted({*fast_backend.tried, 24})
+    # The third trace is the fast strategy's own next probe: nothing traced is wasted.
+    assert backend.tried == fast_backend.tried
+    assert replayer.fitted == [(8, 16), (16, backend.tried[2])]
     assert strategy.fallback == "the steps run 658 and 546 operators"
     assert _answers(results) == (288, 288)
+
+
+def test_an_odd_first_step_fits_through_the_next_two_and_checks_its_sizes(function_backend):
+    backend = function_backend(_timeline, LIMIT)
+    replayer = FunctionReplayer(backend, odd_first=True)
+    strategy = SymbolicStrategy(replayer=replayer, capacity_bytes=LIMIT)
+    results = _run(strategy, backend)
+    assert _answers(results) == (288, 288)
+    # The fast strategy's guess was the answer: three traces, the rest replayed.
+    assert backend.tried == [8, 16, 288] and replayer.fitted == [(8, 16), (16, 288)]
+    assert strategy.fallback is None and any(m.replayed for m in results)
 
 
 def test_without_a_replayer_it_is_the_fast_strategy_and_says_why(function_backend):
@@ -270,3 +279,29 @@ def test_a_symbolic_sequence_length_search_answers_as_the_linear_walk():
     assert traced == [8, 16, 24, answer.optimal_seq_len]
     assert any(m.replayed for _, m in answer.probes)
     assert answer.search_fallback is None
+
+
+def test_a_forced_disagreement_falls_back_and_answers_as_the_linear_walk(monkeypatch):
+    linear = Session(Settings(**SMALL, strategy="linear")).analyze(fixes=False, plan=False)
+    monkeypatch.setattr(SymbolicStep, "disagreement", lambda self, x, traced: "forced")
+    report = Session(Settings(**SMALL)).analyze(fixes=False, plan=False)
+    assert (
+        report.search_fallback
+        == f"the step traced at {report.optimal.batch_size} differs from its replay: forced"
+    )
+    assert not any(m.replayed for m in report.measurements)
+    assert report.optimal.batch_size == linear.optimal.batch_size
+    assert report.max_fit.batch_size == linear.max_fit.batch_size
+
+
+def test_compare_gpus_traces_one_gpu_per_capability_and_replays_the_others():
+    catalog = tuple(gpus.find_gpu(name) for name in ("a10", "a10g", "t4"))
+    settings = Settings(model="tiny-gpt2", seq_len=128, gpu="a10", backend="sim", step=64)
+    fast_rows, _ = Session(replace(settings, strategy="fast")).compare(catalog=catalog)
+    rows, measurements = Session(settings).compare(catalog=catalog)
+    assert [(r.gpu.name, r.max_batch, r.peak_bytes, r.relative_speed) for r in rows] == [
+        (r.gpu.name, r.max_batch, r.peak_bytes, r.relative_speed) for r in fast_rows
+    ]
+    # The A10 (24 GB) and the A10G (23 GB) share compute capability 8.6: one is traced.
+    traced = [m for m in measurements if not m.replayed]
+    assert len(traced) == 6 and len(measurements) > len(traced)

@@ -239,6 +239,24 @@ class SymbolicStep:
                 )
         return None
 
+    def size_disagreement(self, x: int, traced: StepRecord) -> str | None:
+        """Where the allocations of a step traced at `x` differ from what this symbolic step
+        says of `x`: the same allocations and frees, in order, each of the same bytes; None
+        when they agree. For a trace whose operators do not align (a first step that runs
+        one-off operators which allocate nothing logged): its sizes still check the fit."""
+        predicted = self.at(x)
+        if predicted is None:
+            return f"no whole-byte sizes at {x}"
+        mine, theirs = _arrays(predicted), _arrays(traced)
+        if not np.array_equal(mine.kinds, theirs.kinds):
+            return f"the event logs differ in length or order at {x}"
+        if not np.array_equal(mine.targets, theirs.targets):
+            return f"the steps free their allocations in a different order at {x}"
+        if not np.array_equal(mine.sizes, theirs.sizes):
+            i = int(np.argwhere(mine.sizes != theirs.sizes)[0][0])
+            return f"allocation {i} differs at {x}: {mine.sizes[i]} predicted, {theirs.sizes[i]}"
+        return None
+
 
 def _events(arrays: _Arrays, sizes: np.ndarray, first: int) -> list[int | None]:
     """The event log for `sizes`, in the numbering that starts at `first`."""
@@ -299,6 +317,12 @@ class Replays:
         sizes (or nothing is fitted)."""
         record = self.step.at(value) if self.step is not None else None
         return None if record is None else self._to_measurement(value, record)
+
+    def size_disagreement(self, value: int) -> str | None:
+        """Where the allocations of the step traced at `value` differ from its replay."""
+        if self.step is None or value not in self.records:
+            return "nothing was fitted, or nothing traced there"
+        return self.step.size_disagreement(value, self.records[value])
 
     def disagreement(self, value: int) -> str | None:
         """Where the step traced at `value` differs from its replay; None when it does not."""

@@ -41,6 +41,9 @@ class Replayer(Protocol):
     def disagreement(self, value: int) -> str | None:
         """Where the probe traced at `value` differs from its replay; None when it does not."""
 
+    def size_disagreement(self, value: int) -> str | None:
+        """Where the allocations of the probe traced at `value` differ from its replay."""
+
 
 class SymbolicStrategy(FastStrategy):
     """The fast strategy's search run on replays, between two traces and the traced answer."""
@@ -93,7 +96,7 @@ class SymbolicStrategy(FastStrategy):
     def propose(self) -> Iterator[int]:
         """The traces, the traced answer, and traced probes only where replays do not hold."""
         if self.confirmed:
-            replays = self._search(0)
+            replays = self._search()
             if replays is None:
                 yield from super().propose()
                 return
@@ -115,29 +118,39 @@ class SymbolicStrategy(FastStrategy):
             return
         self.traces = (self.results[points[0]], self.results[points[1]])
         self.fallback = self.replayer.fit(points)
-        extra = min(first * (self.degree + 2), self.max_grid)
-        if self.fallback and extra not in points:
-            # The first step after setting up may run one-off work (FSDP's lazy init runs
-            # operators no later step runs): fit through the next size and the later ones.
-            yield extra
-            if not self._fits(extra):
-                yield from self._traced(points[-1], extra)
-                return
-            points = (*points[1:], extra)
-            self.traces = (self.results[points[0]], self.results[points[1]])
-            self.fallback = self.replayer.fit(points)
-        replays = None if self.fallback else self._search(points[-1])
+        odd = None
+        if self.fallback and self.degree == 1:
+            # The first step after setting up may run operators no later step runs (under
+            # FSDP a 2-layer GPT-2's first step runs 112 more than its second): fit through the
+            # second and the fast strategy's own next probe, its guess at the answer, so the
+            # extra trace is one the search needed anyway; the odd step's allocations, logged
+            # alike, still check the fit at a third size.
+            guess = next(iter(self._converge(points[-1], None, self._fits)), None)
+            if guess is not None:
+                yield guess
+                odd, points = points[0], (points[-1], guess)
+                self.fallback = self.replayer.fit(points)
+        replays = None if self.fallback else self._search()
         if replays is None:
-            yield from self._traced(points[-1], None)
+            yield from self._traced(*self._bounds(self._fits))
             return
-        if replays:
-            answer = self._answer(replays)
-            yield answer
-            why = self.replayer.disagreement(answer)
-            if why is not None:
-                self.fallback = f"the step traced at {answer} differs from its replay: {why}"
-                yield from self._traced(*self._bounds(self._fits))
+        best = self._best(replays)
+        if odd is not None and best not in replays:
+            why = self.replayer.size_disagreement(odd)
+            if why is None:
+                self._settle(replays)  # the answer was traced, the fit checked at `odd`
                 return
+        if not replays:
+            return  # the traces settled it: nothing replayed, nothing to vouch for
+        # The recommended batch when it was replayed, else the replayed one nearest it, so a
+        # trace away from the fitted ones always checks the replays.
+        answer = best if best in replays else min(replays, key=lambda b: (abs(b - best), b))
+        yield answer
+        why = self.replayer.disagreement(answer)
+        if why is not None:
+            self.fallback = f"the step traced at {answer} differs from its replay: {why}"
+            yield from self._traced(*self._bounds(self._fits))
+            return
         self._settle(replays)
 
     def _settle(self, replays: dict[int, Measurement]) -> None:
@@ -148,9 +161,9 @@ class SymbolicStrategy(FastStrategy):
                 self.results[batch_size] = m
                 self._pending.append(m)
 
-    def _search(self, start: int) -> dict[int, Measurement] | None:
-        """The fast strategy's search from `start` up, every probe replayed: each replayed
-        batch size's measurement, or None (and `fallback` set) when one cannot be."""
+    def _search(self) -> dict[int, Measurement] | None:
+        """The fast strategy's search on from what was traced, every probe replayed: each
+        replayed batch size's measurement, or None (and `fallback` set) when one cannot be."""
         inner = FastStrategy(
             step=self.step,
             max_batch=self.max_grid,
@@ -162,27 +175,28 @@ class SymbolicStrategy(FastStrategy):
         inner.results = dict(self.results)
         assert self.replayer is not None
         replays: dict[int, Measurement] = {}
-        searches = [inner._converge(start, None, inner._fits)]
+        searches = [inner._converge(*inner._bounds(inner._fits), inner._fits)]
         if self.find_max:
             searches.append(inner._max_phase())
         for batch_size in chain.from_iterable(searches):
             m = inner.results.get(batch_size) or self.replayer.replay(batch_size)
             if m is None:
-                self.fallback = f"no whole-byte sizes replay batch {batch_size}"
+                self.fallback = (
+                    f"batch {batch_size} has no replay (a size that is not a whole number of "
+                    "bytes there, or too large to compute)"
+                )
                 return None
             if batch_size not in self.results:
                 replays[batch_size] = m
             inner.observe(m)
         return replays
 
-    def _answer(self, replays: dict[int, Measurement]) -> int:
-        """The batch size to trace: the recommended one when it was replayed, else the replayed
-        one nearest it (so a trace away from the first two always checks the replays)."""
+    def _best(self, replays: dict[int, Measurement]) -> int:
+        """The recommended batch over what was traced and replayed (0: none fits)."""
         known = {**self.results, **replays}
-        fitting = [b for b in known if known[b].fits]
         ceiling = min((b for b in known if not known[b].fits), default=None)
-        best = max((b for b in fitting if ceiling is None or b < ceiling), default=0)
-        return best if best in replays else min(replays, key=lambda b: (abs(b - best), b))
+        fitting = (b for b in known if known[b].fits and (ceiling is None or b < ceiling))
+        return max(fitting, default=0)
 
     def _traced(self, lo: int, hi: int | None) -> Iterator[int]:
         """Go on as the fast strategy, every probe traced, from the boundary known so far."""
