@@ -7,8 +7,12 @@ their mean. Each figure is the median of `--repeats` such ratios.
 
 - tracking: one tracked simulated probe at batch 16, with the optimizer phase run (the
   tracker's own overhead) and spliced from its record (what a probe costs in a sweep);
-- whole fast sweeps in this process (after one untimed sweep has paid the one-off imports);
+- whole sweeps in this process, per strategy (`--strategies`; symbolic and fast by default),
+  after one untimed sweep has paid the one-off imports: the steps traced, the optimal and max
+  batch, and why the symbolic strategy traced where it would have replayed, if it did;
 - whole processes, `python -m memorymark analyze MODEL --gpu GPU --json`;
+- with `--analyses`, per strategy: Compare GPUs, Scale out (FSDP on 1-32 GPUs) and
+  `--gpus auto` (the fewest GPUs, then the sweep on them), one bracketed ratio each;
 - `--step 1` sweeps: how many probes each takes (the search, then the current batch's);
 - process RSS after steps at growing batch sizes (fake tensors allocate nothing: it stays flat).
 
@@ -16,7 +20,7 @@ Run it with the code to measure first on the path; it times `python -m memorymar
 checkout as the `memorymark` it imports:
 
     PYTHONPATH=. python benchmarks/sweep_cost.py [--models bert gpt2 resnet] [--gpus A10]
-        [--repeats 3] [--linear] [--no-process]
+        [--repeats 3] [--strategies symbolic fast linear] [--no-process] [--analyses]
 """
 
 from __future__ import annotations
@@ -88,18 +92,27 @@ def probe_costs(raw: RawStep, model: str, repeats: int) -> tuple[float, float]:
     return tracked, spliced
 
 
-def sweep(settings: Settings) -> tuple[list[int], int | None]:
-    """(batch sizes probed, optimal batch) of one whole sweep, as `analyze` runs it."""
+def sweep(settings: Settings) -> tuple[list[int], int | None, int | None, str | None]:
+    """(batch sizes traced, optimal batch, max batch, why the symbolic strategy traced where it
+    would have replayed) of one whole sweep, as `analyze` runs it."""
     session = Session(settings)
-    best = session.analyze().optimal
-    return [m.batch_size for m in session.measurements], best and best.batch_size
+    report = session.analyze()
+    best, largest = report.optimal, report.max_fit
+    traced = [m.batch_size for m in session.measurements if not m.replayed]
+    return (
+        traced,
+        best and best.batch_size,
+        largest and largest.batch_size,
+        session.search_fallback,
+    )
 
 
-def analyze_process(model: str, gpu: str) -> None:
-    """One whole `python -m memorymark analyze MODEL --gpu GPU --json` process."""
+def analyze_process(model: str, gpu: str, strategy: str) -> None:
+    """One whole `python -m memorymark analyze MODEL --gpu GPU --strategy S --json` process."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error"}
+    command = ["analyze", model, "--gpu", gpu, "--strategy", strategy, "--json"]
     subprocess.run(
-        [sys.executable, "-m", "memorymark", "analyze", model, "--gpu", gpu, "--json"],
+        [sys.executable, "-m", "memorymark", *command],
         env=env,
         check=True,
         stdout=subprocess.DEVNULL,
@@ -111,8 +124,18 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["bert", "gpt2", "resnet"])
     parser.add_argument("--gpus", nargs="+", default=["A10"])
     parser.add_argument("--repeats", type=int, default=3, help="ratios per figure (median)")
-    parser.add_argument("--linear", action="store_true", help="also the (slow) linear sweeps")
+    parser.add_argument(
+        "--strategies",
+        nargs="+",
+        default=["symbolic", "fast"],
+        help="the strategies whose whole sweeps are costed (linear is slow)",
+    )
     parser.add_argument("--no-process", action="store_true", help="skip whole-process timings")
+    parser.add_argument(
+        "--analyses",
+        action="store_true",
+        help="also Compare GPUs, Scale out (FSDP, 1-32 GPUs) and --gpus auto, per strategy",
+    )
     args = parser.parse_args()
     print(f"memorymark from {ROOT}; every figure in raw fake steps at batch {RAW_BATCH}")
 
@@ -125,33 +148,68 @@ def main() -> None:
             flush=True,
         )
 
-    print("\nwhole sweeps in this process")
+    if "bert" in raws:
+        # The unit of issue 22's figures: a BERT-base raw step, whatever the model swept.
+        print("\none raw step of each model, in BERT-base raw steps (median of 5, interleaved)")
+        for model, raw in raws.items():
+            unit = statistics.median(raw.seconds() / raws["bert"].seconds() for _ in range(5))
+            print(f"  {model:<7} {unit:4.2f}")
+
+    print("\nwhole sweeps in this process: traced steps -> optimal, max: cost")
     for model, raw in raws.items():
         for gpu in args.gpus:
             s = Settings(model=model, gpu=gpu, backend="sim")
-            for settings in [s, replace(s, strategy="linear")] if args.linear else [s]:
-                probes, best = sweep(settings)  # untimed: the first sweep pays one-off costs
+            for strategy in args.strategies:
+                settings = replace(s, strategy=strategy)
+                sweep(settings)  # untimed: the first sweep pays one-off costs
+                traced, best, largest, fallback = sweep(settings)
                 cost = raw.median_ratio(lambda settings=settings: sweep(settings), args.repeats)
                 print(
-                    f"  {model:<7} {gpu:<5} {settings.strategy:<6} {len(probes)} probes "
-                    f"-> {best}: {cost:5.1f}",
+                    f"  {model:<7} {gpu:<5} {strategy:<8} {len(traced)} traced "
+                    f"-> {best}, {largest}: {cost:5.2f}"
+                    + (f" (fell back: {fallback})" if fallback else ""),
                     flush=True,
                 )
 
     if not args.no_process:
-        print("\nwhole `python -m memorymark analyze MODEL --gpu GPU --json` processes")
+        print("\nwhole `python -m memorymark analyze MODEL --gpu GPU --strategy S` processes")
         for model, raw in raws.items():
             for gpu in args.gpus:
-                cost = raw.median_ratio(
-                    lambda model=model, gpu=gpu: analyze_process(model, gpu), args.repeats
-                )
-                print(f"  {model:<7} {gpu:<5} {cost:5.1f}", flush=True)
+                for strategy in args.strategies:
+                    cost = raw.median_ratio(
+                        lambda m=model, g=gpu, s=strategy: analyze_process(m, g, s), args.repeats
+                    )
+                    print(f"  {model:<7} {gpu:<5} {strategy:<8} {cost:5.1f}", flush=True)
 
-    print("\nprobes of a fast sweep at --step 1 (search + the current batch)")
+    if args.analyses:
+        print("\nanalyses that run many sweeps, per strategy (one bracketed ratio each)")
+        for model in args.models:
+            raw = raws[model]
+            for strategy in args.strategies:
+                if strategy == "linear":
+                    continue  # a linear sweep per GPU or count would take an hour
+                s = Settings(model=model, gpu=args.gpus[0], backend="sim", strategy=strategy)
+                fsdp = replace(s, dist="fsdp", gpus="1")
+                figures = {
+                    "compare": raw.ratio(lambda s=s: Session(s).compare()),
+                    "scale out 1-32": raw.ratio(
+                        lambda f=fsdp: list(Session(f).scale_out((1, 2, 4, 8, 16, 32)))
+                    ),
+                    "--gpus auto": raw.ratio(
+                        lambda f=fsdp: Session(replace(f, gpus="auto")).analyze(fixes=False)
+                    ),
+                }
+                print(
+                    f"  {model:<7} {strategy:<8} "
+                    + "  ".join(f"{name} {cost:6.1f}" for name, cost in figures.items()),
+                    flush=True,
+                )
+
+    print("\ntraced probes of a fast sweep at --step 1 (search + the current batch)")
     for model in args.models:
         for gpu in args.gpus:
-            settings = Settings(model=model, gpu=gpu, backend="sim", step=1)
-            probes, best = sweep(settings)
+            settings = Settings(model=model, gpu=gpu, backend="sim", step=1, strategy="fast")
+            probes, best, _, _ = sweep(settings)
             searched = len(probes) - (settings.current_batch not in probes[:-1])
             print(f"  {model:<7} {gpu:<5} {searched} + {len(probes) - searched} -> {best}: "
                   f"{probes}", flush=True)  # fmt: skip
