@@ -121,12 +121,20 @@ def _arrays(record: StepRecord) -> _Arrays:
     )
 
 
-def _misaligned(a: StepRecord, b: StepRecord, x: _Arrays, y: _Arrays) -> str | None:
-    """Why two records are not the same step at two sizes, or None when they are."""
-    if len(x.kinds) != len(y.kinds) or not np.array_equal(x.kinds, y.kinds):
+def _events_misaligned(x: _Arrays, y: _Arrays) -> str | None:
+    """Why two event logs are not the same allocations and frees in the same order, or None."""
+    if not np.array_equal(x.kinds, y.kinds):
         return f"the event logs differ in length or order ({len(x.kinds)} and {len(y.kinds)})"
     if not np.array_equal(x.targets, y.targets):
         return "the steps free their allocations in a different order"
+    return None
+
+
+def _misaligned(a: StepRecord, b: StepRecord, x: _Arrays, y: _Arrays) -> str | None:
+    """Why two records are not the same step at two sizes, or None when they are."""
+    why = _events_misaligned(x, y)
+    if why is not None:
+        return why
     if len(x.timeline) != len(y.timeline):
         return f"the steps run {len(x.timeline)} and {len(y.timeline)} operators"
     if (a.work is None) != (b.work is None) or not np.array_equal(x.rates, y.rates):
@@ -215,23 +223,33 @@ class SymbolicStep:
     def disagreement(self, x: int, traced: StepRecord) -> str | None:
         """Where the step traced at `x` differs from what this symbolic step says of `x`, in
         one line; None when they are the same entry for entry."""
+        return self._difference(x, traced, sizes_only=False)
+
+    def size_disagreement(self, x: int, traced: StepRecord) -> str | None:
+        """Where the allocations of a step traced at `x` differ from what this symbolic step
+        says of `x`: the same allocations and frees, in order, each of the same bytes; None
+        when they agree. For a trace whose operators do not align (a first step that runs
+        one-off operators which allocate nothing logged): its sizes still check the fit."""
+        return self._difference(x, traced, sizes_only=True)
+
+    def _difference(self, x: int, traced: StepRecord, *, sizes_only: bool) -> str | None:
+        """The first way the step traced at `x` differs from this one's at `x`: in the event
+        log's structure (unless `sizes_only`, the operators' too), then in the first array of
+        `_COMPARED` (only the sizes, when `sizes_only`) with an entry that differs."""
         predicted = self.at(x)
         if predicted is None:
             degree = len(self.points) - 1
             return f"no whole-byte sizes at {x}: the sizes are not polynomials of degree {degree}"
-        mine, theirs = self._arrays[0], _arrays(traced)
-        why = _misaligned(predicted, traced, mine, theirs)
+        mine, theirs = _arrays(predicted), _arrays(traced)
+        why = (
+            _events_misaligned(mine, theirs)
+            if sizes_only
+            else _misaligned(predicted, traced, mine, theirs)
+        )
         if why is not None:
             return why
-        p = _arrays(predicted)
-        for name, what in (
-            ("sizes", "allocation"),
-            ("timeline", "live bytes after operator"),
-            ("categories", "breakdown after operator"),
-            ("flops", "FLOPs of operator"),
-            ("work_bytes", "bytes moved by operator"),
-        ):
-            left, right = getattr(p, name), getattr(theirs, name)
+        for name, what in _COMPARED[:1] if sizes_only else _COMPARED:
+            left, right = getattr(mine, name), getattr(theirs, name)
             if not np.array_equal(left, right):
                 i = int(np.argwhere(left != right)[0][0])
                 return (
@@ -239,23 +257,15 @@ class SymbolicStep:
                 )
         return None
 
-    def size_disagreement(self, x: int, traced: StepRecord) -> str | None:
-        """Where the allocations of a step traced at `x` differ from what this symbolic step
-        says of `x`: the same allocations and frees, in order, each of the same bytes; None
-        when they agree. For a trace whose operators do not align (a first step that runs
-        one-off operators which allocate nothing logged): its sizes still check the fit."""
-        predicted = self.at(x)
-        if predicted is None:
-            return f"no whole-byte sizes at {x}"
-        mine, theirs = _arrays(predicted), _arrays(traced)
-        if not np.array_equal(mine.kinds, theirs.kinds):
-            return f"the event logs differ in length or order at {x}"
-        if not np.array_equal(mine.targets, theirs.targets):
-            return f"the steps free their allocations in a different order at {x}"
-        if not np.array_equal(mine.sizes, theirs.sizes):
-            i = int(np.argwhere(mine.sizes != theirs.sizes)[0][0])
-            return f"allocation {i} differs at {x}: {mine.sizes[i]} predicted, {theirs.sizes[i]}"
-        return None
+
+_COMPARED = (
+    ("sizes", "allocation"),
+    ("timeline", "live bytes after operator"),
+    ("categories", "breakdown after operator"),
+    ("flops", "FLOPs of operator"),
+    ("work_bytes", "bytes moved by operator"),
+)
+"""The arrays a traced step and its replay must agree on, entry for entry (sizes first)."""
 
 
 def _events(arrays: _Arrays, sizes: np.ndarray, first: int) -> list[int | None]:
@@ -320,14 +330,17 @@ class Replays:
 
     def size_disagreement(self, value: int) -> str | None:
         """Where the allocations of the step traced at `value` differ from its replay."""
-        if self.step is None or value not in self.records:
-            return "nothing was fitted, or nothing traced there"
-        return self.step.size_disagreement(value, self.records[value])
+        return self._compared(value, SymbolicStep.size_disagreement)
 
     def disagreement(self, value: int) -> str | None:
         """Where the step traced at `value` differs from its replay; None when it does not."""
+        return self._compared(value, SymbolicStep.disagreement)
+
+    def _compared(
+        self, value: int, compare: Callable[[SymbolicStep, int, StepRecord], str | None]
+    ) -> str | None:
         if self.step is None:
             return "nothing was fitted"
         if value not in self.records:
             return f"the step at {value} left no record"
-        return self.step.disagreement(value, self.records[value])
+        return compare(self.step, value, self.records[value])

@@ -171,20 +171,21 @@ RATE_NONE, RATE_HALF, RATE_CONV_FP32, RATE_FP32 = range(4)
 class WorkCounter:
     """FLOPs, bytes moved and roofline seconds of every operator it is shown.
 
-    With `keep_ops`, it also keeps each operator's parts in order (`ops`): what the symbolic
-    sweep reads a step's work at another batch size from (memorymark/accounting/symbolic.py),
-    each operator's FLOPs and bytes being polynomials of the batch and its rate kind a constant.
+    With `ops` set to a list, it also keeps each operator's parts there, in order: what the
+    symbolic sweep reads a step's work at another batch size from
+    (memorymark/accounting/symbolic.py), each operator's FLOPs and bytes being polynomials of
+    the batch and its rate kind a constant.
     """
 
     __slots__ = ("roofline", "flops", "bytes_moved", "roofline_seconds", "ops", "_rates")
 
-    def __init__(self, roofline: Roofline, *, keep_ops: bool = False) -> None:
+    def __init__(self, roofline: Roofline) -> None:
         self.roofline = roofline
         self.flops = 0
         self.bytes_moved = 0
         self.roofline_seconds = 0.0
-        self.ops: list[OpWork] | None = [] if keep_ops else None
-        """(FLOPs, bytes moved, rate kind) of each operator added, when kept."""
+        self.ops: list[OpWork] | None = None
+        """(FLOPs, bytes moved, rate kind) of each operator added, when a list (kept)."""
         self._rates = (
             0.0,
             roofline.half_flops_per_s,

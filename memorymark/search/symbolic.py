@@ -23,6 +23,7 @@ from typing import Protocol
 
 from memorymark.measurement import Measurement
 from memorymark.search.strategies import FastStrategy
+from memorymark.search.sweep import best_fit
 
 
 class Replayer(Protocol):
@@ -134,7 +135,8 @@ class SymbolicStrategy(FastStrategy):
         if replays is None:
             yield from self._traced(*self._bounds(self._fits))
             return
-        best = self._best(replays)
+        answer_so_far = best_fit([*self.results.values(), *replays.values()])
+        best = answer_so_far.batch_size if answer_so_far is not None else 0
         if odd is not None and best not in replays:
             why = self.replayer.size_disagreement(odd)
             if why is None:
@@ -190,13 +192,6 @@ class SymbolicStrategy(FastStrategy):
                 replays[batch_size] = m
             inner.observe(m)
         return replays
-
-    def _best(self, replays: dict[int, Measurement]) -> int:
-        """The recommended batch over what was traced and replayed (0: none fits)."""
-        known = {**self.results, **replays}
-        ceiling = min((b for b in known if not known[b].fits), default=None)
-        fitting = (b for b in known if known[b].fits and (ceiling is None or b < ceiling))
-        return max(fitting, default=0)
 
     def _traced(self, lo: int, hi: int | None) -> Iterator[int]:
         """Go on as the fast strategy, every probe traced, from the boundary known so far."""

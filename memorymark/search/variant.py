@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from memorymark.accounting.symbolic import Replays
+from memorymark.accounting.symbolic import Replays, StepRecord
 from memorymark.measurement import Measurement
 from memorymark.settings import Settings
 
@@ -48,7 +48,7 @@ class VariantMeasurer:
         (memorymark/accounting/symbolic.py `Replays`); call before the first probe."""
         self._backend.keep_records()
 
-        def at(value: int, record: Any) -> Measurement:
+        def at(value: int, record: StepRecord) -> Measurement:
             measurement = self._backend.measurement_of(self.batch_size, record)
             self.probes[value] = self.kept(measurement)
             return self.relabelled(measurement, value)
