@@ -111,7 +111,10 @@ def local_service(
 ) -> SweepService:
     """A pool of worker processes on this machine (one per core by default)."""
     pool = WorkerPool(
-        workers, memory_limit_bytes=memory_limit_bytes, preload=PRELOAD if preload else ()
+        workers,
+        memory_limit_bytes=memory_limit_bytes,
+        preload=PRELOAD if preload else (),
+        ready_check=questions.autograd_runs,
     )
     note = ""
     if memory_limit_bytes is not None:
@@ -127,7 +130,10 @@ def local_service(
         memory_note=note,
         probe_executor=WorkerPool(1, start_method="spawn"),
         question_executor=WorkerPool(
-            1, memory_limit_bytes=memory_limit_bytes, preload=PRELOAD if preload else ()
+            1,
+            memory_limit_bytes=memory_limit_bytes,
+            preload=PRELOAD if preload else (),
+            ready_check=questions.autograd_runs,
         ),
     )
 

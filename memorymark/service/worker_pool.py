@@ -34,6 +34,13 @@ class WorkerDied(RuntimeError):
     """A worker process that ended without an answer (killed, crashed, out of memory)."""
 
 
+FORKED_AUTOGRAD = "autograd's threading in combination with fork-based multiprocessing"
+"""What a forked process's first backward raises when its parent had started autograd's device
+threads (torch/csrc/autograd/engine.cpp, `in_bad_autograd_fork`). The warm-up never runs a
+backward (memorymark/service/warmup.py); should a preloaded module ever start those threads
+anyway, every forked worker is dead on arrival, so the pool moves to spawned workers."""
+
+
 def default_workers() -> int:
     """One job per core: a simulated step is single-threaded Python (fake tensors do no
     arithmetic), and the server itself mostly sleeps between polls, so holding a core back for
@@ -91,9 +98,13 @@ def _child_main(
     kwargs: dict[str, Any],
     conn: Connection,
     limit_bytes: int | None,
+    ready_check: Callable[[], None] | None = None,
 ) -> None:
-    """Run one job in the worker process and send back ("ok", value) or ("error", exception)."""
+    """Run one job in the worker process and send back ("ok", value) or ("error", exception).
+    `ready_check` runs first: what it raises goes back as the job's error."""
     try:
+        if ready_check is not None:
+            ready_check()
         limit_memory(limit_bytes)
         message: tuple[str, Any] = ("ok", fn(*args, **kwargs))
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the submitter
@@ -111,6 +122,7 @@ class _Job:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    respawned: bool = False
     process: Any = None
     conn: Connection | None = None
     watcher: threading.Thread | None = field(default=None, repr=False)
@@ -148,7 +160,9 @@ class WorkerPool(cf.Executor):
     """At most `max_workers` jobs at once, each in its own process; see the module docstring.
 
     `memory_limit_bytes` caps what each job may allocate beyond the preloaded libraries;
-    `preload` names modules the forkserver imports once, so each job starts with them loaded.
+    `preload` names modules the forkserver imports once, so each job starts with them loaded;
+    `ready_check` (picklable) runs in each worker before its job, and a worker it finds forked
+    after autograd started threads (`FORKED_AUTOGRAD`) moves the pool to spawned workers.
     A job's future stays pending while it runs (so `cancel()` works until it ends)."""
 
     def __init__(
@@ -158,11 +172,13 @@ class WorkerPool(cf.Executor):
         memory_limit_bytes: int | None = None,
         preload: Sequence[str] = (),
         start_method: str | None = None,
+        ready_check: Callable[[], None] | None = None,
     ) -> None:
         self.max_workers = max_workers or default_workers()
         if self.max_workers < 1:
             raise ValueError("a worker pool needs at least one worker")
         self.memory_limit_bytes = memory_limit_bytes
+        self._ready_check = ready_check
         _start_without_main()
         methods = multiprocessing.get_all_start_methods()
         method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
@@ -248,7 +264,14 @@ class WorkerPool(cf.Executor):
         reader, writer = self._ctx.Pipe(duplex=False)
         process = self._ctx.Process(
             target=_child_main,
-            args=(job.fn, job.args, job.kwargs, writer, self.memory_limit_bytes),
+            args=(
+                job.fn,
+                job.args,
+                job.kwargs,
+                writer,
+                self.memory_limit_bytes,
+                self._ready_check,
+            ),
             name=WORKER_NAME,
             daemon=True,
         )
@@ -281,11 +304,28 @@ class WorkerPool(cf.Executor):
             message = None
         job.process.join()
         job.conn.close()
+        if self._forked_autograd(job, message):
+            threading.Thread(target=self._start, args=(job,), daemon=True).start()
+            return
         with self._lock:
             self._running.pop(job.future, None)
         if not job.future.done():
             self._settle(job, message)
         self._dispatch()
+
+    def _forked_autograd(self, job: _Job, message: tuple[str, Any] | None) -> bool:
+        """True when `job` failed only because its process was forked after autograd started
+        threads (`FORKED_AUTOGRAD`): the pool then starts every later job, this one included
+        (once, in the slot it holds), by spawning a fresh interpreter instead."""
+        failed_on_fork = (
+            message is not None and message[0] == "error" and FORKED_AUTOGRAD in str(message[1])
+        )
+        if not failed_on_fork or job.respawned or job.future.done():
+            return False
+        with self._lock:
+            self._ctx = multiprocessing.get_context("spawn")
+        job.respawned = True
+        return True
 
     def _settle(self, job: _Job, message: tuple[str, Any] | None) -> None:
         try:
