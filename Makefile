@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench browser-deps clean
+.PHONY: run test test-hosted lint bench browser-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,16 +16,38 @@ $(VENV)/.app-installed: requirements.txt pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
-$(VENV)/.dev-installed: requirements.txt requirements-dev.txt pyproject.toml | $(BIN)/python
+# The tests' extras go on top of the app's install, never beside it: requirements-dev.txt names
+# no torch, so `make test` runs on the very torch `make run` installed (the one a new user gets)
+# and never replaces it.
+$(VENV)/.dev-installed: $(VENV)/.app-installed requirements-dev.txt
 	$(BIN)/pip install -q -r requirements-dev.txt
-	$(BIN)/pip install -q --no-deps -e .
-	touch $@ $(VENV)/.app-installed
+	touch $@
 
 run: $(VENV)/.app-installed  ## the app on http://localhost:8501
 	$(BIN)/streamlit run app.py
 
 test: $(VENV)/.dev-installed browser-deps  ## the whole test suite, browser test included
+	$(BIN)/python -c 'import torch; print("torch", torch.__version__)'
 	$(BIN)/python -m pytest
+
+# A hosted server installs PyTorch's CPU build of the release hosted/requirements.txt pins, not
+# the newest: the tests of the worker pool, the engine and hosting run on it too, in a venv of
+# its own. PyTorch's CPU index is tried once, briefly: where it cannot be reached, pip's other
+# sources stand in for it (on this project's machines, a local file of that CPU build).
+HOSTED_VENV := .venv-hosted
+HOSTED_TESTS := tests/test_worker_warmup.py tests/test_hosting.py tests/test_engine.py \
+	tests/test_cuda_rules.py tests/test_versions.py tests/test_symbolic.py
+
+$(HOSTED_VENV)/.installed: hosted/requirements.txt requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(HOSTED_VENV)
+	cd hosted && PIP_RETRIES=0 PIP_TIMEOUT=10 PIP_DEFAULT_TIMEOUT=10 ../$(HOSTED_VENV)/bin/pip install -q \
+	  -r requirements.txt -r ../requirements-dev.txt
+	$(HOSTED_VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+test-hosted: $(HOSTED_VENV)/.installed  ## the hosted torch's tests (worker pool, engine, hosting)
+	$(HOSTED_VENV)/bin/python -c 'import torch; print("torch", torch.__version__)'
+	$(HOSTED_VENV)/bin/python -m pytest -p no:cacheprovider $(HOSTED_TESTS)
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check .
@@ -45,4 +67,4 @@ browser-deps:
 	  else echo "chromium not found: the browser test will be skipped"; fi; }
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(HOSTED_VENV) .pytest_cache .ruff_cache

@@ -32,16 +32,27 @@ def test_the_package_asks_for_what_requirements_txt_asks_for() -> None:
     assert sorted(project["dependencies"]) == sorted(requirement_lines(ROOT / "requirements.txt"))
 
 
-def test_the_hosted_requirements_take_cpu_torch_of_the_tested_release() -> None:
+def test_the_hosted_requirements_take_cpu_torch_of_a_supported_release() -> None:
     hosted = (ROOT / "hosted" / "requirements.txt").read_text()
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in hosted
     included = re.search(r"^-r (\S+)$", hosted, re.M)
     assert included and (ROOT / "hosted" / included.group(1)).resolve() == (
         ROOT / "requirements.txt"
     )
-    tested = [r for r in requirement_lines(ROOT / "requirements-dev.txt") if r.startswith("torch")]
     hosted_torch = [r for r in requirement_lines(ROOT / "hosted" / "requirements.txt")]
-    assert hosted_torch == tested == ["torch==2.13.0"]
+    assert hosted_torch == ["torch==2.13.0"]
+    supported = [r for r in requirement_lines(ROOT / "requirements.txt") if r.startswith("torch")]
+    assert supported == ["torch>=2.5,<2.15"]  # 2.13.0 inside it
+
+
+def test_the_tests_run_on_the_torch_the_app_installs() -> None:
+    # One venv for `make run` and `make test`: the tests' requirements add no torch of their own
+    # (a pin there replaced the app's CUDA torch with a CPU build, without a word).
+    dev = requirement_lines(ROOT / "requirements-dev.txt")
+    assert not [r for r in dev if re.match(r"torch\b", r)]
+    assert "-r requirements.txt" in (ROOT / "requirements-dev.txt").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    assert "$(VENV)/.dev-installed: $(VENV)/.app-installed" in makefile
 
 
 def test_the_dockerfile_installs_the_hosted_requirements_and_turns_hosting_on() -> None:
