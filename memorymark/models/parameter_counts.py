@@ -4,8 +4,8 @@ Counting a model means building it (on the meta device: no memory, but torch and
 load, about 20 s on a 2-core machine before the first count). `memorymark models` and the app's
 model box only show the figure, so the catalog's counts are kept here, per (key, task): each task
 has its own head (a causal LM's output layer, a classifier's two labels). Counted with
-transformers 5.24.0 and torch 2.13.0 by `python -m memorymark.models.parameter_counts`, which
-prints the table again after an upgrade; tests/test_cli_catalogs.py rebuilds a sample of
+transformers 5.24.0 and torch 2.13.0 by `python benchmarks/parameter_counts.py`, which prints
+the table again after an upgrade; tests/test_cli_catalogs.py rebuilds a sample of
 them and checks each against this table.
 Must not know how a model is built: that is memorymark/models/catalog.py's.
 """
@@ -50,17 +50,3 @@ PARAMETERS: dict[tuple[str, str], int] = {
     ("tiny-resnet", "image-classification"): 3_602,
 }
 """Parameters of each catalog model (key, task), all of them trainable in a full fine-tune."""
-
-
-def _print_table() -> None:
-    """Count every catalog model for every task by building it, and print the table above."""
-    from memorymark import models
-
-    for entry in models.CATALOG:
-        for task in entry.tasks:
-            count = models.count_parameters(entry, task)
-            print(f'    ("{entry.key}", "{task}"): {count:_},')
-
-
-if __name__ == "__main__":
-    _print_table()
