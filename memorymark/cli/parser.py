@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from memorymark import models
@@ -207,7 +208,9 @@ def _model_spec(args: argparse.Namespace) -> str | None:
     if args.config_file and args.model:
         raise ValueError("give either MODEL or --config-file, not both")
     if args.config_file:
-        return f"file:{args.config_file}"
+        # Absolute: the run is saved with its model name, and read back from elsewhere (the
+        # app's History page, `history show` in another folder).
+        return f"file:{Path(args.config_file).expanduser().absolute()}"
     if not args.model:
         raise ValueError("which model? give MODEL (see `memorymark models`) or --config-file PATH")
     return args.model
