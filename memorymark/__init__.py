@@ -14,6 +14,9 @@ Streamlit.
     True
 """
 
+# First: it filters a bitsandbytes import notice before anything can import bitsandbytes (peft,
+# transformers' Trainer, the engine's quantization), see memorymark/step/quantization.py.
+from memorymark.step import quantization as _quantization  # noqa: F401  # isort: skip
 from memorymark.engine import Session
 from memorymark.measurement import Measurement
 from memorymark.report import Report

@@ -68,10 +68,12 @@ with history_views.open_history() as db:
             db.delete(picked)
             st.session_state.pop(PICK_KEY, None)
             st.rerun()
-    reports, errors = history_views.reopen(db, picked)
+    reports, errors, notes = history_views.reopen(db, picked)
 
 for error in errors:
     st.warning(f"Cannot reopen {escape(error, every_punctuation=True)}")
+for note in notes:
+    st.info(escape(note, every_punctuation=True))
 if len(reports) >= 2:
     overlay = [
         (f"#{run_id} {report.settings.model} on {report.gpu.name}", report)

@@ -159,3 +159,32 @@ def test_a_hosted_server_gives_each_visitor_a_history_of_their_own(fake, monkeyp
     for at in (first, second):
         assert not any("Database" in c.value for c in at.caption)
         assert not any(str(History().path) in e.value for e in at.get("markdown"))
+
+
+@pytest.mark.usefixtures("any_config_path")
+def test_a_cli_config_file_run_reopens_on_the_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The app reads configs only from its upload folder; a run saved by `memorymark analyze
+    --config-file` names a file outside it, and reopens from the copy saved with it."""
+    from config_samples import TINY_BERT
+
+    from memorymark.models import sources
+    from memorymark.ui import model_inputs
+
+    config = tmp_path / "cli" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(TINY_BERT))
+    report = dataclasses.replace(sample_report(), settings=Settings(model=f"file:{config}"))
+    with History() as h:
+        run_id = h.save(report, source="cli")
+    uploads = tmp_path / "uploads"
+    monkeypatch.setattr(model_inputs, "UPLOAD_DIR", uploads)
+    sources.restrict_config_files(uploads)  # as the app does; the fixture lifts it again
+    at = page()
+    at.multiselect(key="mm_history_pick").set_value([run_id]).run()
+    assert not at.exception and not at.warning
+    assert metrics(at)["Optimal batch size"] == "192"
+    [note] = [shown(i.value) for i in at.info]
+    assert note.startswith(f"Run {run_id}: {config} is not readable here: this run reopened")
+    assert str(uploads) in note

@@ -174,6 +174,17 @@ def test_every_cli_option_appears_in_the_readme():
                     assert flag in reference, f"{name} {flag} is not in docs/cli.md"
 
 
+def test_the_readme_and_the_reference_count_the_commands_help_lists():
+    parser = build_parser()
+    names = list(next(a for a in parser._actions if a.dest == "command").choices)
+    count = {7: "seven", 8: "eight", 9: "nine", 10: "ten"}[len(names)]
+    readme = (ROOT / "README.md").read_text()
+    reference = " ".join((ROOT / "docs" / "cli.md").read_text().split())
+    assert f"`memorymark --help` lists {count} commands" in readme
+    listed = ", ".join(f"`{n}`" for n in names[:-1]) + f" and `{names[-1]}`"
+    assert f"`memorymark` has {count} commands: {listed}." in reference
+
+
 @pytest.mark.parametrize(
     "settings",
     [

@@ -203,17 +203,25 @@ def test_a_history_that_cannot_be_written_warns_and_keeps_the_answer(
 
 
 @pytest.mark.usefixtures("any_config_path")
-def test_a_run_whose_config_file_is_gone_still_shows_as_json(capsys, tmp_path: Path) -> None:
+def test_an_older_run_whose_config_file_is_gone_still_shows_as_json(capsys, tmp_path: Path) -> None:
     from config_samples import TINY_BERT
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY_BERT))
     report = dataclasses.replace(sample_report(), settings=Settings(model=f"file:{config}"))
     run_id = history.save(report)
+    with History() as h:  # as a run saved before runs kept a copy of their config
+        record = json.loads(
+            h.conn.execute("SELECT record_json FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
+        )
+        del record["config_file"]
+        h.conn.execute("UPDATE runs SET record_json = ? WHERE id = ?", (json.dumps(record), run_id))
+        h.conn.commit()
     config.unlink()
     sources.from_config_file.cache_clear()  # as a new process would find it: gone
     status, _, err = run_cli(capsys, "history", "show", str(run_id))
     assert status == 2 and len(err.strip().splitlines()) == 1
-    assert "cannot be read back" in err and f"history show {run_id} --json" in err
+    assert "cannot be read back" in err and "put the file back" in err
+    assert f"history show {run_id} --json" in err
     status, out, _ = run_cli(capsys, "history", "show", str(run_id), "--json")
     assert status == 0 and json.loads(out)["report"]["optimal_batch_size"] == 192

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memorymark import gpus, history, models
+from memorymark import gpus, history
 from memorymark.backends.oom import StepError
 from memorymark.calibration import record
 from memorymark.calibration import run as calibration
@@ -37,12 +37,8 @@ __all__ = ["NoGpuError", "StepError", "run"]
 
 
 def run(args: argparse.Namespace, settings: Settings | None) -> int:
-    """Dispatch one parsed command, with the Settings its flags describe (None for the catalog
-    and calibration commands); returns the exit status."""
-    if args.command == "models":
-        return _models(args)
-    if args.command == "gpus":
-        return _gpus(args)
+    """Dispatch one parsed command, with the Settings its flags describe (None for
+    `calibrate`); returns the exit status. `models` and `gpus` are memorymark/cli/catalogs.py's."""
     if args.command == "calibrate":
         return _calibrate(args)
     assert settings is not None
@@ -181,29 +177,6 @@ def _find_seq_len(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _models(args: argparse.Namespace) -> int:
-    rows = [
-        {
-            "key": e.key,
-            "name": e.display_name,
-            "default_task": e.default_task,
-            "tasks": list(e.tasks),
-            "parameters": models.parameter_count(e),
-            "max_positions": e.max_positions,
-        }
-        for e in models.CATALOG
-    ]
-    if args.json:
-        render.print_json(rows)
-        return 0
-    for row in rows:
-        print(
-            f"{row['key']:<14} {row['name']:<34} {row['parameters'] / 1e6:9.1f}M  "
-            f"{row['default_task']}"
-        )
-    return 0
-
-
 def _compare(args: argparse.Namespace, settings: Settings) -> int:
     session = Session(settings)
     rows, probes = session.compare(Costs(hours_per_run=args.hours_per_run))
@@ -227,32 +200,6 @@ def _compare(args: argparse.Namespace, settings: Settings) -> int:
         f"{session.gpu.name}"
     )
     return 0
-
-
-def _gpus(args: argparse.Namespace) -> int:
-    rows = gpu_table()
-    if args.json:
-        render.print_json(rows)
-        return 0
-    print("Peak dense TFLOP/s from datasheets; TF32 estimated as half of fp16 (Ampere and newer).")
-    print(
-        f"{'GPU':<12} {'total GiB':>9} {'usable GiB':>10} {'$/hour':>7} {'bf16':>7} {'fp16':>7} "
-        f"{'tf32':>7} {'fp32':>7} {'GB/s':>6}"
-    )
-    for row in rows:
-        rates = (row[k] for k in ("bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops"))
-        print(
-            f"{row['name']:<12} {row['total_gb']:>9} {row['usable_gb']:>10} "
-            f"{row['usd_per_hour']:>7} {' '.join(f'{_rate(r):>7}' for r in rates)} "
-            f"{row['bandwidth_gb_per_s']:>6}"
-        )
-    print("—: the GPU has no such tensor cores (bf16 and TF32 need compute capability 8.0).")
-    return 0
-
-
-def _rate(tflops: float | None) -> str:
-    """A peak rate for the `gpus` table: `—` where the GPU has none (no bf16 before Ampere)."""
-    return "—" if tflops is None else f"{tflops:g}"
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -287,25 +234,3 @@ def _calibrate(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {csv_path} and {json_path}")
     return 0
-
-
-def gpu_table() -> list[dict[str, Any]]:
-    """The GPU catalog as rows (for `gpus`)."""
-    return [
-        {
-            "name": g.name,
-            "total_gb": round(g.total_gib, 2),
-            "usable_gb": round(g.usable_gib, 2),
-            "usd_per_hour": g.usd_per_hour,
-            "bf16_tflops": g.bf16_tflops,  # null: no bf16 (compute capability below 8.0)
-            "fp16_tflops": g.half_tflops,
-            "tf32_tflops": None if g.tf32_tflops is None else round(g.tf32_tflops, 2),
-            "fp32_tflops": g.fp32_tflops,
-            "bandwidth_gb_per_s": round(g.memory_bandwidth_bytes_per_s / 1e9),
-            # One direction, per GPU: NVLink or PCIe inside a node, the network between nodes.
-            "intra_node_gb_per_s": round(g.intra_node_bytes_per_s / 1e9, 2),
-            "inter_node_gb_per_s": round(g.inter_node_bytes_per_s / 1e9, 2),
-            "aliases": g.aliases,
-        }
-        for g in gpus.CATALOG
-    ]

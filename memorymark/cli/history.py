@@ -104,12 +104,14 @@ def _show(history: History, args: argparse.Namespace) -> int:
         render.print_json(run.to_dict())
         return 0
     try:
-        report = run.report()
+        report, note = run.reopen()
     except ValueError as exc:
         raise ValueError(f"run {run.id}: {exc} (`history show {run.id} --json` prints what was "
                          "saved)") from None  # fmt: skip
     print(f"run {run.id}, saved by {run.summary.source}: {render.environment_line(report)}")
     print(f"$ {run.summary.command_line}")
+    if note:
+        print(f"note: {note}")
     gpu = report.gpu
     print(render.header_line(report.settings.model, gpu, report.backend, report.memory_source))
     for m in report.measurements:

@@ -11,10 +11,11 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from memorymark import models
-from memorymark.cli import history, setting_flags
+from memorymark.cli import catalogs, history, setting_flags
 from memorymark.cli.arg_types import batch_size, number, positive_whole_number, whole_number
 from memorymark.history.db_file import HistoryError
 from memorymark.settings import FIELD_NAMES, Costs, Settings, choices
@@ -207,7 +208,9 @@ def _model_spec(args: argparse.Namespace) -> str | None:
     if args.config_file and args.model:
         raise ValueError("give either MODEL or --config-file, not both")
     if args.config_file:
-        return f"file:{args.config_file}"
+        # Absolute: the run is saved with its model name, and read back from elsewhere (the
+        # app's History page, `history show` in another folder).
+        return f"file:{Path(args.config_file).expanduser().absolute()}"
     if not args.model:
         raise ValueError("which model? give MODEL (see `memorymark models`) or --config-file PATH")
     return args.model
@@ -233,11 +236,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return history.run(args)
         except (ValueError, HistoryError) as exc:
             return _fail(str(exc), EXIT_BAD_INPUT)
+    if args.command in ("models", "gpus"):  # static lists: no engine, no torch
+        return catalogs.run(args)
     from memorymark.cli import commands  # the engine (and torch) load only for a real command
 
     try:
-        # Catalog and calibration commands take no model; every other one trains one.
-        takes_settings = args.command not in ("models", "gpus", "calibrate")
+        # Calibration takes no model; every other command trains one.
+        takes_settings = args.command != "calibrate"
         return commands.run(args, settings_from_args(args) if takes_settings else None)
     except ValueError as exc:  # bad settings, unknown model or GPU
         return _fail(str(exc), EXIT_BAD_INPUT)

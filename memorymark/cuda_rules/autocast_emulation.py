@@ -13,7 +13,9 @@ activation-checkpoint recomputation (which restores that state), behave as on CU
 cover keep CPU's kernel: the policy is the same, except `prod` (CPU fp32, CUDA fp32_set_opt_dtype:
 the same output dtype), `grid_sampler` (CPU fp32, CUDA promote) and `binary_cross_entropy` (CPU
 fp32, CUDA refuses it); ops only CPU casts (3-D pooling, padding, FFT, `cat`/`stack` promotion)
-keep CPU's cast. None of these is in the catalog's models.
+keep CPU's cast. None of these is in the catalog's models. An op a newer PyTorch autocasts on
+CUDA by a policy not listed in `autocast_lists` runs uncast, with one warning when a step calls
+it (not at registration: most steps never call it).
 
 The kernels are registered once per process. Outside `emulated()`, and in any other thread, they
 redispatch unchanged, which is what the fallthrough they stand in for does.
@@ -37,6 +39,7 @@ from memorymark.cuda_rules.autocast_lists import (
     APPEND_TARGET,
     FP32,
     LOWER,
+    NEWER_POLICIES,
     NOT_EMULATED,
     OLDER_POLICIES,
     POLICIES,
@@ -49,6 +52,8 @@ _lock = threading.Lock()
 _library: torch.library.Library | None = None
 _registered: tuple[str, ...] = ()
 _unavailable = False
+_warned: set[str] = set()
+"""Ops of unknown policy a step has called, each warned about once per process."""
 
 
 def _emulating() -> bool:
@@ -107,20 +112,12 @@ def _register() -> bool:
 
 
 def _register_kernels() -> tuple[torch.library.Library, tuple[str, ...]]:
-    policies = {**OLDER_POLICIES, **POLICIES}
+    policies = {**OLDER_POLICIES, **POLICIES, **NEWER_POLICIES}
     known = set(policies) | NOT_EMULATED
     # Only aten's lists: an extension's ops (torchvision::nms...) register their own autocast
     # kernels for CPU as for CUDA, and no catalog model calls them.
     registered = _registrations("AutocastCUDA")
     on_cuda = {r.removeprefix("aten::") for r in registered if r.startswith("aten::")}
-    unknown = sorted(on_cuda - known)
-    if unknown:
-        warnings.warn(
-            f"PyTorch {torch.__version__} autocasts ops on CUDA whose policy the simulation does "
-            f"not know; they run uncast: {', '.join(unknown)}",
-            RuntimeWarning,
-            stacklevel=4,
-        )
     library = torch.library.Library("aten", "IMPL")
     ops = []
     for name, policy in policies.items():
@@ -130,7 +127,38 @@ def _register_kernels() -> tuple[torch.library.Library, tuple[str, ...]]:
         if kernel is not None:
             library.impl(name, kernel, "AutocastCPU")
             ops.append(name)
+    # A newer PyTorch autocasts ops whose CUDA policy is not listed here. Most steps never call
+    # them, so a warning at registration would be noise on every run: the warning comes when a
+    # step does call one that runs uncast (no CPU autocast kernel either).
+    for name in sorted(on_cuda - known):
+        kernel = None if _has_cpu_kernel(name) else _unknown_policy_kernel(name)
+        if kernel is not None:
+            library.impl(name, kernel, "AutocastCPU")
     return library, tuple(ops)
+
+
+def _unknown_policy_kernel(name: str) -> Callable[..., Any] | None:
+    """A kernel for an op CUDA autocasts by a policy not listed here: it runs the op uncast, as
+    the fallthrough it stands in for does, and warns once when a step calls it emulated."""
+    overload = _overload(name)
+    if overload is None:
+        return None
+    exclude = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        with torch._C._ExcludeDispatchKeyGuard(exclude):
+            if _emulating() and name not in _warned:
+                _warned.add(name)
+                warnings.warn(
+                    f"the step calls {name}, which PyTorch {torch.__version__} autocasts on CUDA "
+                    "by a policy the simulation does not know; it ran uncast, so its outputs' "
+                    "dtype (and memory) may differ on the GPU",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return overload(*args, **kwargs)
+
+    return kernel
 
 
 def _registrations(key: str) -> list[str]:

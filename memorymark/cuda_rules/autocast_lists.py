@@ -84,3 +84,9 @@ OLDER_POLICIES: dict[str, str] = {
 """Overloads older releases autocast on CUDA and 2.13 no longer registers: the named-tensor
 overloads, with the policy of their positional twins (seen registered by PyTorch 2.11.0+cu130
 on an H100; autocast_mode.cpp of that release lists them beside those twins)."""
+
+NEWER_POLICIES: dict[str, str] = {"linalg_matrix_sqrth": FP32}
+"""Ops newer releases autocast on CUDA that 2.13 has not got. `linalg_matrix_sqrth` (new in
+2.14): PyTorch 2.14.1+cu130 registers it for AutocastCUDA and AutocastCPU alike, and both run it
+in fp32 (seen 2026-11-27 by calling it under each autocast in bf16, CUDA's on fake CUDA tensors),
+so CPU's own kernel already follows CUDA's policy."""

@@ -3,9 +3,10 @@
 Owns what a saved run holds and how it is found: its settings (`Settings.to_dict`), costs, the
 environment stamp (versions, backend, device, time), every probe as a row, the `analyze --json`
 report, and the full record that reopens it as a `Report` without re-running anything
-(memorymark/reporting/record.py). The CLI (`memorymark history ...`, and `analyze`, which saves
-each finished run unless `--no-save`) and the app (its History page, and the main page, which
-saves each finished analysis) both come through here. Where the file lives and how it is
+(memorymark/reporting/record.py), with a copy of a `file:` model's config (`configs`). The
+CLI (`memorymark history ...`, and `analyze`, which saves each finished run unless `--no-save`)
+and the app (its History page, and the main page, which saves each finished analysis) both come
+through here. Where the file lives and how it is
 opened safely by several processes at once is memorymark/history/db_file.py's job.
 
 Imports no torch and no Streamlit. Saving can be turned off for a whole server or shell with
@@ -32,6 +33,7 @@ from typing import Any
 
 from memorymark import gpus
 from memorymark.environment import stamp as make_stamp
+from memorymark.history import configs
 from memorymark.history.db_file import (
     HistoryError,
     connect,
@@ -154,9 +156,25 @@ class SavedRun:
     def id(self) -> int:
         return self.summary.id
 
-    def report(self) -> Report:
+    def report(self, config_folder: Path | None = None) -> Report:
         """The Report, rebuilt without a re-run (ValueError when it cannot be)."""
-        return record_to_report(self.record)
+        return self.reopen(config_folder)[0]
+
+    def reopen(self, config_folder: Path | None = None) -> tuple[Report, str]:
+        """The Report, and a line when it reopened with the copy of its config kept with the
+        run ("" otherwise): a `file:` run's config is written back under `config_folder` (a
+        folder this process reads configs from) when the file is gone, changed or not readable
+        here (memorymark/history/configs.py). ValueError, one line, when it cannot reopen."""
+        record, note = configs.readable(self.record, config_folder)
+        try:
+            return record_to_report(record), note
+        except ValueError as exc:
+            if configs.RECORD_KEY in record or not self.summary.model.startswith("file:"):
+                raise
+            raise ValueError(
+                f"{exc}; this run was saved before runs kept a copy of their config: put the "
+                f"file back, or see it with `memorymark history show {self.id} --json`"
+            ) from None
 
     def to_dict(self) -> dict[str, Any]:
         """`history show --json`: the summary, then what was saved with it."""
@@ -373,8 +391,15 @@ def _run_row(report: Report, source: str, data: dict[str, Any] | None) -> dict[s
         "costs_json": json.dumps(report.costs.to_dict()),
         "environment_json": json.dumps(env.to_dict()),
         "report_json": json.dumps(report_to_dict(report) if data is None else data),
-        "record_json": json.dumps(report_to_record(report)),
+        "record_json": json.dumps(_record(report)),
     }
+
+
+def _record(report: Report) -> dict[str, Any]:
+    """The record that reopens `report`, with a copy of a `file:` model's config."""
+    record = report_to_record(report)
+    copy = configs.copy_of(report.settings.model)
+    return record if copy is None else {**record, configs.RECORD_KEY: copy}
 
 
 def save(

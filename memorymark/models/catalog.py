@@ -27,6 +27,7 @@ from memorymark.models.entry import (
     TEXT_CLASSIFIERS,
     ModelEntry,
 )
+from memorymark.models.parameter_counts import PARAMETERS
 
 if TYPE_CHECKING:
     from torch import nn
@@ -362,7 +363,17 @@ def build_model(
 
 
 def parameter_count(entry: ModelEntry, task: str | None = None) -> int:
-    """Parameters of the model, counted on the meta device (no memory, well under a second)."""
+    """Parameters of the model: the shipped count for a catalog model (no torch), otherwise
+    counted by building it (`count_parameters`)."""
+    task = task or entry.default_task
+    if entry.source == "catalog" and (entry.key, task) in PARAMETERS:
+        return PARAMETERS[(entry.key, task)]
+    return count_parameters(entry, task)
+
+
+def count_parameters(entry: ModelEntry, task: str | None = None) -> int:
+    """Parameters of the model, counted on the meta device (no memory, but torch and
+    transformers load: seconds before the first count)."""
     import torch
 
     with torch.device("meta"):

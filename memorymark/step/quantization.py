@@ -30,10 +30,29 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-# bitsandbytes logs, at import (which peft triggers too), that a CPU-only inference kernel is
-# missing, and for each int8 matmul that inputs are cast to fp16: neither says anything about
-# the GPU step simulated.
-logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+class _NoCpuKernelNotice(logging.Filter):
+    """Drops one bitsandbytes notice, and only that one: on a CPU with AVX512-BF16, importing
+    bitsandbytes (which `import peft` and transformers' Trainer do) tries to download a CPU 4-bit
+    inference kernel from the hub and logs "Failed to load CPU gemm_4bit_forward from
+    kernels-community: ..." when it cannot (bitsandbytes 0.50 backends/cpu/ops.py). It printed on
+    every command, yet says nothing about the step sized: the simulation never runs bitsandbytes'
+    CPU kernels, and without that kernel bitsandbytes' own CPU path still computes the same
+    result. Every other record of that logger passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(CPU_KERNEL_NOTICE)
+
+
+CPU_KERNEL_NOTICE = "Failed to load CPU gemm_4bit_forward"
+"""The start of the notice `_NoCpuKernelNotice` drops (bitsandbytes 0.50 backends/cpu/ops.py)."""
+
+# Attached when this module is imported, which memorymark/__init__.py does first of all so the
+# filter is in place before anything imports bitsandbytes (the logger object is the same before
+# and after bitsandbytes creates it).
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_NoCpuKernelNotice())
+# For each int8 matmul bitsandbytes warns that inputs are cast to fp16: that is the simulated
+# LLM.int8() step working as designed, once per layer per step.
 logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
 
 METHODS = ("none", "nf4", "fp4", "int8")

@@ -4,8 +4,9 @@ Owns when the main page saves (once per finished sweep, unless the user or the s
 saving off), which history a session sees (on a hosted server, `MEMORYMARK_HOSTED`, each browser
 session has its own, in memory: no visitor sees another's runs or a path on the server), the run
 table's columns (each memory figure says measured or simulated), the labels runs are picked by,
-and reopening saved runs as Reports. Reading and writing the
-database is memorymark/history/store.py's; drawing a reopened report is `views` and `results`'.
+and reopening saved runs as Reports (a `file:` run's saved config written where this app reads
+configs). Reading and writing the database is memorymark/history/store.py's; drawing a reopened
+report is `views` and `results`'.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from memorymark.history import History, HistoryError, RunSummary
 from memorymark.report import Report
 from memorymark.reporting.markdown import escape
 from memorymark.settings import Costs
-from memorymark.ui import sweep_runner
+from memorymark.ui import model_inputs, sweep_runner
 from memorymark.ui.sweep_runner import SweepJob
 from memorymark.units import gib
 
@@ -125,12 +126,21 @@ def run_rows(runs: Sequence[RunSummary]) -> list[dict[str, Any]]:
     ]
 
 
-def reopen(history_db: History, run_ids: Sequence[int]) -> tuple[dict[int, Report], list[str]]:
-    """The saved Reports of `run_ids` (no re-run), and one line for each that cannot reopen."""
-    reports, errors = {}, []
+def reopen(
+    history_db: History, run_ids: Sequence[int]
+) -> tuple[dict[int, Report], list[str], list[str]]:
+    """The saved Reports of `run_ids` (no re-run), one line for each that cannot reopen, and
+    one for each that reopened with the copy of its config saved with it: this app reads config
+    files only from its upload folder, so a CLI `--config-file` run's copy is written there."""
+    reports, errors, notes = {}, [], []
     for run_id in run_ids:
         try:
-            reports[run_id] = history_db.get(run_id).report()
+            reports[run_id], note = history_db.get(run_id).reopen(model_inputs.UPLOAD_DIR)
         except (HistoryError, ValueError) as exc:
             errors.append(f"run {run_id}: {exc}")
-    return reports, errors
+            continue
+        if note and private():  # a hosted server names no path of its own
+            note = "its config file is gone: it reopened with the copy saved with it"
+        if note:
+            notes.append(f"Run {run_id}: {note}")
+    return reports, errors, notes
