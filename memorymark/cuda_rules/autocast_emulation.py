@@ -37,6 +37,7 @@ from memorymark.cuda_rules.autocast_lists import (
     APPEND_TARGET,
     FP32,
     LOWER,
+    NEWER_POLICIES,
     NOT_EMULATED,
     OLDER_POLICIES,
     POLICIES,
@@ -107,7 +108,8 @@ def _register() -> bool:
 
 
 def _register_kernels() -> tuple[torch.library.Library, tuple[str, ...]]:
-    policies = {**OLDER_POLICIES, **POLICIES}
+    # Each release registers only its own ops; the others are skipped below (not in on_cuda).
+    policies = {**OLDER_POLICIES, **POLICIES, **NEWER_POLICIES}
     known = set(policies) | NOT_EMULATED
     # Only aten's lists: an extension's ops (torchvision::nms...) register their own autocast
     # kernels for CPU as for CUDA, and no catalog model calls them.
