@@ -13,7 +13,7 @@ from memorymark import cuda_rules, gpus
 from memorymark.accounting.tracker import MemoryTracker
 from memorymark.backends.resolve import resolve
 from memorymark.backends.sim import SimBackend
-from memorymark.cuda_rules import autocast_emulation, autocast_lists
+from memorymark.cuda_rules import autocast_emulation, autocast_lists, versions
 from memorymark.cuda_rules.dropout import fused_dropout
 from memorymark.cuda_rules.sdpa_choice import CUDNN, EFFICIENT, FLASH, MATH, SdpaCall
 from memorymark.cuda_rules.sdpa_choice import select_backend as choose
@@ -212,7 +212,8 @@ def test_autocast_emulation_honours_disabled_regions_and_stays_in_its_thread():
 def test_autocast_policies_cover_every_op_cuda_autocasts_in_this_pytorch():
     registered = torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCUDA")
     on_cuda = {name.removeprefix("aten::") for name in registered}
-    assert on_cuda - autocast_lists.NOT_EMULATED == set(autocast_lists.POLICIES)
+    newer = {op for op in autocast_lists.NEWER_POLICIES if hasattr(torch.ops.aten, op)}
+    assert on_cuda - autocast_lists.NOT_EMULATED == set(autocast_lists.POLICIES) | newer
     with cuda_rules.applied(A10):
         emulated = set(autocast_emulation.registered_ops())
     assert {"softmax.int", "layer_norm", "sum", "pow.Tensor_Scalar", "addmv"} <= emulated
@@ -275,3 +276,17 @@ def test_older_releases_named_overloads_follow_their_positional_twins():
     for older, twin in twins.items():
         assert autocast_lists.OLDER_POLICIES[older] == autocast_lists.POLICIES[twin]
     assert not set(autocast_lists.OLDER_POLICIES) & set(autocast_lists.POLICIES)
+
+
+def test_newer_releases_ops_take_the_policy_2_14_registers():
+    """2.14 adds linalg_matrix_sqrth and autocasts it to fp32 on CUDA (2.13 has no such op);
+    knowing it, the emulation warns of no unknown op on either release."""
+    assert autocast_lists.NEWER_POLICIES == {"linalg_matrix_sqrth": autocast_lists.FP32}
+    assert not set(autocast_lists.NEWER_POLICIES) & set(autocast_lists.POLICIES)
+    assert not set(autocast_lists.NEWER_POLICIES) & set(autocast_lists.OLDER_POLICIES)
+    if not hasattr(torch.linalg, "matrix_sqrth"):
+        assert versions.release() < (2, 14)
+        return
+    with cuda_rules.applied(A10), cuda_rules.autocast("bf16-mixed", "cpu"):
+        root = torch.linalg.matrix_sqrth(torch.eye(3, dtype=torch.bfloat16))
+    assert root.dtype == torch.float32

@@ -7,10 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
-from memorymark.cuda_rules import autocast_emulation, autocast_lists
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -75,14 +71,3 @@ def test_an_op_of_unknown_policy_warns_once_when_a_step_calls_it():
     assert out == outside == "torch.float32"  # uncast: the input's own dtype
     assert len(messages) == 1
     assert messages[0].startswith("the step calls linalg_matrix_exp, which PyTorch")
-
-
-def test_newer_releases_ops_have_a_policy_and_cpu_casts_them_alike():
-    """linalg_matrix_sqrth (PyTorch 2.14) is autocast in fp32 on CUDA and on CPU: CPU's own
-    kernel runs it, so the emulation registers nothing for it."""
-    assert autocast_lists.NEWER_POLICIES == {"linalg_matrix_sqrth": autocast_lists.FP32}
-    assert not set(autocast_lists.NEWER_POLICIES) & set(autocast_lists.POLICIES)
-    registered = torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCUDA")
-    if "aten::linalg_matrix_sqrth" in registered:  # PyTorch 2.14 and newer
-        assert autocast_emulation._has_cpu_kernel("linalg_matrix_sqrth")
-    assert "linalg_matrix_sqrth" not in autocast_emulation.registered_ops()

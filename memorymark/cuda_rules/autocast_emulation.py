@@ -112,6 +112,7 @@ def _register() -> bool:
 
 
 def _register_kernels() -> tuple[torch.library.Library, tuple[str, ...]]:
+    # Each release registers only its own ops; the others are skipped below (not in on_cuda).
     policies = {**OLDER_POLICIES, **POLICIES, **NEWER_POLICIES}
     known = set(policies) | NOT_EMULATED
     # Only aten's lists: an extension's ops (torchvision::nms...) register their own autocast

@@ -1,8 +1,10 @@
-"""CUDA's autocast op lists: which ops autocast casts on CUDA, and how (PyTorch 2.13).
+"""CUDA's autocast op lists: which ops autocast casts on CUDA, and how (PyTorch 2.13 and 2.14).
 
 Copied from aten/src/ATen/autocast_mode.cpp (`TORCH_LIBRARY_IMPL(aten, Autocast, m)`) and the
 `AT_FORALL_*` macros of aten/src/ATen/autocast_mode.h, checked against this PyTorch's own
-`AutocastCUDA` registrations by a test. The policies (autocast_mode.h `CastPolicy`):
+`AutocastCUDA` registrations by a test. Releases differ only at the edges: `OLDER_POLICIES` holds
+what older releases registered and 2.13 dropped, `NEWER_POLICIES` what 2.14 added.
+The policies (autocast_mode.h `CastPolicy`):
 lower_precision_fp casts every floating input to the autocast dtype; fp32 casts them to fp32;
 fp32_set_opt_dtype asks for an fp32 output unless the caller named a dtype; fp32_append_dtype
 redispatches to the overload that takes one; promote runs in the widest input type. CPU's lists
@@ -52,7 +54,7 @@ POLICIES: dict[str, str] = {
     **dict.fromkeys(("norm.Scalar", "norm.ScalarOpt_dim"), APPEND_DTYPE),
     **dict.fromkeys(_PROMOTE_OPS.split(), PROMOTE),
 }
-"""CUDA's autocast policy of every op overload it autocasts (PyTorch 2.13)."""
+"""CUDA's autocast policy of every op overload 2.13 autocasts (2.14 autocasts these too)."""
 
 # fp32_append_dtype redispatches to the overload that takes an output dtype.
 APPEND_TARGET = {
@@ -86,7 +88,11 @@ overloads, with the policy of their positional twins (seen registered by PyTorch
 on an H100; autocast_mode.cpp of that release lists them beside those twins)."""
 
 NEWER_POLICIES: dict[str, str] = {"linalg_matrix_sqrth": FP32}
-"""Ops newer releases autocast on CUDA that 2.13 has not got. `linalg_matrix_sqrth` (new in
-2.14): PyTorch 2.14.1+cu130 registers it for AutocastCUDA and AutocastCPU alike, and both run it
-in fp32 (seen 2026-11-27 by calling it under each autocast in bf16, CUDA's on fake CUDA tensors),
-so CPU's own kernel already follows CUDA's policy."""
+"""Overloads 2.14 autocasts on CUDA that 2.13 does not have (the op is new in 2.14).
+
+2.14.1+cu130's libtorch_cpu.so instantiates `WrapFunction_<CastPolicy::fp32, DeviceType::CUDA,
+..., &at::_ops::linalg_matrix_sqrth::call>` beside its other `KERNEL_CUDA` registrations (the
+header's `AT_FORALL_*` lists are byte-identical to 2.13's, so autocast_mode.cpp registers it by
+name, as it does `cudnn_convolution`); under CUDA autocast a bf16 input is cast to fp32 first (run
+on fake CUDA tensors of that build). Every other CUDA policy is the same in 2.13.0 and 2.14.1.
+2.14 registers fp32 for it on CPU too (`AutocastCPU`), so the emulation keeps CPU's kernel."""
