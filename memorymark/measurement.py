@@ -59,10 +59,32 @@ class ValueRead:
     line: int
     op: str
     """The source line that read it, as written."""
+    library_file: str | None = None
+    """When the read itself is inside an installed library (TRL's trainer calling `.item()`),
+    the innermost such frame: `file` and `line` are then the user's own frame that called it.
+    None when the user's own line read the value."""
+    library_line: int | None = None
+    library_op: str | None = None
+    """The library's source line that read it, as written."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form: {file, line, op}."""
-        return {"file": self.file, "line": self.line, "op": self.op}
+        """The JSON form: {file, line, op, library}, `library` being {file, line, op} of the
+        library's line that read the value, or None when the user's own line did."""
+        library = None
+        if self.library_file is not None:
+            library = {"file": self.library_file, "line": self.library_line, "op": self.library_op}
+        return {"file": self.file, "line": self.line, "op": self.op, "library": library}
+
+    @property
+    def where(self) -> str:
+        """One line for people: the line that read the value, and the user's line that called
+        it when that was a library's."""
+        if self.library_file is None:
+            return f"{self.file}:{self.line}  {self.op}"
+        return (
+            f"{self.library_file}:{self.library_line}  {self.library_op}  (called from "
+            f"{self.file}:{self.line}  {self.op})"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

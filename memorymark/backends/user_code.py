@@ -11,7 +11,8 @@ or say in one line why they can't:
   `GradScaler` as a CPU one;
 - on fake tensors (`ReadingFakeMode`), a read of a value (`.item()`, `float()`, `bool()`) gets
   zero, as the catalog step's zero-valued inputs would, and is recorded with the user's file and
-  line; a shape that depends on values (`nonzero`, boolean-mask indexing, `unique`) is a
+  line, and the library's when an installed one (TRL's trainer) read it; a shape that depends on
+  values (`nonzero`, boolean-mask indexing, `unique`) is a
   `SimulationError` naming them.
 
 Must not know which batch sizes are tried, how memory is counted, or how anything is shown.
@@ -24,6 +25,7 @@ import linecache
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -92,6 +94,18 @@ def user_location(frame: FrameType | None) -> tuple[str, int] | None:
     return library_line
 
 
+def library_location(frame: FrameType | None) -> tuple[str, int] | None:
+    """(file, line) of the innermost frame from `frame` outwards in an installed package other
+    than torch (TRL's trainer reading `.item()`), when it is inside the user's innermost frame;
+    None when the user's own code is reached first (the user's line is then the whole story)."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not _is_library(filename):
+            return (filename, frame.f_lineno) if _installed(filename) else None
+        frame = frame.f_back
+    return None
+
+
 def traceback_location(tb: TracebackType | None) -> tuple[str, int] | None:
     """`user_location` of the innermost frame of a traceback."""
     last = None
@@ -117,7 +131,7 @@ class ReadingFakeMode(FakeTensorMode):
 
     def __init__(self) -> None:
         super().__init__(allow_non_fake_inputs=True)
-        self.reads: dict[tuple[str, int], ValueRead] = {}
+        self.reads: dict[tuple[tuple[str, int], tuple[str, int] | None], ValueRead] = {}
         """Each place that read a value since the last `take_reads`, in order."""
 
     def take_reads(self) -> tuple[ValueRead, ...]:
@@ -140,9 +154,21 @@ class ReadingFakeMode(FakeTensorMode):
             ) from exc
 
     def _read(self, tensor: torch.Tensor) -> bool | int | float:
-        location = user_location(sys._getframe(2))
-        if location is not None and location not in self.reads:
-            self.reads[location] = ValueRead(*location, _source(location))
+        frame = sys._getframe(2)
+        location, library = user_location(frame), library_location(frame)
+        if library == location:  # no frame of the user's own: the library's line alone
+            library = None
+        key = (location, library)
+        if location is not None and key not in self.reads:
+            found = ValueRead(*location, _source(location))
+            if library is not None:
+                found = replace(
+                    found,
+                    library_file=library[0],
+                    library_line=library[1],
+                    library_op=_source(library),
+                )
+            self.reads[key] = found
         if tensor.dtype is torch.bool:
             return False
         return 0.0 if tensor.dtype.is_floating_point or tensor.dtype.is_complex else 0

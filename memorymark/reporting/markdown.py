@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from memorymark.measurement import ValueRead
 from memorymark.report import Report
 from memorymark.reporting.json_form import report_to_dict
 
@@ -258,5 +259,15 @@ def _value_reads(r: Report) -> list[str]:
         "control flow after it followed that 0.",
         "",
     ]
-    lines += [f"- `{escape(v.file)}:{v.line}`: `{v.op}`" for v in r.value_reads]
+    lines += [_value_read(v) for v in r.value_reads]
     return [*lines, ""]
+
+
+def _value_read(v: ValueRead) -> str:
+    line = f"- `{escape(v.file)}:{v.line}`: `{v.op}`"
+    if v.library_file is None:
+        return line
+    return (
+        f"- `{escape(v.library_file)}:{v.library_line}`: `{v.library_op}`, in a library, "
+        f"called from `{escape(v.file)}:{v.line}`: `{v.op}`"
+    )
