@@ -197,6 +197,10 @@ class Measurement:
     """Live bytes after each operator of the step: what the fast strategy extrapolates."""
     value_reads: tuple[ValueRead, ...] = ()
     """Where a user's step read a tensor value the simulation answered with zero."""
+    autocast_dtypes: tuple[str, ...] | None = None
+    """A user's step run off its GPU (simulated or `cpu`): the dtypes of the autocast regions
+    it entered ("bfloat16"; empty: none). None where nothing was observed: the catalog's step
+    (its settings say its precision), a real GPU, or a replayed step."""
     replayed: bool = False
     """True when this simulated step was not traced but read off traced ones (the symbolic
     sweep, memorymark/accounting/symbolic.py): the same figures a trace gives, by arithmetic."""
@@ -288,6 +292,7 @@ class Measurement:
             "paged_bytes": self.paged_bytes,
             "pages_to_host": self.pages_to_host,
             "value_reads": [read.to_dict() for read in self.value_reads],
+            "autocast_dtypes": None if self.autocast_dtypes is None else list(self.autocast_dtypes),
         }
 
 

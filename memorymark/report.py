@@ -98,6 +98,29 @@ class Report:
             seen.update(dict.fromkeys(m.value_reads))
         return tuple(seen)
 
+    @property
+    def autocast_dtypes(self) -> tuple[str, ...] | None:
+        """A training job: the autocast dtypes its step was seen to enter ("bfloat16"; empty:
+        none), over every traced probe. None when not observed: the catalog's step (its
+        settings say its precision), or a job run on a real GPU."""
+        seen: dict[str, None] | None = None
+        for m in (*self.measurements, *self.plan_probes):
+            if m.autocast_dtypes is not None:
+                seen = seen if seen is not None else {}
+                seen.update(dict.fromkeys(m.autocast_dtypes))
+        return None if seen is None else tuple(seen)
+
+    def __repr__(self) -> str:
+        # The dataclass's own would print every measurement (about 10 KB for a sweep): a
+        # result holding a Report (LightningBatch, TrainerBatch) must print in a line.
+        optimal, maximum = self.optimal, self.max_fit
+        return (
+            f"Report(model={self.model_name!r}, gpu={self.gpu.name!r}, "
+            f"optimal_batch={optimal.batch_size if optimal else None}, "
+            f"max_batch={maximum.batch_size if maximum else None}, "
+            f"probes={len(self.measurements)}, memory={self.memory_source!r})"
+        )
+
     # -- many GPUs ---------------------------------------------------------------------------------
     @property
     def gpus(self) -> int:

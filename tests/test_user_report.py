@@ -7,6 +7,7 @@ Tiny models on a 1 GiB GPU, simulated.
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 import textwrap
 
@@ -104,3 +105,92 @@ def test_a_read_in_the_users_own_line_has_no_library(capsys):
         capsys.readouterr().out
         == f"  value read as 0 (simulated): {__file__}:{read.line}  print(loss.item())\n"
     )
+
+
+# -- 4.7: what the job did, never the catalog's defaults ----------------------------------------
+BF16_FILE = textwrap.dedent(
+    """\
+    import torch
+    from torch import nn
+    import memorymark as mm
+
+    def step(model, batch, optimizer):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(batch).float().square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def training():
+        return mm.Training(model=lambda: nn.Linear(16, 16), batch=lambda n: torch.randn(n, 16),
+                           step=step, optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    """
+)
+
+
+def test_training_json_settings_say_nothing_of_the_catalog_and_show_the_autocast_seen(
+    tmp_path, capsys
+):
+    from memorymark.cli.parser import main
+
+    path = tmp_path / "train_bf16.py"
+    path.write_text(BF16_FILE)
+    argv = ["analyze", "--training", f"{path}:training", "--gpu-memory", "1", "--json"]
+    assert main([*argv, "--max-batch", "32", "--no-save"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    settings = data["settings"]
+    # The catalog's defaults (32-true, seq_len 128, adamw) are not what the job ran.
+    assert settings["precision"] is None and settings["seq_len"] is None
+    assert settings["optimizer"] is None and settings["model"] is None
+    assert settings["max_batch"] == 32 and settings["gpu_memory_gib"] == 1
+    assert data["observed"] == {"autocast_dtypes": ["bfloat16"]}
+
+
+def test_a_job_with_no_autocast_is_observed_as_none_and_the_markdown_says_so():
+    def step(model, batch, optimizer):
+        model(batch).square().mean().backward()
+        optimizer.step()
+
+    job = mm.Training(model=Tiny, batch=tiny_batch, step=step, optimizer=sgd)
+    report = mm.Session(mm.Settings(**SMALL), training=job).analyze()
+    assert report.autocast_dtypes == ()
+    assert report_to_dict(report)["observed"] == {"autocast_dtypes": []}
+    text = markdown(report)
+    assert "| Autocast (observed) | none entered |" in text
+    assert "Precision" not in text and "32-true" not in text
+
+
+def test_the_catalogs_own_report_keeps_its_settings_and_observes_nothing():
+    report = mm.Session(mm.Settings(model="tiny-gpt2", **SMALL)).analyze()
+    data = report_to_dict(report)
+    assert data["settings"]["precision"] == "32-true" and data["settings"]["seq_len"] == 128
+    assert data["observed"] is None and report.autocast_dtypes is None
+
+
+def test_a_report_and_the_integrations_results_print_in_a_line():
+    job = mm.Training(model=Tiny, batch=tiny_batch, step=_plain_step, optimizer=sgd)
+    report = mm.Session(mm.Settings(**SMALL), training=job).analyze()
+    assert repr(report) == (
+        f"Report(model='Tiny', gpu='Custom 1 GiB', optimal_batch={report.optimal.batch_size}, "
+        f"max_batch={report.max_fit.batch_size}, probes={len(report.measurements)}, "
+        "memory='simulated')"
+    )
+    from memorymark.integrations.lightning import LightningBatch
+
+    assert len(repr(LightningBatch(report, 64))) < 200
+
+
+def test_the_history_refuses_a_training_jobs_report_in_one_line(tmp_path):
+    from memorymark.history import History, HistoryError
+
+    job = mm.Training(model=Tiny, batch=tiny_batch, step=_plain_step, optimizer=sgd)
+    report = mm.Session(mm.Settings(**SMALL), training=job).analyze()
+    with History(tmp_path / "h.sqlite3") as history:
+        with pytest.raises(HistoryError, match="Tiny is your own training code.*keep its JSON"):
+            history.save(report)
+        assert history.count() == 0
+
+
+def _plain_step(model, batch, optimizer):
+    model(batch).square().mean().backward()
+    optimizer.step()

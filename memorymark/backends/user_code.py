@@ -8,7 +8,8 @@ or say in one line why they can't:
   `.to()` (`CudaAsHost`); `torch.cuda.synchronize` and `empty_cache` do nothing;
 - `torch.autocast("cuda", dtype)` runs as the simulation's CPU autocast with CUDA's op lists
   (memorymark/cuda_rules/autocast_emulation.py), its default dtype CUDA's (fp16), and a CUDA
-  `GradScaler` as a CPU one;
+  `GradScaler` as a CPU one; the dtype of each autocast region entered is recorded, so a
+  report can say what the job ran;
 - on fake tensors (`ReadingFakeMode`), a read of a value (`.item()`, `float()`, `bool()`) gets
   zero, as the catalog step's zero-valued inputs would, and is recorded with the user's file and
   line, and the library's when an installed one (TRL's trainer) read it; a shape that depends on
@@ -24,6 +25,7 @@ import contextlib
 import linecache
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from types import FrameType, TracebackType
@@ -203,13 +205,22 @@ class CudaAsHost(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+_observed = threading.local()
+"""`dtypes`: the autocast dtypes the user's code entered inside `on_host` on this thread."""
+
+
 def _autocast_init(original: Any, self: Any, device_type: str, *args: Any, **kwargs: Any) -> Any:
     if device_type != "cuda":
-        return original(self, device_type, *args, **kwargs)
-    if not args and kwargs.get("dtype") is None:
-        kwargs["dtype"] = torch.float16  # CUDA autocast's default (torch.get_autocast_dtype)
-    self._memorymark_cast_cache = autocast_emulation.cast_cache()
-    return original(self, "cpu", *args, **kwargs)
+        result = original(self, device_type, *args, **kwargs)
+    else:
+        if not args and kwargs.get("dtype") is None:
+            kwargs["dtype"] = torch.float16  # CUDA autocast's default (torch.get_autocast_dtype)
+        self._memorymark_cast_cache = autocast_emulation.cast_cache()
+        result = original(self, "cpu", *args, **kwargs)
+    seen = getattr(_observed, "dtypes", None)
+    if seen is not None and getattr(self, "_enabled", False):
+        seen[str(self.fast_dtype).removeprefix("torch.")] = None
+    return result
 
 
 def _autocast_enter(original: Any, self: Any) -> Any:
@@ -248,10 +259,14 @@ _PATCHES = (
 
 
 @contextlib.contextmanager
-def on_host(host: str = "cpu") -> Iterator[None]:
+def on_host(host: str = "cpu", autocast_seen: dict[str, None] | None = None) -> Iterator[None]:
     """User code in the block runs its `cuda` calls on `host`; a CUDA call that has no host
-    equivalent (`torch.cuda.current_device()`, a CUDA stream) is a one-line SimulationError."""
+    equivalent (`torch.cuda.current_device()`, a CUDA stream) is a one-line SimulationError.
+    `autocast_seen` collects the dtype of each autocast region the code enters."""
+    previous = getattr(_observed, "dtypes", None)
+    _observed.dtypes = autocast_seen if autocast_seen is not None else previous
     with contextlib.ExitStack() as stack:
+        stack.callback(setattr, _observed, "dtypes", previous)
         for patch in _PATCHES:
             stack.enter_context(patch.active())
         stack.enter_context(CudaAsHost(host))

@@ -144,6 +144,7 @@ def _settings(r: Report) -> list[str]:
         rows = [
             ("Training", f"{escape(r.training)} (your own code)"),
             ("GPU", f"{escape(r.gpu.name)} ({r.backend}: memory {r.memory_source})"),
+            ("Autocast (observed)", _autocast_seen(r.autocast_dtypes)),
             ("Search", f"{s.strategy}, step {s.step}, up to batch {s.max_batch}"),
         ]
         return ["| Setting | Value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
@@ -167,6 +168,13 @@ def _settings(r: Report) -> list[str]:
         ("Search", f"{s.strategy}, step {s.step}, up to batch {s.max_batch}"),
     ]
     return ["| Setting | Value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
+
+
+def _autocast_seen(dtypes: tuple[str, ...] | None) -> str:
+    """What a training job's step was seen to do with autocast (its precision is its own)."""
+    if dtypes is None:
+        return "not observed (your code sets its precision)"
+    return ", ".join(dtypes) if dtypes else "none entered"
 
 
 def _probes(d: dict[str, Any]) -> list[str]:
