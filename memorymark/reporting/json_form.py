@@ -63,6 +63,7 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "current_fits": r.current_fits,
         "capped_at_max_batch": r.capped,
         "verdict": r.verdict(),
+        "fit_window": r.fit_window.to_dict() if r.fit_window else None,
         "breakdown": breakdown.to_dict() if breakdown else None,
         **_weights_and_paging(r),
         "probes": len(r.measurements),
