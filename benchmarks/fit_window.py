@@ -1,14 +1,18 @@
 """Prints whether a fragmentation window is real: a sweep's verdicts beside a fresh process's.
 
 Lightning's demo Transformer (`lightning.pytorch.demos.transformer`, WikiText-2's 33,278-word
-vocabulary, 35 tokens, SGD) on an A10, simulated. A backend keeps its model between probes, so
-every probe after its first runs a model whose lazily built state (the positional-encoding
-table its first forward makes, the attention mask it caches) already exists; a user's fresh
-process builds that state inside step 1. For each batch, the loop's reserved bytes per step:
+vocabulary, 35 tokens, SGD) on an A10, simulated. Its model builds state lazily in its first
+forward (the positional-encoding table, the attention mask it caches), which a user's fresh
+process builds inside step 1. For each batch, the loop's reserved bytes per step:
 
 - "sweep": traced after a probe at batch 16, as a sweep's later probes are (and as the
   symbolic search's replays, fitted through such probes, are);
 - "fresh": traced as the first probe of a new backend, as the user's process runs it.
+
+When a backend kept its model between probes, "sweep" missed that state: at 1128 it read
+16.94 GiB at every step where "fresh" needs a fourth 4.9 GiB segment at step 2 (21.83 GiB, past
+the A10's 21.68 usable), a window of batches that seemed to fit above 1104-1120. Each simulated
+probe of user code now starts from a fresh model, so the two columns agree.
 
     python benchmarks/fit_window.py [--gpu a10] [--batches 1096 1104 1128 1416]
 """

@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
+from torch import nn
 
+import memorymark as mm
 from memorymark import gpus
 from memorymark.cli import render
 from memorymark.fit import FitPolicy
@@ -153,3 +156,36 @@ def test_the_apps_verdict_states_the_window(fake):
         "Batches 128-184 also fit with the margin free, above a window (batch 104) that leaves "
         "less than the margin free; the answer stays below the window" in verdict
     )
+
+
+class LazyTable(nn.Module):
+    """Builds a 4 MB table in its first forward and keeps it, as the Lightning demo's
+    PositionalEncoding does (`_init_pos_encoding`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(16, 16)
+        self.table: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.table is None:
+            self.table = torch.zeros(1000, 1000, device=x.device)  # 4,000,000 bytes
+        return self.body(x) + self.table[0, :16]
+
+
+def test_every_simulated_probe_of_user_code_runs_a_fresh_processs_first_step():
+    def step(model, batch, optimizer):
+        model(batch).square().mean().backward()
+        optimizer.step()
+
+    job = mm.Training(model=LazyTable, batch=lambda n: torch.randn(n, 16), step=step,
+                      optimizer=lambda p: torch.optim.SGD(p, lr=0.1))  # fmt: skip
+    session = mm.Session(mm.Settings(gpu="a10"), training=job)
+    first = session.measure(64)  # a backend of its own: its first probe
+    with session.open_backend().session() as backend:
+        backend.measure(8)
+        later = backend.measure(64)
+    # The table is built inside each probe's step, as in a fresh process: its 20 MiB segment
+    # (a 4 MB request is served from a 20 MiB one) is in every probe's reserved bytes.
+    assert later.required_bytes == first.required_bytes >= 20 * 2**20
+    assert later.peak_bytes == first.peak_bytes

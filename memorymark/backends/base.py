@@ -189,6 +189,12 @@ class Backend:
         seconds = work = device = None
         eval_batch = evaluates(self.training_step)
         evaluating = False
+        if self.training_step.user_code and not self.holds_memory:
+            # A user's model may build state in its first forward (a positional-encoding table,
+            # a cached mask) that a fresh process builds inside step 1, where it changes how
+            # the allocator carves its segments: each simulated probe starts from a fresh model,
+            # so its step is the first a process runs (benchmarks/fit_window.py).
+            self.release()
         try:
             tracker = self._prepare()
             tracker.reset_peak()
