@@ -59,10 +59,32 @@ class ValueRead:
     line: int
     op: str
     """The source line that read it, as written."""
+    library_file: str | None = None
+    """When the read itself is inside an installed library (TRL's trainer calling `.item()`),
+    the innermost such frame: `file` and `line` are then the user's own frame that called it.
+    None when the user's own line read the value."""
+    library_line: int | None = None
+    library_op: str | None = None
+    """The library's source line that read it, as written."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form: {file, line, op}."""
-        return {"file": self.file, "line": self.line, "op": self.op}
+        """The JSON form: {file, line, op, library}, `library` being {file, line, op} of the
+        library's line that read the value, or None when the user's own line did."""
+        library = None
+        if self.library_file is not None:
+            library = {"file": self.library_file, "line": self.library_line, "op": self.library_op}
+        return {"file": self.file, "line": self.line, "op": self.op, "library": library}
+
+    @property
+    def where(self) -> str:
+        """One line for people: the line that read the value, and the user's line that called
+        it when that was a library's."""
+        if self.library_file is None:
+            return f"{self.file}:{self.line}  {self.op}"
+        return (
+            f"{self.library_file}:{self.library_line}  {self.library_op}  (called from "
+            f"{self.file}:{self.line}  {self.op})"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,6 +197,10 @@ class Measurement:
     """Live bytes after each operator of the step: what the fast strategy extrapolates."""
     value_reads: tuple[ValueRead, ...] = ()
     """Where a user's step read a tensor value the simulation answered with zero."""
+    autocast_dtypes: tuple[str, ...] | None = None
+    """A user's step run off its GPU (simulated or `cpu`): the dtypes of the autocast regions
+    it entered ("bfloat16"; empty: none). None where nothing was observed: the catalog's step
+    (its settings say its precision), a real GPU, or a replayed step."""
     replayed: bool = False
     """True when this simulated step was not traced but read off traced ones (the symbolic
     sweep, memorymark/accounting/symbolic.py): the same figures a trace gives, by arithmetic."""
@@ -266,6 +292,7 @@ class Measurement:
             "paged_bytes": self.paged_bytes,
             "pages_to_host": self.pages_to_host,
             "value_reads": [read.to_dict() for read in self.value_reads],
+            "autocast_dtypes": None if self.autocast_dtypes is None else list(self.autocast_dtypes),
         }
 
 

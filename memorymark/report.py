@@ -42,6 +42,62 @@ def _held(m: Measurement) -> int:
     return m.required_bytes if m.required_bytes is not None else m.peak_bytes
 
 
+@dataclass(frozen=True, slots=True)
+class FitWindow:
+    """Batches that fit with the margin free above batches that do not: the fit verdicts are
+    not monotone in batch size. The answer stays below the window (`best_fit`): a fit above a
+    failure rests on how the caching allocator happened to carve its segments, which a run's
+    own first step may carve otherwise (memorymark/accounting/allocator.py: a block split for a
+    small request leaves no room for the next large one)."""
+
+    first_failing: int
+    last_failing: int
+    """The window: the measured batches from the first that does not fit to the last one
+    below `fits_from`."""
+    fits_from: int
+    fits_to: int
+    """The measured batches above the window that fit with the margin free (up to the next
+    that does not)."""
+    why: str
+    """Why the window's batches do not fit, in words."""
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON form (`fit_window`)."""
+        return {
+            "window": [self.first_failing, self.last_failing],
+            "fits_above": [self.fits_from, self.fits_to],
+            "why": self.why,
+        }
+
+    def sentence(self) -> str:
+        """What the verdict adds."""
+        window = _span(self.first_failing, self.last_failing)
+        fits = _span(self.fits_from, self.fits_to)
+        verb = "fits" if self.fits_from == self.fits_to else "fit"
+        return (
+            f"{fits[0].upper()}{fits[1:]} also {verb} with the margin free, above a window "
+            f"({window}) that {self.why}; the answer stays below the window, since a fit above "
+            "one depends on how the allocator's cache happens to be carved, which a fresh "
+            "process's first step may carve otherwise."
+        )
+
+
+def _span(first: int, last: int) -> str:
+    return f"batch {first}" if first == last else f"batches {first}-{last}"
+
+
+def _window_why(window: list[Measurement]) -> str:
+    """Why a window's batches do not fit, each reason once, in the order of their gravity."""
+    reasons = []
+    if any(not m.runs for m in window):
+        reasons.append("runs out of memory")
+    if any(m.runs and m.alloc_retries for m in window):
+        reasons.append("needs a cache flush (an allocation retry)")
+    if any(m.runs and not m.alloc_retries for m in window):
+        reasons.append("leaves less than the margin free")
+    return " or ".join(reasons)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Report:
     """What one sweep found, and what the current batch size costs."""
@@ -97,6 +153,29 @@ class Report:
         for m in (*self.measurements, *self.plan_probes, *(m for _, m in evaluated)):
             seen.update(dict.fromkeys(m.value_reads))
         return tuple(seen)
+
+    @property
+    def autocast_dtypes(self) -> tuple[str, ...] | None:
+        """A training job: the autocast dtypes its step was seen to enter ("bfloat16"; empty:
+        none), over every traced probe. None when not observed: the catalog's step (its
+        settings say its precision), or a job run on a real GPU."""
+        seen: dict[str, None] | None = None
+        for m in (*self.measurements, *self.plan_probes):
+            if m.autocast_dtypes is not None:
+                seen = seen if seen is not None else {}
+                seen.update(dict.fromkeys(m.autocast_dtypes))
+        return None if seen is None else tuple(seen)
+
+    def __repr__(self) -> str:
+        # The dataclass's own would print every measurement (about 10 KB for a sweep): a
+        # result holding a Report (LightningBatch, TrainerBatch) must print in a line.
+        optimal, maximum = self.optimal, self.max_fit
+        return (
+            f"Report(model={self.model_name!r}, gpu={self.gpu.name!r}, "
+            f"optimal_batch={optimal.batch_size if optimal else None}, "
+            f"max_batch={maximum.batch_size if maximum else None}, "
+            f"probes={len(self.measurements)}, memory={self.memory_source!r})"
+        )
 
     # -- many GPUs ---------------------------------------------------------------------------------
     @property
@@ -344,6 +423,9 @@ class Report:
         else:
             above = "" if self.capped else f", {self._first_failure()} does not"
             answer = f"batch {optimal.batch_size} trains{above}"
+        window = self.fit_window
+        if window is not None:
+            answer += f". {window.sentence()[:-1]}"
         if not self.current_fits:
             needs = ""
             if current is not None and current.required_bytes is not None:
@@ -361,6 +443,28 @@ class Report:
             return f"Batch {b} runs on this {gpu} {why}; {answer}."
         used = 0.0 if current is None else 100 * _held(current) / self.gpu.usable_bytes
         return f"Batch {b} uses {used:.0f}% of this {gpu}'s usable memory; {answer}."
+
+    @property
+    def fit_window(self) -> FitWindow | None:
+        """Batches measured to fit with the margin free above the first that does not (a
+        fragmentation window below them), or None when the verdicts are monotone."""
+        ceiling = self._first_failure()
+        if ceiling is None or self.optimal is None:
+            return None
+        ordered = sorted(self.searched, key=lambda m: m.batch_size)
+        above = [m for m in ordered if m.batch_size > ceiling]
+        fits_from = next((m.batch_size for m in above if m.fits), None)
+        if fits_from is None:
+            return None
+        window = [m for m in above if m.batch_size < fits_from] + [
+            m for m in ordered if m.batch_size == ceiling
+        ]
+        later = [m.batch_size for m in above if m.batch_size > fits_from and not m.fits]
+        fits_to = max(
+            m.batch_size for m in above if m.fits and (not later or m.batch_size < min(later))
+        )
+        last = max(m.batch_size for m in window)
+        return FitWindow(ceiling, last, fits_from, fits_to, _window_why(window))
 
     def _first_failure(self) -> int | None:
         return min((m.batch_size for m in self.searched if not m.fits), default=None)

@@ -279,7 +279,12 @@ def test_a_step_that_logs_loss_item_runs_and_its_report_lists_the_read(capsys):
                 if text.strip().endswith("# LOGGED"))  # fmt: skip
     assert [(r.file, r.line) for r in report.value_reads] == [(__file__, line)]
     assert report_to_dict(report)["value_reads"] == [
-        {"file": __file__, "line": line, "op": 'print(f"loss {loss.item():.3f}")  # LOGGED'}
+        {
+            "file": __file__,
+            "line": line,
+            "op": 'print(f"loss {loss.item():.3f}")  # LOGGED',
+            "library": None,
+        }
     ]
     assert "loss 0.000" in capsys.readouterr().out  # the read got zero
 

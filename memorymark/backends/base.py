@@ -114,6 +114,8 @@ class Backend:
         self._timing = False
         self._counters_before: dict[str, int] = {}
         self._quantized_bytes: int | None = None
+        self._autocast_seen: dict[str, None] = {}
+        """Autocast dtypes a user's step entered since the last measurement (in order)."""
 
     # -- what subclasses provide -------------------------------------------------------------
     def _step_context(self) -> contextlib.AbstractContextManager[object]:
@@ -128,8 +130,17 @@ class Backend:
         """Around a user's code on this machine: its `cuda` calls run on `host` (the `cpu` and
         simulated backends; a real GPU runs them as written)."""
         if self.training_step.user_code and not self.measured:
-            return user_code.on_host(host)
+            return user_code.on_host(host, self._autocast_seen)
         return contextlib.nullcontext()
+
+    def _autocast_dtypes(self) -> tuple[str, ...] | None:
+        """The autocast dtypes a user's step entered since the last call; None where they are
+        not observed (the catalog's step, a real GPU)."""
+        if not self.training_step.user_code or self.measured:
+            return None
+        seen = tuple(self._autocast_seen)
+        self._autocast_seen.clear()
+        return seen
 
     def _value_reads(self) -> tuple[ValueRead, ...]:
         """The places the step read a tensor's value that had none (fake tensors), since the
@@ -178,6 +189,12 @@ class Backend:
         seconds = work = device = None
         eval_batch = evaluates(self.training_step)
         evaluating = False
+        if self.training_step.user_code and not self.holds_memory:
+            # A user's model may build state in its first forward (a positional-encoding table,
+            # a cached mask) that a fresh process builds inside step 1, where it changes how
+            # the allocator carves its segments: each simulated probe starts from a fresh model,
+            # so its step is the first a process runs (benchmarks/fit_window.py).
+            self.release()
         try:
             tracker = self._prepare()
             tracker.reset_peak()
@@ -416,6 +433,7 @@ class Backend:
             error=error or note,
             timeline=tuple(tracker.timeline) if traced and tracker is not None else (),
             value_reads=self._value_reads() if tracked is None else (),
+            autocast_dtypes=self._autocast_dtypes() if tracked is None else None,
             replayed=tracked is not None,
         )
 

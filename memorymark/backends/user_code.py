@@ -8,10 +8,12 @@ or say in one line why they can't:
   `.to()` (`CudaAsHost`); `torch.cuda.synchronize` and `empty_cache` do nothing;
 - `torch.autocast("cuda", dtype)` runs as the simulation's CPU autocast with CUDA's op lists
   (memorymark/cuda_rules/autocast_emulation.py), its default dtype CUDA's (fp16), and a CUDA
-  `GradScaler` as a CPU one;
+  `GradScaler` as a CPU one; the dtype of each autocast region entered is recorded, so a
+  report can say what the job ran;
 - on fake tensors (`ReadingFakeMode`), a read of a value (`.item()`, `float()`, `bool()`) gets
   zero, as the catalog step's zero-valued inputs would, and is recorded with the user's file and
-  line; a shape that depends on values (`nonzero`, boolean-mask indexing, `unique`) is a
+  line, and the library's when an installed one (TRL's trainer) read it; a shape that depends on
+  values (`nonzero`, boolean-mask indexing, `unique`) is a
   `SimulationError` naming them.
 
 Must not know which batch sizes are tried, how memory is counted, or how anything is shown.
@@ -23,7 +25,9 @@ import contextlib
 import linecache
 import os
 import sys
+import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -92,6 +96,18 @@ def user_location(frame: FrameType | None) -> tuple[str, int] | None:
     return library_line
 
 
+def library_location(frame: FrameType | None) -> tuple[str, int] | None:
+    """(file, line) of the innermost frame from `frame` outwards in an installed package other
+    than torch (TRL's trainer reading `.item()`), when it is inside the user's innermost frame;
+    None when the user's own code is reached first (the user's line is then the whole story)."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not _is_library(filename):
+            return (filename, frame.f_lineno) if _installed(filename) else None
+        frame = frame.f_back
+    return None
+
+
 def traceback_location(tb: TracebackType | None) -> tuple[str, int] | None:
     """`user_location` of the innermost frame of a traceback."""
     last = None
@@ -117,7 +133,7 @@ class ReadingFakeMode(FakeTensorMode):
 
     def __init__(self) -> None:
         super().__init__(allow_non_fake_inputs=True)
-        self.reads: dict[tuple[str, int], ValueRead] = {}
+        self.reads: dict[tuple[tuple[str, int], tuple[str, int] | None], ValueRead] = {}
         """Each place that read a value since the last `take_reads`, in order."""
 
     def take_reads(self) -> tuple[ValueRead, ...]:
@@ -140,9 +156,21 @@ class ReadingFakeMode(FakeTensorMode):
             ) from exc
 
     def _read(self, tensor: torch.Tensor) -> bool | int | float:
-        location = user_location(sys._getframe(2))
-        if location is not None and location not in self.reads:
-            self.reads[location] = ValueRead(*location, _source(location))
+        frame = sys._getframe(2)
+        location, library = user_location(frame), library_location(frame)
+        if library == location:  # no frame of the user's own: the library's line alone
+            library = None
+        key = (location, library)
+        if location is not None and key not in self.reads:
+            found = ValueRead(*location, _source(location))
+            if library is not None:
+                found = replace(
+                    found,
+                    library_file=library[0],
+                    library_line=library[1],
+                    library_op=_source(library),
+                )
+            self.reads[key] = found
         if tensor.dtype is torch.bool:
             return False
         return 0.0 if tensor.dtype.is_floating_point or tensor.dtype.is_complex else 0
@@ -177,13 +205,22 @@ class CudaAsHost(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+_observed = threading.local()
+"""`dtypes`: the autocast dtypes the user's code entered inside `on_host` on this thread."""
+
+
 def _autocast_init(original: Any, self: Any, device_type: str, *args: Any, **kwargs: Any) -> Any:
     if device_type != "cuda":
-        return original(self, device_type, *args, **kwargs)
-    if not args and kwargs.get("dtype") is None:
-        kwargs["dtype"] = torch.float16  # CUDA autocast's default (torch.get_autocast_dtype)
-    self._memorymark_cast_cache = autocast_emulation.cast_cache()
-    return original(self, "cpu", *args, **kwargs)
+        result = original(self, device_type, *args, **kwargs)
+    else:
+        if not args and kwargs.get("dtype") is None:
+            kwargs["dtype"] = torch.float16  # CUDA autocast's default (torch.get_autocast_dtype)
+        self._memorymark_cast_cache = autocast_emulation.cast_cache()
+        result = original(self, "cpu", *args, **kwargs)
+    seen = getattr(_observed, "dtypes", None)
+    if seen is not None and getattr(self, "_enabled", False):
+        seen[str(self.fast_dtype).removeprefix("torch.")] = None
+    return result
 
 
 def _autocast_enter(original: Any, self: Any) -> Any:
@@ -222,10 +259,14 @@ _PATCHES = (
 
 
 @contextlib.contextmanager
-def on_host(host: str = "cpu") -> Iterator[None]:
+def on_host(host: str = "cpu", autocast_seen: dict[str, None] | None = None) -> Iterator[None]:
     """User code in the block runs its `cuda` calls on `host`; a CUDA call that has no host
-    equivalent (`torch.cuda.current_device()`, a CUDA stream) is a one-line SimulationError."""
+    equivalent (`torch.cuda.current_device()`, a CUDA stream) is a one-line SimulationError.
+    `autocast_seen` collects the dtype of each autocast region the code enters."""
+    previous = getattr(_observed, "dtypes", None)
+    _observed.dtypes = autocast_seen if autocast_seen is not None else previous
     with contextlib.ExitStack() as stack:
+        stack.callback(setattr, _observed, "dtypes", previous)
         for patch in _PATCHES:
             stack.enter_context(patch.active())
         stack.enter_context(CudaAsHost(host))

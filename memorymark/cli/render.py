@@ -134,7 +134,7 @@ def _print_value_reads(reads: tuple[ValueRead, ...]) -> None:
     """Where a user's step read a value the simulation answered with zero (control flow after
     it followed that zero)."""
     for read in reads:
-        print(f"  value read as 0 (simulated): {read.file}:{read.line}  {read.op}")
+        print(f"  value read as 0 (simulated): {read.where}")
 
 
 def print_proof(proof: BackwardProof) -> None:

@@ -250,7 +250,14 @@ class History:
         self, report: Report, *, source: str = "api", data: dict[str, Any] | None = None
     ) -> int:
         """Save a finished analysis with every probe, in one transaction; returns its id.
-        `data` is the report's `analyze --json` object when the caller has built it already."""
+        `data` is the report's `analyze --json` object when the caller has built it already.
+        A training job's report is refused (HistoryError): its code is not in the history, and
+        its settings say nothing of its model, so the run could not be shown or run again."""
+        if report.training is not None:
+            raise HistoryError(
+                f"{report.training} is your own training code, which the history cannot keep "
+                "or run again: keep its JSON instead (report_to_dict, or analyze --json)"
+            )
         row = _run_row(report, source, data)
         probes = [(m, 0) for m in report.measurements] + [(m, 1) for m in report.plan_probes]
         conn = self.conn

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from memorymark import models
 from memorymark.distributed import topology
 from memorymark.measurement import Breakdown, Measurement
+from memorymark.settings import Workload
 from memorymark.units import gib
 
 # The one fit policy (memorymark/fit.py), in words, for every backend alike.
@@ -21,6 +22,9 @@ FIT_CRITERION = (
 
 if TYPE_CHECKING:
     from memorymark.report import Report
+
+WORKLOAD_FIELDS = tuple(Workload.__dataclass_fields__)
+"""The settings a training job's own code says (memorymark/step/training.py `check_settings`)."""
 
 
 def report_to_dict(r: Report) -> dict[str, Any]:
@@ -59,6 +63,7 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "current_fits": r.current_fits,
         "capped_at_max_batch": r.capped,
         "verdict": r.verdict(),
+        "fit_window": r.fit_window.to_dict() if r.fit_window else None,
         "breakdown": breakdown.to_dict() if breakdown else None,
         **_weights_and_paging(r),
         "probes": len(r.measurements),
@@ -84,11 +89,30 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "torch_version": r.torch_version,
         "rules_unverified": list(r.unverified_rules),
         "rules_note": r.rules_note,
-        # A training job's model is its own code's, not the settings' default one.
-        "settings": {**r.settings.to_dict(), **({"model": None} if r.training else {})},
+        "settings": _settings_dict(r),
+        "observed": _observed_dict(r),
         "costs": r.costs.to_dict(),
         "environment": r.stamp.to_dict() if r.stamp else None,
     }
+
+
+def _settings_dict(r: Report) -> dict[str, Any]:
+    """Every setting by its flat name. A training job's own code says its model and how it
+    steps (precision, optimizer, sequence length...), which the settings then do not know:
+    those are null, never the catalog's defaults; `observed` says what the job was seen to do."""
+    settings = r.settings.to_dict()
+    if r.training is None:
+        return settings
+    return {**settings, **dict.fromkeys(WORKLOAD_FIELDS)}
+
+
+def _observed_dict(r: Report) -> dict[str, Any] | None:
+    """A training job: what its step was seen to do while it ran off its GPU (`autocast_dtypes`,
+    null when not observed, as on a real GPU). None for the catalog's step."""
+    if r.training is None:
+        return None
+    dtypes = r.autocast_dtypes
+    return {"autocast_dtypes": None if dtypes is None else list(dtypes)}
 
 
 def _weights_and_paging(r: Report) -> dict[str, Any]:

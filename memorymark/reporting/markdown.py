@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from memorymark.measurement import ValueRead
 from memorymark.report import Report
 from memorymark.reporting.json_form import report_to_dict
 
@@ -143,6 +144,7 @@ def _settings(r: Report) -> list[str]:
         rows = [
             ("Training", f"{escape(r.training)} (your own code)"),
             ("GPU", f"{escape(r.gpu.name)} ({r.backend}: memory {r.memory_source})"),
+            ("Autocast (observed)", _autocast_seen(r.autocast_dtypes)),
             ("Search", f"{s.strategy}, step {s.step}, up to batch {s.max_batch}"),
         ]
         return ["| Setting | Value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
@@ -166,6 +168,13 @@ def _settings(r: Report) -> list[str]:
         ("Search", f"{s.strategy}, step {s.step}, up to batch {s.max_batch}"),
     ]
     return ["| Setting | Value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
+
+
+def _autocast_seen(dtypes: tuple[str, ...] | None) -> str:
+    """What a training job's step was seen to do with autocast (its precision is its own)."""
+    if dtypes is None:
+        return "not observed (your code sets its precision)"
+    return ", ".join(dtypes) if dtypes else "none entered"
 
 
 def _probes(d: dict[str, Any]) -> list[str]:
@@ -258,5 +267,15 @@ def _value_reads(r: Report) -> list[str]:
         "control flow after it followed that 0.",
         "",
     ]
-    lines += [f"- `{escape(v.file)}:{v.line}`: `{v.op}`" for v in r.value_reads]
+    lines += [_value_read(v) for v in r.value_reads]
     return [*lines, ""]
+
+
+def _value_read(v: ValueRead) -> str:
+    line = f"- `{escape(v.file)}:{v.line}`: `{v.op}`"
+    if v.library_file is None:
+        return line
+    return (
+        f"- `{escape(v.library_file)}:{v.library_line}`: `{v.library_op}`, in a library, "
+        f"called from `{escape(v.file)}:{v.line}`: `{v.op}`"
+    )
