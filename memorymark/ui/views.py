@@ -19,9 +19,9 @@ from memorymark.gpus import GPU
 from memorymark.measurement import Measurement, is_measured
 from memorymark.measurement import memory_source as source_of
 from memorymark.report import Report
-from memorymark.reporting.markdown import escape
 from memorymark.settings import Settings
 from memorymark.ui import charts, probe_log, throughput_chart
+from memorymark.ui.literal import literal
 from memorymark.ui.sweep_runner import SweepJob, sweep_progress
 from memorymark.units import plural
 
@@ -92,7 +92,7 @@ def app_words(error: str) -> str:
 
 def show_error(error: str) -> None:
     """An st.error with the message (in the app's words) and a next step: never a traceback."""
-    shown = escape(app_words(error), every_punctuation=True)
+    shown = literal(app_words(error))
     st.error(f"The analysis failed: {shown}\n\nNext step: {next_step(error)}")
 
 
