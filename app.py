@@ -76,9 +76,9 @@ def analyze_page() -> None:
             st.caption("Showing the sweep in progress: it runs the settings before your change.")
         views.live_sweep(job)
     elif report is not None:
+        views.finished_sweep(report, job)  # first: in the live panel's place (see views)
         if report.partial_note:
             st.warning(report.partial_note)
-        views.finished_sweep(report, job)
         results.results(report.with_costs(costs))
     elif job is not None and job.changed_while_running and job.report is not None:
         # The settings changed while this sweep ran: its result is still worth seeing.
