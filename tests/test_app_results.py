@@ -245,3 +245,10 @@ def test_an_eval_pass_shows_its_answer_and_its_inputs_round_trip() -> None:
     at.number_input(key="mm_eval_batch").set_value(None).run()
     assert not at.exception
     assert at.number_input(key="mm_eval_accumulation").disabled
+
+
+def test_the_eval_accumulation_box_says_what_runs_when_left_empty() -> None:
+    # Reported: "unset: one batch measured", cut by the sidebar, read as Trainer's unset.
+    at = app(model="tiny-bert", eval_batch="8")
+    box = at.number_input(key="mm_eval_accumulation")
+    assert box.value is None and box.proto.placeholder == "1 (one batch)"
