@@ -98,16 +98,17 @@ def restrict_config_files(root: Path | None) -> None:
 
 
 def check_spec(spec: str) -> tuple[str, str]:
-    """(source, name) of a `file:`, `hf:`, `timm:` or `torchvision:` spec of the right form;
-    ModelSourceError otherwise. Reads nothing: Settings validate with it."""
+    """(source, name) of a `file:`, `upload:`, `hf:`, `timm:` or `torchvision:` spec of the
+    right form; ModelSourceError otherwise. Reads nothing: Settings validate with it."""
     prefix, _, name = spec.partition(":")
     if not name:
         raise ModelSourceError(f"model spec {limits.shown(spec)} names nothing after '{prefix}:'")
     if prefix in _NAMES and not (
         _NAMES[prefix].fullmatch(name) and ".." not in name and "--" not in name
     ):
+        article = "an" if prefix == "upload" else "a"
         raise ModelSourceError(
-            f"{limits.shown(name)} is not a {prefix} model name: use {_NAME_HELP[prefix]}"
+            f"{limits.shown(name)} is not {article} {prefix} model name: use {_NAME_HELP[prefix]}"
         )
     if prefix not in ("file", "upload", "hf", "timm", "torchvision"):
         raise ModelSourceError(
@@ -240,7 +241,9 @@ def from_hub(repo_id: str) -> model_entry.ModelEntry:
             f"could not fetch {repo_id}'s config.json from the Hugging Face hub ({reason}); "
             f"download it where the hub is reachable and pass --config-file PATH"
         ) from None
-    entry = _entry_from_file(path)  # the hub's cache, not a user's path: no upload-folder rule
+    # The hub's cache, not a user's path: no upload-folder rule, and messages name the repo, not
+    # where the server caches it.
+    entry = _entry_from_file(path, shown=limits.shown(f"hf:{repo_id}"))
     return model_entry.ModelEntry(
         **{**_fields(entry), "key": f"hf:{repo_id}", "display_name": f"{repo_id} (hub)"}
     )
