@@ -381,10 +381,10 @@ def test_the_bar_says_what_a_sweep_waits_for_before_its_first_probe(fresh_caches
 
     job = sweep_runner.SweepJob(settings=Settings(), future=None, channel=None)
     job.state = "starting"
-    sweep_runner._a_sweep_started().clear()
+    sweep_runner._A_SWEEP_STARTED.clear()
     assert views.progress_words(job).startswith("Starting a worker: the first analysis after")
     assert "load PyTorch and the model code" in views.progress_words(job)
-    sweep_runner._a_sweep_started().set()
+    sweep_runner._A_SWEEP_STARTED.set()
     assert views.progress_words(job) == "Starting a worker"
     job.state = "running"
     assert views.progress_words(job) == "Building the model and tracing its first training step"

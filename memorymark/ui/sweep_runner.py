@@ -111,10 +111,10 @@ def local_gpus() -> LocalGPUs:
     return page_service().local_gpus()
 
 
-@st.cache_resource(show_spinner=False)
-def _a_sweep_started() -> threading.Event:
-    """Set once a sweep of this server got past starting: its worker pool is warm from then."""
-    return threading.Event()
+_A_SWEEP_STARTED = threading.Event()
+"""Set once a sweep of this server process got past starting: its worker pool is warm from then
+(a plain module value, not a Streamlit resource: the poller thread, which has no script run
+context, sets it)."""
 
 
 def workers_warm() -> bool:
@@ -122,12 +122,12 @@ def workers_warm() -> bool:
     (PyTorch and the model code loaded for every later worker) is behind it, and a job's
     start takes a fraction of a second. Before that, the page says what the first one waits
     for."""
-    return _a_sweep_started().is_set()
+    return _A_SWEEP_STARTED.is_set()
 
 
 def _note_started(job: SweepJob) -> None:
     if job.gpu is not None or job.state not in ("queued", "starting"):
-        _a_sweep_started().set()
+        _A_SWEEP_STARTED.set()
 
 
 def start_workers() -> None:
