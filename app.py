@@ -12,8 +12,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from memorymark.reporting.markdown import escape
 from memorymark.ui import history_views, results, sidebar, sweep_runner, views
+from memorymark.ui.literal import literal
 
 # Found from this file, not from the entrypoint Streamlit ran: hosted/streamlit_app.py runs this
 # file from another folder.
@@ -45,7 +45,7 @@ def analyze_page() -> None:
         views.show_error(str(exc))
         return
     for note in lowered:
-        st.caption(f"{escape(note, every_punctuation=True)}: this server's ceiling is used.")
+        st.caption(f"{literal(note)}: this server's ceiling is used.")
     job = sweep_runner.current_job()
     running = job is not None and job.running
     # Slots sized to their labels, in a row that wraps: fixed columns cut "Analyze" to "An..."
@@ -76,9 +76,9 @@ def analyze_page() -> None:
             st.caption("Showing the sweep in progress: it runs the settings before your change.")
         views.live_sweep(job)
     elif report is not None:
+        views.finished_sweep(report, job)  # first: in the live panel's place (see views)
         if report.partial_note:
             st.warning(report.partial_note)
-        views.finished_sweep(report, job)
         results.results(report.with_costs(costs))
     elif job is not None and job.changed_while_running and job.report is not None:
         # The settings changed while this sweep ran: its result is still worth seeing.

@@ -237,6 +237,24 @@ class Report:
         allowed)."""
         return best_fit(self.searched, runs=True)
 
+    def max_note(self) -> str | None:
+        """What the max batch is, in words with its memory: one that keeps the margin free (the
+        optimal batch's own), or why it is not recommended (it eats into the margin, or runs
+        only after a cache flush). None when no batch runs."""
+        maximum = self.max_fit
+        if maximum is None:
+            return None
+        held = maximum.required_bytes if maximum.required_bytes is not None else maximum.peak_bytes
+        figure = f"{gib(held):.2f} GiB reserved"
+        if maximum.fits:
+            return f"keeps the margin free: {figure}"
+        if maximum.alloc_retries:
+            return f"runs only after a cache flush (an allocation retry): {figure}"
+        return (
+            f"runs, but inside the {self.settings.margin} margin: {figure}, above the "
+            f"{gib(self.limit_bytes):.2f} GiB limit"
+        )
+
     @property
     def current_fits(self) -> bool:
         """False when the current batch does not run (out of memory), or a smaller one did not."""
@@ -406,7 +424,7 @@ class Report:
         if optimal is None and maximum is not None:
             return (
                 f"No batch size on this {gpu} leaves the margin free without an allocation "
-                f"retry; batch {maximum.batch_size} runs with no headroom."
+                f"retry; batch {maximum.batch_size} {self.max_note()}."
             )
         if optimal is None and self.settings.eval_batch is not None:
             return (

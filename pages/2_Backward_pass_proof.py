@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from memorymark.analyses.proof import PROTOCOLS, BackwardProof
+from memorymark.analyses.proof import EXPECTED, PROTOCOLS, BackwardProof
 from memorymark.service.jobs import backward_proof
 from memorymark.ui import charts, page_charts, page_runs, sidebar, tables, views
 
@@ -48,7 +48,7 @@ if error is not None:
 st.metric(
     f"Forward+backward / forward-only ({proof.memory_source})",
     f"{proof.ratio:.2f}x",
-    delta=f"{proof.verdict}: 2x or more expected when backward is measured",
+    delta=f"{proof.verdict}: {EXPECTED}",
     delta_color="normal" if proof.verdict == "PASS" else "inverse",
     delta_arrow="off",
 )

@@ -10,8 +10,8 @@ from __future__ import annotations
 import streamlit as st
 
 from memorymark.history import HistoryError
-from memorymark.reporting.markdown import escape
 from memorymark.ui import history_charts, history_views, results, sidebar, views
+from memorymark.ui.literal import literal
 
 PICK_KEY = "mm_history_pick"
 
@@ -38,13 +38,14 @@ with history_views.open_history() as db:
     try:
         runs = db.runs()
     except HistoryError as exc:
-        st.error(f"The history cannot be read: {escape(exc, every_punctuation=True)}")
+        st.error(f"The history cannot be read: {literal(exc)}")
         st.stop()
     if not db.private:  # a hosted server shows no path of its own
-        st.caption(f"Database: `{db.path}`")
+        st.caption(f"Database: {literal(db.path)}")
     if not runs:
-        st.info("No saved analyses yet: click **Analyze** on the main page, or run "
-                "`memorymark analyze`.")  # fmt: skip
+        # A hosted visitor has no command line: the main page is their only way in.
+        cli = "" if db.private else ", or run `memorymark analyze`"
+        st.info(f"No saved analyses yet: click **Analyze** on the main page{cli}.")
         st.stop()
 
     model_col, gpu_col = st.columns(2)
@@ -71,9 +72,9 @@ with history_views.open_history() as db:
     reports, errors, notes = history_views.reopen(db, picked)
 
 for error in errors:
-    st.warning(f"Cannot reopen {escape(error, every_punctuation=True)}")
+    st.warning(f"Cannot reopen {literal(error)}")
 for note in notes:
-    st.info(escape(note, every_punctuation=True))
+    st.info(literal(note))
 if len(reports) >= 2:
     overlay = [
         (f"#{run_id} {report.settings.model} on {report.gpu.name}", report)
@@ -87,7 +88,7 @@ if reports:
     if len(choices) > 1:
         opened = st.selectbox("Open run", choices, format_func=labels.__getitem__)
     report = reports[opened]
-    st.subheader(labels[opened])
+    st.subheader(literal(labels[opened]))
     saved = report.stamp.finished_utc if report.stamp else None
     views.finished_sweep(report, None, saved_utc=saved)
     results.results(report)

@@ -68,7 +68,14 @@ st.metric(
     "none" if answer.optimal_seq_len is None else f"{answer.optimal_seq_len:,} tokens",
 )
 st.info(answer.verdict())
-st.dataframe(tables.seq_len_table(answer), hide_index=True, width="stretch")
+st.dataframe(
+    tables.seq_len_table(answer),
+    hide_index=True,
+    width="stretch",
+    # The reason is a sentence ("needs a cache flush (allocation retry) at 19.43 GiB"): at the
+    # default width it was cut to "needs a cache fl...".
+    column_config={"Why not": st.column_config.TextColumn(width="large")},
+)
 st.caption(
     f"Memory {charts.source_label(answer.memory_source)} against {answer.gpu_name}; "
     f"{plural(len(answer.probes), 'probe')} in {answer.elapsed_seconds:.1f} s. CLI: "

@@ -162,5 +162,7 @@ def trace(spec: dict, name: str) -> dict:
 
 
 def shown(markdown: str) -> str:
-    """What a message's markdown shows: its backslash escapes (user text) resolved."""
-    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown)
+    """What a message's markdown shows: its code spans (user text, `ui.literal`) unwrapped and
+    its backslash escapes resolved."""
+    unwrapped = re.sub(r"(`+) (.*?) \1(?!`)", r"\2", markdown)
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", unwrapped)

@@ -156,6 +156,8 @@ def test_a_hosted_server_gives_each_visitor_a_history_of_their_own(fake, monkeyp
     second = page()  # another browser session
     assert not second.exception
     assert "No saved analyses yet" in second.info[0].value and not second.dataframe
+    # A visitor has no command line to run (it was "...or run `memorymark analyze`").
+    assert "memorymark" not in second.info[0].value and "memorymark" not in second.caption[0].value
     for at in (first, second):
         assert not any("Database" in c.value for c in at.caption)
         assert not any(str(History().path) in e.value for e in at.get("markdown"))

@@ -336,3 +336,57 @@ def test_a_rerun_with_nothing_new_draws_the_charts_it_built(fake, monkeypatch) -
     at.number_input(key="mm_current_batch").set_value(8).run()
     at.button(key="analyze").click().run()  # another analysis: its own charts
     assert not at.exception and len(built) == 2
+
+
+def _places(at) -> dict[str, tuple[int, ...]]:
+    """Where the sweep panel's parts sit in the page's element tree (indexes from the top)."""
+    places = {}
+
+    def walk(node, path: tuple[int, ...]) -> None:
+        for index, child in getattr(node, "children", {}).items():
+            kind, here = getattr(child, "type", None), (*path, index)
+            if kind == "caption" and str(child.value) == "Live log":
+                places.setdefault("log caption", here)
+            elif kind == "code":
+                places.setdefault("log", here)
+            elif kind == "progress":
+                places.setdefault("bar", here)
+            elif kind != "horizontal_block":  # not into the charts' columns
+                walk(child, here)
+
+    walk(at.main, ())
+    return places
+
+
+def test_the_finished_panel_takes_the_live_panels_place(fake) -> None:
+    # Reported: a stale, greyed second "Live log" stayed while the results rendered: the
+    # finished panel was drawn one place above the live one, which stayed until overwritten.
+    fake.gate = threading.Event()
+    at = app(sync=False, model="tiny-bert")
+    at.button(key="analyze").click().run()
+    run_until(at, lambda at: "1 probe" in at.get("progress")[0].proto.text)
+    live = _places(at)
+    fake.gate.set()
+    run_until(at, lambda at: bool(at.metric))
+    done = _places(at)
+    assert set(live) == {"bar", "log caption", "log"}
+    assert done == live
+    assert at.get("progress")[0].proto.text.startswith("Done (4 probes, ")
+    assert sum(c.value == "Live log" for c in at.caption) == 1
+
+
+def test_the_bar_says_what_a_sweep_waits_for_before_its_first_probe(fresh_caches) -> None:
+    # Reported: "Starting (0 probes)" for about 15 s said nothing of what it waited for.
+    from memorymark.settings import Settings
+
+    job = sweep_runner.SweepJob(settings=Settings(), future=None, channel=None)
+    job.state = "starting"
+    sweep_runner._A_SWEEP_STARTED.clear()
+    assert views.progress_words(job).startswith("Starting a worker: the first analysis after")
+    assert "load PyTorch and the model code" in views.progress_words(job)
+    sweep_runner._A_SWEEP_STARTED.set()
+    assert views.progress_words(job) == "Starting a worker"
+    job.state = "running"
+    assert views.progress_words(job) == "Building the model and tracing its first training step"
+    job.measurements.append(object())
+    assert views.progress_words(job) == "Sweeping"

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from dataclasses import replace
 
 import pytest
 from app_samples import A10, MIB, by_name, gpu_fit, probe, sample_proof, sample_report
 
 from memorymark.measurement import Measurement
+from memorymark.models import sources
 from memorymark.reporting import exports
 from memorymark.settings import Settings
 from memorymark.ui import compare_view, model_inputs, results, tables, throughput_chart, views
@@ -109,10 +111,13 @@ def test_every_engine_error_gets_a_next_step(error: str, step: str) -> None:
 
 
 def test_an_upload_is_saved_once_per_content(tmp_path) -> None:
-    first = model_inputs.save_upload("My Model.json", b"{}", tmp_path)
-    assert first.parent.name.startswith("My-Model-") and first.name == "config.json"
-    assert model_inputs.save_upload("My Model.json", b"{}", tmp_path) == first
-    assert model_inputs.save_upload("My Model.json", b"{ }", tmp_path) != first
+    first = model_inputs.save_upload("My  Model (2).json", b"{}", tmp_path)
+    # A name the engine's `upload:` source accepts: no path, no "--" (sources.check_spec).
+    assert re.fullmatch(r"upload:My-Model-2-[0-9a-f]{10}", first)
+    assert (tmp_path / first.removeprefix("upload:") / "config.json").read_bytes() == b"{}"
+    sources.check_spec(first)
+    assert model_inputs.save_upload("My  Model (2).json", b"{}", tmp_path) == first
+    assert model_inputs.save_upload("My  Model (2).json", b"{ }", tmp_path) != first
 
 
 def test_throughput_figure_says_why_it_is_empty() -> None:

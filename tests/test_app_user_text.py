@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import html
+import re
 
 import pytest
 from app_helpers import app, shown
 from markdown_it import MarkdownIt
 
-from memorymark.reporting.markdown import escape
 from memorymark.ui import views
+from memorymark.ui.literal import literal
 
 pytestmark = pytest.mark.usefixtures("fresh_caches")
 
@@ -26,9 +27,14 @@ HOSTILE = (
 )
 
 
+# GFM's literal autolinks (remark-gfm, which Streamlit's renderer uses): found in the text nodes
+# once parsed, so after backslash escapes are resolved; never inside a code span.
+AUTOLINK = re.compile(r"https?://|www\.|[\w.+-]+@[\w-]+\.\w", re.IGNORECASE)
+
+
 def plain(text: object) -> str:
     """What the app's messages make of user text."""
-    return escape(text, every_punctuation=True)
+    return literal(text)
 
 
 def rendered(markdown: str) -> str:
@@ -36,11 +42,27 @@ def rendered(markdown: str) -> str:
     return MarkdownIt("commonmark").render(markdown)
 
 
+def autolinked(markdown: str) -> list[str]:
+    """The parsed text runs of `markdown` that GFM would turn into links."""
+    found = []
+    for block in MarkdownIt("commonmark").parse(markdown):
+        for token in block.children or ():
+            if token.type == "text" and AUTOLINK.search(token.content):
+                found.append(token.content)
+    return found
+
+
 @pytest.mark.parametrize("text", HOSTILE)
 def test_plain_text_renders_as_the_characters_typed(text):
     out = rendered(plain(text))
-    assert out == f"<p>{html.escape(' '.join(text.split()), quote=False)}</p>\n"
-    assert "https:" not in plain(text) and "www." not in plain(text)  # no GFM autolink either
+    assert out == f"<p><code>{html.escape(' '.join(text.split()), quote=False)}</code></p>\n"
+    assert autolinked(plain(text)) == []  # no GFM autolink either
+
+
+def test_the_autolink_check_sees_what_a_backslash_escape_does_not_stop() -> None:
+    # The reported link: `?gpu=https://evil.example` was escaped, and still a link in Chromium.
+    assert autolinked(r"unknown GPU 'https\:\/\/evil\.example'") != []
+    assert autolinked(f"unknown GPU {literal('https://evil.example')}") == []
 
 
 def test_a_model_name_in_a_link_is_not_a_link_in_the_warning():
@@ -48,6 +70,7 @@ def test_a_model_name_in_a_link_is_not_a_link_in_the_warning():
     assert not at.exception
     warning = at.sidebar.warning[0].value
     assert PHISH in shown(warning) and "<a" not in rendered(warning)
+    assert autolinked(warning) == []
 
 
 def test_a_model_name_typed_in_the_text_box_is_not_a_link_in_the_error():
@@ -67,5 +90,15 @@ def test_an_engine_error_quoting_user_text_is_shown_plain(monkeypatch):
     monkeypatch.setattr(views.st, "error", shown_bodies.append)
     views.show_error(f"could not fetch {PHISH}'s config.json from the Hugging Face hub")
     body = shown_bodies[0]
-    assert "<a" not in rendered(body)
+    assert "<a" not in rendered(body) and autolinked(body) == []
     assert "Next step: download the model's config.json" in body
+
+
+@pytest.mark.parametrize("gpu", ["https://evil.example", "www.evil.example", "me@evil.example"])
+def test_a_url_in_a_link_is_plain_text_in_the_apps_own_warning(gpu):
+    # The reported repro: /?gpu=https://evil.example auto-linked inside "Ignored the link's...".
+    at = app(gpu=gpu)
+    assert not at.exception
+    warning = at.sidebar.warning[0].value
+    assert warning.startswith("Ignored the link's settings: ")
+    assert f"unknown GPU '{gpu}'" in warning and autolinked(warning) == []

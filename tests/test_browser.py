@@ -182,3 +182,20 @@ def test_the_server_log_stays_quiet_through_an_analysis(app_url: str, server_log
     assert "missing ScriptRunContext" not in log
     assert "streamlit run [FILE_NAME]" not in log  # st.* called in a bare worker
     assert "You can now view your Streamlit app" not in log
+
+
+def test_a_url_in_a_link_is_no_link_in_the_apps_own_warning(app_url: str) -> None:
+    # Reported: /?gpu=https://evil.example put a working link in "Ignored the link's settings":
+    # Streamlit's GFM autolinks it even backslash-escaped. A code span (ui.literal) stops that.
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{app_url}/?gpu=https://evil.example", timeout=60_000)
+            warning = page.locator('[data-testid="stAlert"]', has_text="Ignored the link")
+            expect(warning).to_contain_text("unknown GPU 'https://evil.example'", timeout=60_000)
+            assert warning.locator("a").count() == 0
+        finally:
+            browser.close()

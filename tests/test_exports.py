@@ -70,7 +70,7 @@ def test_markdown_report_has_answer_settings_probes_environment_and_command() ->
     text = exports.markdown(report)
     assert text.startswith("## MemoryMark: tiny-bert on A10 (simulated)")
     assert "| Optimal batch size | 192 (2% margin kept free) |" in text
-    assert "| Max batch size | 192 (runs with no headroom) |" in text
+    assert "| Max batch size | 192 (keeps the margin free: 19.75 GiB reserved) |" in text
     assert "| Memory at the optimal batch (simulated) | 19.750 GiB (peak allocated) |" in text
     assert "| Plan for a global batch of 256 | micro-batch 64 x 4 accumulation steps |" in text
     # One table row per probe, sorted by batch, the OOM saying so.

@@ -8,7 +8,9 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from app_helpers import TIMEOUT
@@ -103,3 +105,64 @@ def test_no_entrypoint_draws_a_stray_string() -> None:
             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
         ]
         assert strays == [], f"{path.name} lines {strays}"
+
+
+def page_text(at: AppTest) -> str:
+    """Everything the page draws (each element's message: text, values, link targets) and its
+    link, as one string."""
+
+    def walk(node: Any) -> Iterator[str]:
+        proto = getattr(node, "proto", None)
+        if proto is not None:
+            yield str(proto)
+        for child in getattr(node, "children", {}).values():
+            yield from walk(child)
+
+    return "\n".join([*walk(at._tree), str(at.query_params)])
+
+
+@pytest.fixture
+def hosted_uploads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A hosted server (sweeps inline) whose uploads go to `tmp_path`."""
+    from memorymark.models import sources
+
+    monkeypatch.setattr(sweep_runner, "server_config", lambda: ServerConfig(hosted=True))
+    monkeypatch.setattr(sources, "UPLOAD_DIR", tmp_path)
+    monkeypatch.setattr(sources, "_config_root", tmp_path.resolve())
+    sources.from_upload.cache_clear()
+    return tmp_path
+
+
+def upload(data: bytes, name: str = "my bert.json") -> AppTest:
+    at = AppTest.from_file("../app.py", default_timeout=TIMEOUT)
+    at.session_state[sweep_runner.SYNC_KEY] = True
+    at.query_params.update(max_batch="16", current_batch="8")
+    at.run()
+    at.file_uploader(key="mm_upload").set_value((name, data, "application/json")).run()
+    assert not at.exception
+    return at
+
+
+@pytest.mark.usefixtures("fresh_caches")
+def test_a_hosted_app_shows_no_server_path_for_an_upload(hosted_uploads: Path) -> None:
+    from memorymark import models
+
+    at = upload(Path(models.CONFIG_DIR, "tiny-bert.json").read_bytes())
+    spec = at.text_input(key="mm_model_spec").value
+    assert spec.startswith("upload:my-bert-")
+    at.button(key="analyze").click().run()
+    assert not at.exception
+    text = page_text(at)
+    assert "Optimal batch size" in text  # the answer, its log and commands were drawn
+    assert spec in text  # the upload is named by its name...
+    for path in (str(hosted_uploads), str(hosted_uploads.resolve()), "memorymark-uploads"):
+        assert path not in text  # ...and its folder on the server never shows
+
+
+@pytest.mark.usefixtures("fresh_caches")
+def test_a_hosted_app_names_a_bad_upload_without_its_server_path(hosted_uploads: Path) -> None:
+    at = upload(b'{"model_type": "bert", "hidden_size": ', name="broken.json")
+    errors = [e.value for e in at.error]
+    assert errors and "upload:broken-" in errors[0] and "is not valid JSON" in errors[0]
+    text = page_text(at)
+    assert str(hosted_uploads) not in text and "memorymark-uploads" not in text

@@ -270,3 +270,34 @@ def test_a_dask_sweep_stops_between_probes_when_cancelled(dask_cluster, monkeypa
         assert job.channel.stop_requested()  # the worker stops after the probe in flight
     finally:
         service.shutdown()
+
+
+def test_each_traced_probe_is_sent_before_the_next_trace_starts(monkeypatch) -> None:
+    # Reported: the page showed the traced probes late, "all points at once". The worker sends
+    # each one the moment it is traced; only the symbolic search's replays come together.
+    from memorymark.backends.base import Backend
+
+    events: list[str] = []
+    measure = Backend.measure
+
+    def traced(self, batch_size: int):
+        events.append(f"trace {batch_size}")
+        return measure(self, batch_size)
+
+    class Recording(ThreadChannel):
+        def put(self, message) -> None:
+            if message[0] == "probe":
+                m = message[1][0]
+                events.append(f"{'replay' if m.replayed else 'sent'} {m.batch_size}")
+            super().put(message)
+
+    monkeypatch.setattr(Backend, "measure", traced)
+    settings = Settings(model="tiny-bert", seq_len=16, gpu="a10", max_batch=64, current_batch=8)
+    outcome = jobs.run_sweep(SweepRequest(settings), Recording())
+    assert outcome.report is not None, outcome.error
+    traces = [e for e in events if e.startswith("trace")]
+    assert len(traces) >= 2
+    for event in traces:
+        batch = event.split()[1]
+        # sent right after its own trace, before anything else is traced
+        assert events[events.index(event) + 1] == f"sent {batch}"

@@ -3,6 +3,7 @@
 import json
 import sys
 import types
+from pathlib import Path
 
 import pytest
 from config_samples import TINY_BERT
@@ -193,3 +194,29 @@ def test_settings_validate_a_spec_s_form_and_read_nothing(monkeypatch, tmp_path)
         Settings(model="hf:not a repo")
     with pytest.raises(ValueError, match="unknown model source 'ftp'"):
         Settings(model="ftp:x")
+
+
+def test_a_bad_hub_config_is_named_by_its_repo_not_the_servers_cache(monkeypatch, tmp_path):
+    # A hosted app shows no server path: the hub's cache is one.
+    bad = tmp_path / "config.json"
+    bad.write_text('{"model_type": "bert", ')
+    monkeypatch.setattr(sources, "_hub_config_path", lambda repo_id: str(bad))
+    sources.from_hub.cache_clear()
+    with pytest.raises(sources.ModelSourceError, match="config file 'hf:org/broken' is not valid"):
+        sources.from_hub("org/broken")
+    sources.from_hub.cache_clear()
+
+
+def test_an_upload_is_read_by_name_from_the_upload_folder(monkeypatch, tmp_path):
+    folder = tmp_path / "my-bert-0123456789"
+    folder.mkdir()
+    (folder / "config.json").write_text(Path(models.CONFIG_DIR, "tiny-bert.json").read_text())
+    monkeypatch.setattr(sources, "UPLOAD_DIR", tmp_path)
+    sources.from_upload.cache_clear()
+    entry = sources.resolve("upload:my-bert-0123456789")
+    assert entry.key == "upload:my-bert-0123456789" and entry.default_task
+    with pytest.raises(sources.ModelSourceError, match="not an upload model name"):
+        sources.check_spec("upload:../etc")
+    with pytest.raises(sources.ModelSourceError, match="config file 'upload:gone' does not exist"):
+        sources.resolve("upload:gone")
+    sources.from_upload.cache_clear()

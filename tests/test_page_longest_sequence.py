@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -32,6 +34,8 @@ def test_the_page_finds_the_longest_sequence_at_the_current_batch() -> None:
     table = at.dataframe[0].value
     assert list(table["Sequence length"])[0] == 128
     assert set(table["Why not"]) == {""}  # every length fits: nothing to explain
+    # Wide enough for its sentence (it was cut to "needs a cache fl...").
+    assert json.loads(at.dataframe[0].proto.columns)["Why not"]["width"] == "large"
     # The answer that ends the worker's stream is not counted as one more probe.
     # The answer that ends the worker's stream is not counted as one more probe.
     labels = [getattr(e, "label", None) for e in at.main.children.values()]

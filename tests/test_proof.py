@@ -51,3 +51,12 @@ def test_a_weak_gap_still_warns() -> None:
     assert proof.ratio == pytest.approx(1.43, abs=0.02)
     assert proof.verdict == "WARN"
     assert "try a larger batch" in proof.verdict_note
+
+
+@pytest.mark.parametrize("ratio", [1.2, 1.79, 1.8, 1.85, 2.5])
+def test_the_words_name_the_threshold_the_verdict_uses(ratio: float) -> None:
+    # Reported: the page said "2x or more expected" and passed 1.8x.
+    proof = proof_with_ratio(ratio)
+    assert "1.8x or more expected" in proof.verdict_note
+    assert "2x or more" not in proof.verdict_note and "2x expected" not in proof.verdict_note
+    assert (proof.verdict == "PASS") == (ratio >= 1.8)

@@ -315,3 +315,10 @@ def test_the_snippets_load_the_measured_quantization_and_optimizer():
     exec(compile(hf.split("\nargs = ")[0], "<snippet>", "exec"), names)
     assert names["bnb_config"].bnb_4bit_use_double_quant
     assert names["bnb_config"].load_in_4bit
+
+
+def test_no_paged_state_says_why_rather_than_zero_gib():
+    # Reported: "Paged optimizer state 0.00 GiB" under a QLoRA answer (LoRA's buffers are small).
+    assert "0.00 GiB" not in paging.note(0, False)
+    assert paging.note(0, False).startswith("no optimizer state is paged: bitsandbytes pages only")
+    assert "0.00" not in paging.note(3 * 2**20, False)  # a few MiB shows as such, not 0.00

@@ -240,3 +240,23 @@ def test_a_current_batch_that_needed_a_cache_flush_says_so():
                           measured=False)  # fmt: skip
     r = report([m(8, 2.0), flushed, m(24, 30.0, fits=False)], current=16)
     assert "runs on this A10 only after the allocator flushed its cache" in r.verdict()
+
+
+def test_the_max_batch_says_what_no_headroom_means():
+    # Reported: "max batch size 24 (runs with no headroom: 19.05 GiB reserved)" at 88% reserved.
+    kept = report([m(8, 2.0), m(16, 19.05), m(24, 30.0, fits=False)])
+    assert kept.max_fit.batch_size == 16
+    assert kept.max_note() == "keeps the margin free: 19.05 GiB reserved"
+    inside = report([m(8, 2.0), m(16, 21.0, fits=False, runs=True), m(24, 30.0, fits=False)])
+    assert inside.max_note() == (
+        f"runs, but inside the 2% margin: 21.00 GiB reserved, above the "
+        f"{inside.limit_bytes / GIB:.2f} GiB limit"
+    )
+    flushed = Measurement(batch_size=16, fits=False, runs=True, peak_bytes=3 * GIB,
+                          required_bytes=3 * GIB, alloc_retries=1, backend="sim",
+                          measured=False)  # fmt: skip
+    assert report([m(8, 2.0), flushed]).max_note() == (
+        "runs only after a cache flush (an allocation retry): 3.00 GiB reserved"
+    )
+    assert report([m(8, 30.0, fits=False)]).max_note() is None
+    assert "no headroom" not in inside.verdict()

@@ -29,6 +29,8 @@ from memorymark.settings import Settings
 # activations raise the forward-only peak a little at small batches (1.93x at batch 4 above).
 PASS_FROM = 1.8
 FAIL_BELOW = 1.2
+EXPECTED = f"{PASS_FROM:g}x or more expected: about 2x for a gradient per trained weight"
+"""What a measured backward shows, in the words every verdict uses (the threshold is PASS_FROM)."""
 
 PROTOCOLS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     (
@@ -101,16 +103,15 @@ class BackwardProof:
         if self.verdict == "PASS":
             return (
                 f"backward measured: gradients and the activations kept for it take "
-                f"{self.ratio:.2f}x the forward's peak (2x or more expected, more at larger "
-                "batches)"
+                f"{self.ratio:.2f}x the forward's peak ({EXPECTED}, more at larger batches)"
             )
         if self.verdict == "WARN":
             return (
-                f"backward adds less than a gradient per weight would ({self.ratio:.2f}x, 2x "
-                "expected): LoRA or frozen weights, or a batch too small to show the gap; try a "
-                "larger batch"
+                f"backward adds less than a gradient per weight would ({self.ratio:.2f}x; "
+                f"{EXPECTED}): LoRA or frozen weights, or a batch too small to show the gap; try "
+                "a larger batch"
             )
-        return f"backward was almost certainly not measured ({self.ratio:.2f}x, 2x expected)"
+        return f"backward was almost certainly not measured ({self.ratio:.2f}x; {EXPECTED})"
 
     def to_dict(self) -> dict[str, Any]:
         """The `validate-backward --json` object."""

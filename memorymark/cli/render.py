@@ -187,10 +187,7 @@ def print_report(r: Report, d: dict[str, Any]) -> None:
         f"  optimal batch size   {d['optimal_batch_size']}  ({d['optimal_memory_gb']} GiB"
         f"{held}, {r.memory_source}; keeps the margin free)"
     )
-    print(
-        f"  max batch size       {d['max_batch_size']}  (runs with no headroom: "
-        f"{d['max_reserved_gb']} GiB reserved)"
-    )
+    print(f"  max batch size       {d['max_batch_size']}  ({r.max_note()})")
     oom = d["predicted_oom_batch"]
     print(
         f"  usable memory        {d['usable_gb']} GiB, less a {d['margin_gb']} GiB margin"

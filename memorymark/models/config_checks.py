@@ -50,9 +50,10 @@ _CEILINGS: dict[str, tuple[int, str]] = {
 }
 
 
-def read_config(path: Path) -> dict[str, Any]:
-    """The checked contents of the config.json at `path` (ConfigError, one line, otherwise)."""
-    name = limits.shown(str(path))
+def read_config(path: Path, *, shown: str | None = None) -> dict[str, Any]:
+    """The checked contents of the config.json at `path` (ConfigError, one line, otherwise);
+    messages call the file `shown` when given (an upload's name instead of a server path)."""
+    name = shown or limits.shown(str(path))
     raw = _read_capped(path, name)
     try:
         data = json.loads(raw.decode("utf-8"))

@@ -2,10 +2,12 @@
 
 Each source becomes a `ModelEntry` the rest of the engine treats like a catalog model:
 
-- `file:PATH` (the CLI's `--config-file`, the app's upload): any transformers `config.json`,
-  read and checked by `config_checks` (a regular file, capped size, sane types and sizes) and
-  then by transformers' own config class; its tasks come from the transformers auto-model
+- `file:PATH` (the CLI's `--config-file`): any transformers `config.json`, read and checked
+  by `config_checks` (a regular file, capped size, sane types and sizes) and then by
+  transformers' own config class; its tasks come from the transformers auto-model
   mappings for its `model_type`, its default task from its `architectures`;
+- `upload:NAME`: a config.json the app saved in its upload folder (`UPLOAD_DIR/NAME/config.json`),
+  read as a file; the spec names the upload, never a path, so a hosted app shows no server path;
 - `hf:ORG/NAME`: fetches only `config.json` from the Hugging Face hub (never weights), then as
   a file; offline, one line within seconds says so and how to pass `--config-file` instead;
 - `timm:NAME`, `torchvision:NAME`: built by those libraries with no pretrained weights; both are
@@ -21,6 +23,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -55,17 +58,25 @@ _POSITION_KEYS = ("max_position_embeddings", "n_positions")
 # `list_models()` names, e.g. vit_base_patch16_224.augreg_in21k); its "hf-hub:" and
 # "local-dir:" schemes are refused. torchvision's: `torchvision.models.list_models()` names.
 _NAMES = {
+    "upload": re.compile(r"[A-Za-z0-9_-]{1,64}", re.ASCII),  # model_inputs.save_upload's folders
     "hf": re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}", re.ASCII),
     "timm": re.compile(r"[A-Za-z0-9_]{1,128}(\.[A-Za-z0-9_]{1,128})?", re.ASCII),
     "torchvision": re.compile(r"[A-Za-z0-9_]{1,128}", re.ASCII),
 }
 _NAME_HELP = {
+    "upload": "upload:NAME, as the app's upload names it",
     "hf": "hf:ORG/NAME, e.g. hf:openai-community/gpt2",
     "timm": "timm:NAME or timm:NAME.TAG, e.g. timm:convnext_tiny",
     "torchvision": "torchvision:NAME, e.g. torchvision:resnet50",
 }
 # Seconds to wait for the hub: huggingface_hub's own HF_HUB_ETAG_TIMEOUT when set, else this.
 HUB_TIMEOUT_SECONDS = 5.0
+
+
+UPLOAD_DIR = Path(tempfile.gettempdir()) / "memorymark-uploads"
+"""Where the app writes an uploaded config.json (one folder per upload) and `upload:` reads it;
+the same folder in the server and its worker processes, which share a temporary directory."""
+UPLOAD_FILE = "config.json"
 
 
 class ModelSourceError(ValueError):
@@ -87,18 +98,19 @@ def restrict_config_files(root: Path | None) -> None:
 
 
 def check_spec(spec: str) -> tuple[str, str]:
-    """(source, name) of a `file:`, `hf:`, `timm:` or `torchvision:` spec of the right form;
-    ModelSourceError otherwise. Reads nothing: Settings validate with it."""
+    """(source, name) of a `file:`, `upload:`, `hf:`, `timm:` or `torchvision:` spec of the
+    right form; ModelSourceError otherwise. Reads nothing: Settings validate with it."""
     prefix, _, name = spec.partition(":")
     if not name:
         raise ModelSourceError(f"model spec {limits.shown(spec)} names nothing after '{prefix}:'")
     if prefix in _NAMES and not (
         _NAMES[prefix].fullmatch(name) and ".." not in name and "--" not in name
     ):
+        article = "an" if prefix == "upload" else "a"
         raise ModelSourceError(
-            f"{limits.shown(name)} is not a {prefix} model name: use {_NAME_HELP[prefix]}"
+            f"{limits.shown(name)} is not {article} {prefix} model name: use {_NAME_HELP[prefix]}"
         )
-    if prefix not in ("file", "hf", "timm", "torchvision"):
+    if prefix not in ("file", "upload", "hf", "timm", "torchvision"):
         raise ModelSourceError(
             f"unknown model source {limits.shown(prefix)}: use file:, hf:, timm: or torchvision:"
         )
@@ -111,6 +123,8 @@ def resolve(spec: str) -> model_entry.ModelEntry:
     prefix, name = check_spec(spec)
     if prefix == "file":
         return from_config_file(name)
+    if prefix == "upload":
+        return from_upload(name)
     if prefix == "hf":
         return from_hub(name)
     if prefix in ("timm", "torchvision"):
@@ -137,10 +151,21 @@ def from_config_file(path: str) -> model_entry.ModelEntry:
     return _entry_from_file(path)
 
 
-def _entry_from_file(path: str) -> model_entry.ModelEntry:
-    shown = limits.shown(path)
+@cache
+def from_upload(name: str) -> model_entry.ModelEntry:
+    """An entry for the config.json the app saved as upload `name`. Its messages name the
+    upload, not where the server keeps it (a hosted app shows no server path)."""
+    path = UPLOAD_DIR / name / UPLOAD_FILE
+    entry = _entry_from_file(str(path), shown=limits.shown(f"upload:{name}"))
+    return model_entry.ModelEntry(**{**_fields(entry), "key": f"upload:{name}"})
+
+
+def _entry_from_file(path: str, *, shown: str | None = None) -> model_entry.ModelEntry:
+    """The entry of the config.json at `path`; messages call it `shown` (the path itself
+    unless the caller names it otherwise)."""
+    shown = shown or limits.shown(path)
     try:
-        data = config_checks.read_config(Path(path).expanduser())
+        data = config_checks.read_config(Path(path).expanduser(), shown=shown)
     except config_checks.ConfigError as exc:
         raise ModelSourceError(str(exc)) from None
     model_type = data["model_type"]
@@ -216,7 +241,9 @@ def from_hub(repo_id: str) -> model_entry.ModelEntry:
             f"could not fetch {repo_id}'s config.json from the Hugging Face hub ({reason}); "
             f"download it where the hub is reachable and pass --config-file PATH"
         ) from None
-    entry = _entry_from_file(path)  # the hub's cache, not a user's path: no upload-folder rule
+    # The hub's cache, not a user's path: no upload-folder rule, and messages name the repo, not
+    # where the server caches it.
+    entry = _entry_from_file(path, shown=limits.shown(f"hf:{repo_id}"))
     return model_entry.ModelEntry(
         **{**_fields(entry), "key": f"hf:{repo_id}", "display_name": f"{repo_id} (hub)"}
     )

@@ -56,7 +56,7 @@ def _answer(d: dict[str, Any], r: Report) -> list[str]:
     margin = f"{r.settings.margin} margin kept free"
     rows = [
         ("Optimal batch size", f"{d['optimal_batch_size'] or 'none'} ({margin})"),
-        ("Max batch size", f"{d['max_batch_size'] or 'none'} (runs with no headroom)"),
+        ("Max batch size", f"{d['max_batch_size'] or 'none'} ({r.max_note() or 'none runs'})"),
         (
             f"Memory at the optimal batch ({src})",
             _gib(d["optimal_memory_gb"], "peak allocated")

@@ -24,7 +24,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from memorymark.units import in_gib
+from memorymark.units import size_text
+
+PAGED_MIN_VALUES = 100_000
+"""The smallest state buffer bitsandbytes pages (its optimizers page a buffer of at least 1e5
+values, the module docstring's `get_paged` rule); smaller ones go through the allocator."""
 
 
 def pages_to_host(required_bytes: int | None, paged_bytes: int, capacity_bytes: int) -> bool:
@@ -46,10 +50,16 @@ def paged_state_bytes(state_values: Iterable[Any]) -> int:
 
 
 def note(paged_bytes: int, pages: bool) -> str:
-    """One line for a report: where the paged state lives and what it does to the step."""
+    """One line for a report: where the paged state lives and what it does to the step; with
+    nothing paged (every state buffer under PAGED_MIN_VALUES values, as LoRA's are), why."""
+    if not paged_bytes:
+        return (
+            f"no optimizer state is paged: bitsandbytes pages only state buffers of at least "
+            f"{PAGED_MIN_VALUES:,} values, and these are smaller, so they sit in the caching "
+            "allocator, inside the peak"
+        )
     where = (
-        f"paged optimizer state {in_gib(paged_bytes):.2f} GiB in CUDA unified memory, "
-        "outside the peak"
+        f"paged optimizer state {size_text(paged_bytes)} in CUDA unified memory, outside the peak"
     )
     if pages:
         return f"{where}: the GPU cannot hold it beside the step, so it pages to host (slower)"

@@ -19,9 +19,9 @@ import streamlit as st
 from memorymark import history
 from memorymark.history import History, HistoryError, RunSummary
 from memorymark.report import Report
-from memorymark.reporting.markdown import escape
 from memorymark.settings import Costs
 from memorymark.ui import model_inputs, sweep_runner
+from memorymark.ui.literal import literal
 from memorymark.ui.sweep_runner import SweepJob
 from memorymark.units import gib
 
@@ -69,16 +69,14 @@ def save_finished(job: SweepJob | None, costs: Costs) -> int | None:
         with open_history() as db:
             run_id = db.save(job.report.with_costs(costs), source="app")
     except HistoryError as exc:
-        st.warning(
-            f"This analysis was not saved to the history: {escape(exc, every_punctuation=True)}"
-        )
+        st.warning(f"This analysis was not saved to the history: {literal(exc)}")
         return None
     st.toast(f"Saved as run {run_id}: see the History page")
     return run_id
 
 
 def _warn(message: str) -> None:
-    st.warning(escape(message, every_punctuation=True))
+    st.warning(literal(message))
 
 
 def private() -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import hashlib
-import tempfile
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +23,13 @@ from memorymark.ui import sweep_runner
 from memorymark.ui.state_keys import key
 
 UPLOAD_KEY = "mm_upload"
-UPLOAD_DIR = Path(tempfile.gettempdir()) / "memorymark-uploads"
 DEFAULTS = Settings()
 SPEC_HELP = (
     "hf:ORG/NAME (only its config.json is fetched from the hub), timm:NAME or "
     "torchvision:NAME (random weights); for a config.json, use the upload below"
 )
 # Links and text boxes must not make a hosted app read arbitrary server paths.
-sources.restrict_config_files(UPLOAD_DIR)
+sources.restrict_config_files(sources.UPLOAD_DIR)
 
 
 COUNT_WAIT_SECONDS = 2.0
@@ -87,18 +86,18 @@ def unused_defaults(entry: models.ModelEntry) -> dict[str, Any]:
     return {name: getattr(DEFAULTS, name) for name, used in applicable(entry).items() if not used}
 
 
-def save_upload(name: str, data: bytes, root: Path | None = None) -> Path:
-    """Write an uploaded config.json where the engine reads it (under `root`, else UPLOAD_DIR):
-    one folder per content, named after the upload, so the same upload gives the same `file:`
-    path and cached result."""
-    root = root or UPLOAD_DIR
+def save_upload(name: str, data: bytes, root: Path | None = None) -> str:
+    """Write an uploaded config.json where the engine reads it (under `root`, else the engine's
+    upload folder) and return its `upload:NAME` spec: one folder per content, named after the
+    upload, so the same upload gives the same spec and cached result. The spec names no server
+    path, so the text box, links and messages show none."""
+    root = root or sources.UPLOAD_DIR
     digest = hashlib.sha256(data).hexdigest()[:10]
-    stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in Path(name).stem)[:40]
+    stem = re.sub(r"[^A-Za-z0-9_]+", "-", Path(name).stem, flags=re.ASCII)[:40].strip("-")
     folder = root / f"{stem or 'config'}-{digest}"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "config.json"
-    path.write_bytes(data)
-    return path
+    (folder / sources.UPLOAD_FILE).write_bytes(data)
+    return f"upload:{folder.name}"
 
 
 def _on_upload() -> None:
@@ -106,8 +105,8 @@ def _on_upload() -> None:
     upload = st.session_state.get(UPLOAD_KEY)
     spec = str(st.session_state.get(key("model_spec"), ""))
     if upload is not None:
-        st.session_state[key("model_spec")] = f"file:{save_upload(upload.name, upload.getvalue())}"
-    elif spec.startswith(f"file:{UPLOAD_DIR}"):
+        st.session_state[key("model_spec")] = save_upload(upload.name, upload.getvalue())
+    elif spec.startswith(("upload:", f"file:{sources.UPLOAD_DIR}")):
         st.session_state[key("model_spec")] = ""
 
 
@@ -120,10 +119,10 @@ def _upload_input(sb: Any, spec: str) -> None:
             on_change=_on_upload,
             help="Only the architecture is read: the model is built with random weights.",
         )
-    if spec.startswith("file:"):
+    if spec.startswith(("file:", "upload:")):
         sb.caption(
-            "A file: path names a file on this server: a shared link opens it only here, and "
-            "only while the file exists. Share the config.json itself with others."
+            "An uploaded or file: model is kept on this server: a shared link opens it only "
+            "here, and only while the file exists. Share the config.json itself with others."
         )
 
 

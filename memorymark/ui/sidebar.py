@@ -18,9 +18,9 @@ from memorymark import gpus
 from memorymark.gpus import GPU
 from memorymark.limits import one_line
 from memorymark.measurement import memory_source
-from memorymark.reporting.markdown import escape
 from memorymark.settings import Costs, Settings, check_model
 from memorymark.ui import distribution_inputs, model_inputs, sweep_runner, training_inputs
+from memorymark.ui.literal import literal
 from memorymark.ui.state_keys import SETTING_FIELDS, STATE_KEYS, key
 
 LOCAL = "this machine"
@@ -220,7 +220,7 @@ def settings_sidebar(
     _keep_alive()
     sb = st.sidebar
     for message in st.session_state.get(key("url_errors"), []):
-        shown = escape(message, every_punctuation=True)
+        shown = literal(message)
         sb.warning(f"Ignored the link's settings: {shown}. Defaults are shown instead.")
     sb.header("Settings")
     model_values, entry = model_inputs.model_inputs(sb)
@@ -235,7 +235,7 @@ def settings_sidebar(
         chosen = Settings(**values)
         check_model(chosen)  # a `file:` or `hf:` model is read here, not in Settings
     except ValueError as exc:
-        message = escape(one_line(exc), every_punctuation=True)
+        message = literal(one_line(exc))
         st.error(f"These settings cannot run: {message}. Next step: change it in the sidebar.")
         return None, chosen_costs
     refusal = gpu_refusal(chosen, gpu) if check_gpu else None

@@ -111,6 +111,25 @@ def local_gpus() -> LocalGPUs:
     return page_service().local_gpus()
 
 
+_A_SWEEP_STARTED = threading.Event()
+"""Set once a sweep of this server process got past starting: its worker pool is warm from then
+(a plain module value, not a Streamlit resource: the poller thread, which has no script run
+context, sets it)."""
+
+
+def workers_warm() -> bool:
+    """True once a sweep on this server has started in a worker: the pool's one-time warm-up
+    (PyTorch and the model code loaded for every later worker) is behind it, and a job's
+    start takes a fraction of a second. Before that, the page says what the first one waits
+    for."""
+    return _A_SWEEP_STARTED.is_set()
+
+
+def _note_started(job: SweepJob) -> None:
+    if job.gpu is not None or job.state not in ("queued", "starting"):
+        _A_SWEEP_STARTED.set()
+
+
 def start_workers() -> None:
     """Start the worker pool (and its forkserver's warm-up) as a page opens, not at the first
     Analyze; only in a served app (AppTest and bare scripts have no runtime)."""
@@ -168,6 +187,7 @@ class Poller:
 
     def _check(self, job: SweepJob, session_id: str | None, cache: ResultCache) -> None:
         job.poll()
+        _note_started(job)
         if job.running and not _session_alive(session_id):
             gone = self._gone_since.setdefault(job, time.monotonic())
             if time.monotonic() - gone > SESSION_GRACE_SECONDS:
@@ -208,6 +228,7 @@ def current_job() -> SweepJob | None:
     job: SweepJob | None = st.session_state.get(JOB_KEY)
     if job is not None:
         job.poll()
+        _note_started(job)
     return job
 
 

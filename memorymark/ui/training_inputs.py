@@ -129,7 +129,9 @@ def _eval_inputs(sb: Any) -> dict[str, Any]:
         max_value=limits.MAX_EVAL_ACCUMULATION,
         value=None,
         key=key("eval_accumulation"),
-        placeholder="unset: one batch measured",
+        # The value measured when none is given: "unset" read as Trainer's unset (every batch
+        # kept on the GPU), which is not what runs; the sidebar's width cut a longer text.
+        placeholder="1 (one batch)",
         disabled=batch is None,
         help=field_help("eval_accumulation"),
     )

@@ -19,9 +19,9 @@ from memorymark.gpus import GPU
 from memorymark.measurement import Measurement, is_measured
 from memorymark.measurement import memory_source as source_of
 from memorymark.report import Report
-from memorymark.reporting.markdown import escape
 from memorymark.settings import Settings
-from memorymark.ui import charts, probe_log, throughput_chart
+from memorymark.ui import charts, probe_log, sweep_runner, throughput_chart
+from memorymark.ui.literal import literal
 from memorymark.ui.sweep_runner import SweepJob, sweep_progress
 from memorymark.units import plural
 
@@ -32,11 +32,18 @@ LOG_HEIGHT = 220
 # What each state of a job is doing, for the progress bar.
 STATE_WORDS = {
     "queued": "Queued",
-    "starting": "Starting",
+    "starting": "Starting a worker",
     "waiting": "Waiting",
     "running": "Sweeping",
     "fixing": "Nothing fits: simulating what would (checkpointing, bf16, LoRA, a bigger GPU)",
 }
+FIRST_START_WORDS = (
+    "Starting a worker: the first analysis after a server start waits while the workers load "
+    "PyTorch and the model code (once per server, up to half a minute on a small machine)"
+)
+"""The bar while the first sweep of a server waits for the worker pool's warm-up."""
+FIRST_TRACE_WORDS = "Building the model and tracing its first training step"
+"""The bar while a sweep runs with no probe yet: the first one builds the model too."""
 FLAG_WIDGETS = {  # a CLI flag the engine's one-line refusals name -> the widget that sets it
     "--precision": "Precision",
     "--attention": "Attention",
@@ -92,7 +99,7 @@ def app_words(error: str) -> str:
 
 def show_error(error: str) -> None:
     """An st.error with the message (in the app's words) and a next step: never a traceback."""
-    shown = escape(app_words(error), every_punctuation=True)
+    shown = literal(app_words(error))
     st.error(f"The analysis failed: {shown}\n\nNext step: {next_step(error)}")
 
 
@@ -157,6 +164,18 @@ def _figures(
     return fig, speed
 
 
+def progress_words(job: SweepJob) -> str:
+    """What a running job waits for, in words: "Starting (0 probes)" for seconds said nothing."""
+    if job.state == "starting" and not job.measurements and not sweep_runner.workers_warm():
+        return FIRST_START_WORDS
+    if job.state == "running" and not job.measurements:
+        return FIRST_TRACE_WORDS
+    if job.state == "reporting" and job.stage:
+        # After the last probe: what the report checks (a plan, the eval batch) in words.
+        return f"Last probe done; {job.stage}"
+    return STATE_WORDS.get(job.state, job.state.capitalize())
+
+
 def _draw_job(job: SweepJob) -> None:
     ms, secs = list(job.measurements), list(job.probe_seconds)
     stamps = secs if len(secs) == len(ms) else None  # a re-plan shows the cached sweep's probes
@@ -174,11 +193,7 @@ def _draw_job(job: SweepJob) -> None:
         )
     took = f"{plural(len(ms), 'probe')}, {job.elapsed_seconds:.1f} s"
     if job.running:
-        label = STATE_WORDS.get(job.state, job.state.capitalize())
-        if job.state == "reporting" and job.stage:
-            # After the last probe: what the report checks (a plan, the eval batch) in words.
-            label = f"Last probe done; {job.stage}"
-        st.progress(sweep_progress(ms, job.settings.step), text=f"{label} ({took})")
+        st.progress(sweep_progress(ms, job.settings.step), text=f"{progress_words(job)} ({took})")
     elif job.state == "done":
         st.progress(1.0, text=f"Done ({took})")
     else:
@@ -224,6 +239,19 @@ def finished_sweep(report: Report, job: SweepJob | None, *, saved_utc: str | Non
     elif not ran_here:
         where = "cached" if saved_utc is None else f"saved {saved_utc}"
         footer = f"{where}: {best} ({probes}, {took:.1f} s when first run; not run again)"
+    # Laid out as the live panel is (one container: a status line, the charts, the log), so
+    # each part takes the place of its live one. Drawn loose, the charts replaced the live
+    # fragment's container and its log stayed in it, greyed, as a second "Live log" until
+    # the results below had rendered.
+    with st.container():
+        if ran_here:
+            st.progress(1.0, text=f"Done ({probes}, {took:.1f} s)")
+        else:
+            st.caption(f"{footer[0].upper()}{footer[1:]}.")
+        _finished_panel(report, secs, footer)
+
+
+def _finished_panel(report: Report, secs: list[float] | None, footer: str) -> None:
     log = probe_log.log_text(
         header(report.settings, report.gpu, report.backend),
         report.measurements,
