@@ -172,7 +172,6 @@ def test_a_cli_config_file_run_reopens_on_the_page(
     from config_samples import TINY_BERT
 
     from memorymark.models import sources
-    from memorymark.ui import model_inputs
 
     config = tmp_path / "cli" / "config.json"
     config.parent.mkdir()
@@ -181,7 +180,7 @@ def test_a_cli_config_file_run_reopens_on_the_page(
     with History() as h:
         run_id = h.save(report, source="cli")
     uploads = tmp_path / "uploads"
-    monkeypatch.setattr(model_inputs, "UPLOAD_DIR", uploads)
+    monkeypatch.setattr(sources, "UPLOAD_DIR", uploads)
     sources.restrict_config_files(uploads)  # as the app does; the fixture lifts it again
     at = page()
     at.multiselect(key="mm_history_pick").set_value([run_id]).run()

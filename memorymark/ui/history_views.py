@@ -18,9 +18,10 @@ import streamlit as st
 
 from memorymark import history
 from memorymark.history import History, HistoryError, RunSummary
+from memorymark.models import sources
 from memorymark.report import Report
 from memorymark.settings import Costs
-from memorymark.ui import model_inputs, sweep_runner
+from memorymark.ui import sweep_runner
 from memorymark.ui.literal import literal
 from memorymark.ui.sweep_runner import SweepJob
 from memorymark.units import gib
@@ -133,7 +134,7 @@ def reopen(
     reports, errors, notes = {}, [], []
     for run_id in run_ids:
         try:
-            reports[run_id], note = history_db.get(run_id).reopen(model_inputs.UPLOAD_DIR)
+            reports[run_id], note = history_db.get(run_id).reopen(sources.UPLOAD_DIR)
         except (HistoryError, ValueError) as exc:
             errors.append(f"run {run_id}: {exc}")
             continue
