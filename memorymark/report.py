@@ -82,6 +82,8 @@ class Report:
     training: str | None = None
     """The name of the user's own training code that was sized (`memorymark.Training`), or
     None for the catalog model the settings name."""
+    set_up_for: str | None = None
+    """The GPU the training's setup code ran as on (`memorymark.target_gpu`), or None."""
 
     @property
     def model_name(self) -> str:
@@ -97,6 +99,17 @@ class Report:
         for m in (*self.measurements, *self.plan_probes, *(m for _, m in evaluated)):
             seen.update(dict.fromkeys(m.value_reads))
         return tuple(seen)
+
+    @property
+    def setup_note(self) -> str | None:
+        """A sentence saying the training was set up as on the GPU sized, not this machine."""
+        if self.set_up_for is None:
+            return None
+        return (
+            f"Set up as on the {self.set_up_for}, not as on this machine "
+            f"(memorymark.target_gpu): its setup's bf16, TF32 and GradScaler checks got the "
+            f"{self.set_up_for}'s answers, and it is sized for the {self.gpu.name}."
+        )
 
     # -- many GPUs ---------------------------------------------------------------------------------
     @property

@@ -50,7 +50,11 @@ def run(args: argparse.Namespace, settings: Settings | None) -> int:
         # Under torchrun every rank sweeps in lock-step (memorymark/backends/torchrun.py); rank 0
         # speaks.
         sys.stdout = open(os.devnull, "w")  # kept for the process's life
-    training = load_training(args.training) if getattr(args, "training", None) else None
+    training = (
+        load_training(args.training, _target_gpu(settings))
+        if getattr(args, "training", None)
+        else None
+    )
     if args.command == "measure":
         with _user_output(training):
             m = Session(settings, training=training).measure(args.batch_size)
@@ -71,6 +75,17 @@ def run(args: argparse.Namespace, settings: Settings | None) -> int:
             render.print_proof(proof)
         return 0
     return _analyze(args, settings, training)
+
+
+def _target_gpu(settings: Settings) -> gpus.GPU | None:
+    """The GPU a training file is set up as on: the one it is sized for, unless it runs on
+    this machine's own GPU (which answers for itself)."""
+    from memorymark.backends import resolve  # loads torch
+
+    backend = resolve.resolve_backend_name(settings)
+    if backend in ("cuda", "mps"):
+        return None
+    return resolve.resolve_gpu(settings, backend)
 
 
 def _analyze(args: argparse.Namespace, settings: Settings, training: Training | None) -> int:

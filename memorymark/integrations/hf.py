@@ -27,9 +27,12 @@ from accelerate.utils import convert_to_fp32
 from torch import nn
 
 from memorymark import Report, Session, Settings
+from memorymark.backends.target_gpu import target_of
 from memorymark.integrations import hf_batches, hf_loop
-from memorymark.step.training import Training
-from memorymark.step.user import copy_module
+from memorymark.step.training import Training, compile_refusal, target_gpu
+from memorymark.step.user import compiled_part, copy_module
+
+__all__ = ["TrainerBatch", "as_training", "find_batch_size", "target_gpu"]
 
 SCAN_SAMPLES = 10_000
 """How many samples, from the start of the train dataset, are read to find the longest ones: a
@@ -122,6 +125,7 @@ def as_training(
         optimizer=lambda model: _optimizer(trainer, model),
         name=type(trainer.model).__name__,
         optimizer_takes="model",
+        set_up_for=target_of(trainer.args),
     )
 
 
@@ -132,6 +136,14 @@ def _check_trainer(trainer: Any) -> None:
             f"find_batch_size takes a transformers.Trainer, got {type(trainer).__name__}; "
             "for your own loop, describe it with memorymark.Training"
         )
+    if trainer.args.torch_compile:
+        raise compile_refusal(
+            "TrainingArguments(torch_compile=True)",
+            "size the Trainer with torch_compile=False, and train with it on",
+        )
+    compiled = compiled_part(trainer.model)
+    if compiled is not None:
+        raise compile_refusal(compiled, "give the Trainer the model before torch.compile")
     if trainer.train_dataset is None:
         raise ValueError(
             "the Trainer has no train_dataset: build it with Trainer(train_dataset=...), "

@@ -40,6 +40,41 @@ def simulating() -> bool:
 
 
 @contextlib.contextmanager
+def target_gpu(gpu: str) -> Iterator[None]:
+    """Set up a training written for a GPU on a machine without it: inside the block, the
+    device checks a script makes before training answer as on `gpu` (a catalog name, as
+    `Settings(gpu=...)` takes). transformers' `TrainingArguments(bf16=True)` (and `tf32=True`)
+    passes where the GPU has bf16 (TF32), instead of raising "Your setup doesn't support
+    bf16/gpu"; a `torch.amp.GradScaler("cuda")` is made enabled, as on the GPU, instead of
+    disabling itself. Arguments made here are marked for `gpu`: sizing them for another GPU
+    is a one-line error, and the report says whom they were set up for. This thread only.
+
+        >>> with memorymark.target_gpu("a10"):
+        ...     args = TrainingArguments("out", bf16=True, per_device_train_batch_size=32)
+        >>> trainer = Trainer(model=model, args=args, train_dataset=data)
+        >>> hf.find_batch_size(trainer, gpu="a10")  # the report says: set up as on the A10
+    """
+    from memorymark.backends.target_gpu import as_on  # torch loads here, not on import
+    from memorymark.gpus import find_gpu
+
+    with as_on(find_gpu(gpu)):
+        yield
+
+
+def compile_refusal(where: str, how: str | None = None) -> SimulationError:
+    """The one line for `torch.compile`, which the simulation does not model yet: `where` it
+    was found, and `how` to size without it (by default, compiling behind a flag)."""
+    how = how or (
+        "compile behind a flag that is off while sizing, e.g. `if not memorymark.simulating(): "
+        "model = torch.compile(model)`"
+    )
+    return SimulationError(
+        f"torch.compile is not modelled yet ({where}): size the step uncompiled, so the "
+        f"answer is eager mode's (compiled code usually needs less): {how}"
+    )
+
+
+@contextlib.contextmanager
 def simulation_scope() -> Iterator[None]:
     """Marks this thread as simulating for the block (the simulated backend enters it)."""
     _state.depth = getattr(_state, "depth", 0) + 1
@@ -64,7 +99,9 @@ class Training:
       parameter is named model, module or net, or annotated as a module; else the parameters
       that require grad). None: a step with no optimizer, `step` gets None.
 
-    `name` names it in reports (the model function's name by default).
+    `name` names it in reports (the model function's name by default). `set_up_for` is the
+    GPU its setup ran as on (`target_gpu`), which it must be sized for: the integrations and
+    `--training` set it.
     """
 
     model: Callable[[], Any]
@@ -73,6 +110,7 @@ class Training:
     optimizer: Callable[[Any], Any] | None = None
     name: str | None = None
     optimizer_takes: OptimizerTakes = "auto"
+    set_up_for: str | None = None
 
     def __post_init__(self) -> None:
         if _is_module(self.model):
