@@ -19,7 +19,8 @@ from memorymark.engine import Session
 from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.settings import Costs, Hardware, Search, Settings, Workload
-from memorymark.step.training import SimulationError, Training, simulating, target_gpu
+from memorymark.step.target import target_gpu
+from memorymark.step.training import SimulationError, Training, simulating
 
 __all__ = [
     "Costs",

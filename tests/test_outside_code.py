@@ -269,3 +269,47 @@ def test_cli_a_compiled_model_is_one_line(capsys, set_up_file):
     err = capsys.readouterr().err
     assert status == 2 and len(err.strip().splitlines()) == 1
     assert "torch.compile is not modelled yet (the model is torch.compile'd" in err
+
+
+HF_FILE = textwrap.dedent(
+    """
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, Trainer
+    from transformers import TrainingArguments
+
+    from memorymark.integrations import hf
+
+
+    def pad(samples):
+        longest = max(len(s["input_ids"]) for s in samples)
+        ids = [s["input_ids"] + [0] * (longest - len(s["input_ids"])) for s in samples]
+        return {"input_ids": torch.tensor(ids),
+                "labels": torch.tensor([s["labels"] for s in samples])}
+
+
+    # As transformers' run_glue.py sets it up, at import, for a GPU with bf16.
+    ARGS = TrainingArguments(output_dir=OUT, bf16=True, report_to=[],
+                             per_device_train_batch_size=8)
+    CONFIG = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, vocab_size=100)
+    TRAINER = Trainer(model=BertForSequenceClassification(CONFIG), args=ARGS,
+                      train_dataset=[{"input_ids": [1] * 16, "labels": 0}] * 4,
+                      data_collator=pad)
+
+
+    def trainer_job():
+        return hf.as_training(TRAINER)
+    """
+)
+
+
+def test_cli_a_trainer_built_with_bf16_at_import(capsys, tmp_path):
+    path = tmp_path / "run_glue_like.py"
+    path.write_text(HF_FILE.replace("OUT", repr(str(tmp_path / "out"))))
+    argv = ["analyze", "--training", f"{path}:trainer_job", "--gpu", "a10", "--json"]
+    status = main([*argv, "--max-batch", "16", "--no-save"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    data = json.loads(out)
+    assert data["model_name"] == "BertForSequenceClassification"
+    assert data["set_up_for"] == "A10" and data["optimal_batch_size"] == 16

@@ -29,7 +29,8 @@ from torch import nn
 from memorymark import Report, Session, Settings
 from memorymark.backends.target_gpu import target_of
 from memorymark.integrations import hf_batches, hf_loop
-from memorymark.step.training import Training, compile_refusal, target_gpu
+from memorymark.step.target import target_gpu
+from memorymark.step.training import Training, compile_refusal
 from memorymark.step.user import compiled_part, copy_module
 
 __all__ = ["TrainerBatch", "as_training", "find_batch_size", "target_gpu"]

@@ -39,28 +39,6 @@ def simulating() -> bool:
     return getattr(_state, "depth", 0) > 0
 
 
-@contextlib.contextmanager
-def target_gpu(gpu: str) -> Iterator[None]:
-    """Set up a training written for a GPU on a machine without it: inside the block, the
-    device checks a script makes before training answer as on `gpu` (a catalog name, as
-    `Settings(gpu=...)` takes). transformers' `TrainingArguments(bf16=True)` (and `tf32=True`)
-    passes where the GPU has bf16 (TF32), instead of raising "Your setup doesn't support
-    bf16/gpu"; a `torch.amp.GradScaler("cuda")` is made enabled, as on the GPU, instead of
-    disabling itself. Arguments made here are marked for `gpu`: sizing them for another GPU
-    is a one-line error, and the report says whom they were set up for. This thread only.
-
-        >>> with memorymark.target_gpu("a10"):
-        ...     args = TrainingArguments("out", bf16=True, per_device_train_batch_size=32)
-        >>> trainer = Trainer(model=model, args=args, train_dataset=data)
-        >>> hf.find_batch_size(trainer, gpu="a10")  # the report says: set up as on the A10
-    """
-    from memorymark.backends.target_gpu import as_on  # torch loads here, not on import
-    from memorymark.gpus import find_gpu
-
-    with as_on(find_gpu(gpu)):
-        yield
-
-
 def compile_refusal(where: str, how: str | None = None) -> SimulationError:
     """The one line for `torch.compile`, which the simulation does not model yet: `where` it
     was found, and `how` to size without it (by default, compiling behind a flag)."""
