@@ -253,6 +253,11 @@ def test_cli_a_file_that_sets_up_bf16_at_import_is_sized_as_on_the_gpu(capsys, s
     out, err = capsys.readouterr()
     assert status == 0, err
     assert "note: Set up as on the A10" in out  # the default simulated GPU
+    status = main(["measure", "--training", f"{set_up_file}:training", "--gpu", "a10",
+                   "--batch-size", "8", "--json"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    assert json.loads(out)["setup_note"].endswith("and it is sized for the A10.")
 
 
 def test_cli_a_file_set_up_for_bf16_on_a_gpu_without_it_fails_as_there(capsys, set_up_file):

@@ -26,7 +26,7 @@ from memorymark.cli import render
 from memorymark.cli.training_file import load_training
 from memorymark.engine import Session
 from memorymark.measurement import Measurement
-from memorymark.report import Report
+from memorymark.report import Report, setup_note
 from memorymark.reporting import exports
 from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.snippets import snippet
@@ -57,11 +57,15 @@ def run(args: argparse.Namespace, settings: Settings | None) -> int:
     )
     if args.command == "measure":
         with _user_output(training):
-            m = Session(settings, training=training).measure(args.batch_size)
+            session = Session(settings, training=training)
+            m = session.measure(args.batch_size)
+        note = setup_note(training and training.set_up_for, session.gpu.name)
         if args.json:
-            render.print_json(m.to_dict())
+            render.print_json({**m.to_dict(), **({"setup_note": note} if note else {})})
         else:
             render.print_measurement(m)
+            if note:
+                print(f"  note: {note}")
         return 0
     if args.command == "compare":
         return _compare(args, settings)

@@ -7,6 +7,8 @@ Trainer's arguments (`TrainerBatch.apply`). Everything is read from the Trainer:
 `compute_loss` (a subclass's override included), its collator over its longest samples, and its
 arguments' accumulation, clipping, mixed precision and activation checkpointing. Checked against
 transformers 5.24 and accelerate 1.15 (`Trainer.training_step`, `Accelerator.prepare_model`).
+Arguments built on a CPU-only machine for a GPU (`bf16=True`) are built under `target_gpu`
+(`memorymark.target_gpu`, offered here too); `torch_compile=True` is refused, not modelled yet.
 
 Must not know: how memory is counted or replayed, which batch sizes are tried, or how anything
 is shown; nor does it train: the user's Trainer, model and arguments stay as they were until
