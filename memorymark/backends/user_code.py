@@ -12,7 +12,9 @@ or say in one line why they can't:
 - on fake tensors (`ReadingFakeMode`), a read of a value (`.item()`, `float()`, `bool()`) gets
   zero, as the catalog step's zero-valued inputs would, and is recorded with the user's file and
   line; a shape that depends on values (`nonzero`, boolean-mask indexing, `unique`) is a
-  `SimulationError` naming them.
+  `SimulationError` naming them;
+- `torch.compile`d code, which the simulation does not model yet, is a `SimulationError` as it
+  is first called, before dynamo traces it.
 
 Must not know which batch sizes are tried, how memory is counted, or how anything is shown.
 """
@@ -250,8 +252,9 @@ def on_host(host: str = "cpu") -> Iterator[None]:
         stack.enter_context(CudaAsHost(host))
         if "torch._dynamo" in sys.modules:
             # Compiled code asks to compile at its first call on fake tensors, and would fail
-            # in dynamo's tracing a minute later: refuse at once instead (process-wide, as
-            # torch's stance is; dynamo is never imported unless something compiles).
+            # once dynamo has traced it ("RuntimeError when making fake tensor call"): refuse
+            # before tracing instead (process-wide, as torch's stance is; dynamo is never
+            # imported unless something compiles).
             stack.enter_context(torch.compiler.set_stance("fail_on_recompile"))
         try:
             yield

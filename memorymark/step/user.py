@@ -5,7 +5,9 @@ function builds the model (on the meta device under the simulation, which then m
 the optimizer function builds one optimizer or several, the batch function makes each batch, and
 the step function runs forward, loss, backward and the optimizer step exactly as written.
 MemoryMark adds only what a loop adds around a step: `model.train()`, optimizer state primed as
-after a first step, gradients freed after it. It hears where the step is (forward, backward,
+after a first step, gradients freed after it. What the model function makes and keeps besides
+the model (EMA weights) is `alongside`, for the backends to hold as weights; a compiled model is
+refused while simulating (`compiled_part`). It hears where the step is (forward, backward,
 optimizer) from `backward()` and the optimizers' step hooks, to label what each part allocates.
 
 Must not know: how memory is counted, which device runs the step (the backend decides, and maps
