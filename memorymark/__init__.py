@@ -5,7 +5,8 @@ takes and returns: `Settings` (in sections: `Workload`, what is trained; `Hardwa
 `Search`, how batch sizes are searched) and `Costs` say what to analyse; a Session measures one
 batch, streams a sweep, and returns a `Report` (the arithmetic: optimal and max batch, waste,
 speedup, the plan); a `Measurement` is one batch size's result. A user's own training code,
-`Training(model=, batch=, step=, optimizer=)`, is sized by `Session(settings, training=job)`.
+`Training(model=, batch=, step=, optimizer=)`, is sized by `Session(settings, training=job)`;
+its setup code, written for a GPU, runs on a machine without one under `target_gpu(gpu)`.
 Importing the package loads no torch; a Session loads it when made. The engine never imports
 Streamlit.
 
@@ -21,6 +22,7 @@ from memorymark.engine import Session
 from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.settings import Costs, Hardware, Search, Settings, Workload
+from memorymark.step.target import target_gpu
 from memorymark.step.training import SimulationError, Training, simulating
 
 __all__ = [
@@ -35,5 +37,6 @@ __all__ = [
     "Training",
     "Workload",
     "simulating",
+    "target_gpu",
 ]
 __version__ = "0.1.0"

@@ -104,6 +104,8 @@ class Session:
         """The GPU every figure answers for: detected on this machine, or from the catalog;
         on many GPUs, one rank's view of it (NCCL's buffers taken out of usable memory)."""
         self.gpu.check_precision(settings.precision)
+        if training is not None:
+            _check_set_up_for(training, self.gpu)
         self.gpu.check_attention(settings.attention)
         self.policy: FitPolicy = self._resolution.policy
         """Capacity and margin: what every verdict of this session is judged against."""
@@ -293,6 +295,7 @@ class Session:
             torch_version=torch_version(),
             unverified_rules=versions.unverified_rules(),
             training=self.training.label if self.training is not None else None,
+            set_up_for=self.training.set_up_for if self.training is not None else None,
             stamp=stamp(
                 backend=self.backend_name,
                 device=self.gpu.name,
@@ -502,4 +505,22 @@ class Session:
         """The four protocols at `batch_size`, with the prototype's verdict."""
         return BackwardProof(
             batch_size=batch_size, results=tuple(self.proof(batch_size, sweeps=sweeps))
+        )
+
+
+def _check_set_up_for(training: Training, gpu: GPU) -> None:
+    """Refuse a training set up as on a GPU with bf16 (`memorymark.target_gpu`), sized for
+    one without: arguments that could not be made there. Any other pair answers the setup's
+    questions (bf16, TF32, a GradScaler) alike."""
+    if training.set_up_for in (None, gpu.name):
+        return
+    try:
+        target = gpus.find_gpu(training.set_up_for)
+    except gpus.UnknownGPUError:
+        return  # a custom GPU: set up and sized for in the same run (--training)
+    if target.supports_bf16 and not gpu.supports_bf16:
+        raise ValueError(
+            f"{training.label} was set up as on the {target.name} (memorymark.target_gpu), "
+            f"which has bf16, but is sized for the {gpu.name}, which has none: set it up under "
+            f"target_gpu for the {gpu.name}, or size it for the {target.name}"
         )

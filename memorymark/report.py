@@ -37,6 +37,19 @@ if TYPE_CHECKING:
 KNEE_FRACTION = 0.95
 
 
+def setup_note(set_up_for: str | None, sized_for: str) -> str | None:
+    """A sentence saying a training was set up as on the GPU `set_up_for`
+    (`memorymark.target_gpu`), not as on this machine, and sized for `sized_for`; None when
+    it was set up as on this machine."""
+    if set_up_for is None:
+        return None
+    return (
+        f"Set up as on the {set_up_for}, not as on this machine (memorymark.target_gpu): its "
+        f"setup's bf16, TF32 and GradScaler checks got the {set_up_for}'s answers, and it is "
+        f"sized for the {sized_for}."
+    )
+
+
 def _held(m: Measurement) -> int:
     """What the device holds for a step that ran: its reserved peak, else its live bytes."""
     return m.required_bytes if m.required_bytes is not None else m.peak_bytes
@@ -138,6 +151,8 @@ class Report:
     training: str | None = None
     """The name of the user's own training code that was sized (`memorymark.Training`), or
     None for the catalog model the settings name."""
+    set_up_for: str | None = None
+    """The GPU the training's setup code ran as on (`memorymark.target_gpu`), or None."""
 
     @property
     def model_name(self) -> str:
@@ -176,6 +191,11 @@ class Report:
             f"max_batch={maximum.batch_size if maximum else None}, "
             f"probes={len(self.measurements)}, memory={self.memory_source!r})"
         )
+
+    @property
+    def setup_note(self) -> str | None:
+        """A sentence saying the training was set up as on a GPU, not as on this machine."""
+        return setup_note(self.set_up_for, self.gpu.name)
 
     # -- many GPUs ---------------------------------------------------------------------------------
     @property

@@ -239,3 +239,37 @@ def test_nothing_to_apply_when_nothing_fits(sized: dict, tmp_path: Path) -> None
     nothing = hf.TrainerBatch(sized["plain"][1].report, None, None)
     with pytest.raises(ValueError, match="nothing fits, not even batch 1"):
         nothing.apply(_trainer(tmp_path))
+
+
+def test_a_bf16_trainer_built_on_a_cpu_only_machine_is_sized_as_on_its_gpu(
+    sized: dict, tmp_path: Path
+) -> None:
+    arguments = {"activation_checkpointing": True, "bf16": True}
+    with pytest.raises(ValueError, match="Your setup doesn't support bf16/gpu"):
+        TrainingArguments(output_dir=str(tmp_path), report_to=[], **arguments)
+    # As run_glue.py builds it: no use_cpu, which would train on the CPU on the GPU too.
+    with hf.target_gpu("a10"):
+        args = TrainingArguments(output_dir=str(tmp_path), report_to=[], **arguments)
+    assert args.bf16 and args.device.type == "cpu"  # nothing touched CUDA
+    trainer = _trainer(tmp_path)
+    trainer.args = args
+    trainer.args.per_device_train_batch_size = GLOBAL_BATCH
+    result = hf.find_batch_size(trainer, **SEARCH)
+    assert _optimal(result) == _optimal(sized["bf16"][1])  # as with use_cpu=True
+    assert result.report.set_up_for == "A10"
+    assert "Set up as on the A10, not as on this machine" in result.report.setup_note
+    # sized for a GPU without bf16, the arguments could not exist: one line
+    with pytest.raises(
+        ValueError, match=r"set up as on the A10 .* sized for the T4, which has none"
+    ):
+        hf.find_batch_size(trainer, gpu="t4")
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_torch_compile_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(memorymark.SimulationError, match=r"torch_compile=True\)\): size the step"):
+        hf.find_batch_size(_trainer(tmp_path, torch_compile=True), **SEARCH)
+    trainer = _trainer(tmp_path)
+    trainer.model = torch.compile(trainer.model)
+    with pytest.raises(memorymark.SimulationError, match=r"the model is torch.compile'd\): size"):
+        hf.find_batch_size(trainer, **SEARCH)

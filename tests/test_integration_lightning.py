@@ -10,9 +10,11 @@ import sys
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.utilities.compile import from_compiled
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from memorymark import SimulationError
 from memorymark.integrations import lightning_batches
 from memorymark.integrations.lightning import (
     MemoryMarkBatchSizeFinder,
@@ -249,3 +251,13 @@ def test_the_batch_grows_every_row_and_keeps_the_rest() -> None:
     assert torch.equal(grown["x"][3], large["x"][0])
     assert grown["ids"] == ["a", "b", "c", "a", "b", "c", "a"]
     assert grown["scale"].shape == (4,)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_a_compiled_module_is_refused_in_one_line() -> None:
+    with pytest.raises(SimulationError, match=r"not modelled yet \(the module is torch.compile'd"):
+        find_batch_size(torch.compile(ConvNet()), **SEARCH)
+    # as Trainer.fit(torch.compile(module)) hands it to callbacks: its forward compiled
+    module = from_compiled(torch.compile(ConvNet()))
+    with pytest.raises(SimulationError, match=r"\(the module's forward is compiled\)"):
+        find_batch_size(module, **SEARCH)

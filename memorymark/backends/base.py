@@ -306,7 +306,10 @@ class Backend:
         with self._step_context(), tracker:
             model = self._distribute(model)
         # Weights and optimizer state alone may exceed the budget: that is an OOM at any batch.
-        tracker.track_all([*model.parameters(), *model.buffers()], Category.PARAMETERS)
+        # With what the model function made besides the model (EMA weights): weights held
+        # from before the first step to the end, as the model's are.
+        alongside = getattr(self.training_step, "alongside", ())
+        tracker.track_all([*model.parameters(), *model.buffers(), *alongside], Category.PARAMETERS)
         optimizer = self._build_optimizer(model)
         tracker.phase_category = Category.OPTIMIZER_STATE
         with self._step_context(), tracker:

@@ -71,6 +71,40 @@ def to_fake(module: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
     return module
 
 
+def fake_in_place(
+    tensors: tuple[torch.Tensor, ...], fake_mode: FakeTensorMode
+) -> tuple[torch.Tensor, ...]:
+    """Turn each meta tensor of `tensors` into a fake one of its shape, dtype, strides and
+    class, in place (`torch.utils.swap_tensors`: whoever holds it, an EMA model or a list,
+    now holds the fake), keeping tensors that share storage sharing it. A tensor that cannot
+    be swapped (a view, one held by autograd) stays meta. Returns those swapped."""
+    groups: dict[int, list[torch.Tensor]] = {}
+    for t in tensors:
+        if t.is_meta:
+            groups.setdefault(t.untyped_storage()._cdata, []).append(t)
+    swapped = []
+    for members in groups.values():
+        with fake_mode:
+            flat = torch.empty(members[0].untyped_storage().nbytes(), dtype=torch.uint8)
+        for t in members:
+            with fake_mode:
+                # `set_` onto the one storage: not `as_strided`, whose output fake mode holds
+                # a weak reference to, which `swap_tensors` refuses.
+                fake = torch.empty(0, dtype=t.dtype)
+                fake.set_(flat.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+            fake.requires_grad_(t.requires_grad)
+            if isinstance(t, nn.Parameter):
+                # As `nn.Parameter(fake)` marks a tensor subclass (torch/nn/parameter.py),
+                # without the detached copy fake mode would hold a weak reference to.
+                fake._is_param = True
+            try:
+                torch.utils.swap_tensors(t, fake)
+            except RuntimeError:
+                continue
+            swapped.append(t)
+    return tuple(swapped)
+
+
 def _unpacked_sequences(original: object, position_ids: torch.Tensor) -> None:
     # transformers' masking_utils reads the position ids to detect packed sequences; on a fake
     # tensor it can't, assumes packing, and builds a full causal mask (which rules out flash
@@ -88,6 +122,10 @@ def _step_without_readback(
     # GradScaler.step reads the inf/NaN flag back to the host (`.item()`); a fake tensor has no
     # value. Simulate the step that found none, the one that runs the optimizer and allocates:
     # unscale (its flag and temporaries count, and `update()` reads them), then step.
+    if not scaler.is_enabled():
+        # A disabled scaler only steps the optimizer, and has no per-optimizer state: one made
+        # before the simulation on a machine without CUDA, which PyTorch disabled.
+        return optimizer.step(*args, **kwargs)
     # As GradScaler.step does: unscale unless clipping already did (torch/amp/grad_scaler.py).
     if scaler._per_optimizer_states[id(optimizer)]["stage"] is not OptState.UNSCALED:
         scaler.unscale_(optimizer)
@@ -220,6 +258,8 @@ class SimBackend(Backend):
             model = self.training_step.build_model(emulate_kernels=True)
         if self.training_step.settings.kernels == "liger":
             self._kernel_patches = liger.rope_patches(model)
+        # A user's EMA weights and the like: the same objects, fake from now on.
+        fake_in_place(getattr(self.training_step, "alongside", ()), self._fake_mode)
         return to_fake(model, self._fake_mode)
 
     def _build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:

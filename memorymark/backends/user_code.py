@@ -13,8 +13,9 @@ or say in one line why they can't:
 - on fake tensors (`ReadingFakeMode`), a read of a value (`.item()`, `float()`, `bool()`) gets
   zero, as the catalog step's zero-valued inputs would, and is recorded with the user's file and
   line, and the library's when an installed one (TRL's trainer) read it; a shape that depends on
-  values (`nonzero`, boolean-mask indexing, `unique`) is a
-  `SimulationError` naming them.
+  values (`nonzero`, boolean-mask indexing, `unique`) is a `SimulationError` naming them;
+- `torch.compile`d code, which the simulation does not model yet, is a `SimulationError` as it
+  is first called, before dynamo traces it.
 
 Must not know which batch sizes are tried, how memory is counted, or how anything is shown.
 """
@@ -42,7 +43,7 @@ from torch.overrides import TorchFunctionMode
 from memorymark.cuda_rules import autocast_emulation
 from memorymark.cuda_rules.scoped_patch import ScopedPatch
 from memorymark.measurement import ValueRead
-from memorymark.step.training import SimulationError
+from memorymark.step.training import SimulationError, compile_refusal
 
 _VALUE_READ = torch.ops.aten._local_scalar_dense.default
 """What `.item()`, `float(t)`, `bool(t)` and `.tolist()` reach (aten/native/Scalar.cpp)."""
@@ -63,6 +64,12 @@ _NO_CUDA = (
     "cuda lazy initialization",
 )
 """What torch says when a CUDA call finds no GPU (torch/cuda/__init__.py `_lazy_init`)."""
+
+_COMPILER_MODULES = ("torch._dynamo", "torch._inductor")
+"""Where torch.compile's exceptions are defined (torch/_dynamo/exc.py, torch/_inductor/exc.py)."""
+
+_REFUSED_COMPILE = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
+"""What a compiled function raises under that stance (torch/_dynamo/eval_frame.py)."""
 
 _FIXES = (
     "write it with fixed shapes (torch.where instead of a boolean mask, a padded top-k instead "
@@ -176,14 +183,15 @@ class ReadingFakeMode(FakeTensorMode):
         return 0.0 if tensor.dtype.is_floating_point or tensor.dtype.is_complex else 0
 
 
-def _is_cuda(device: Any) -> bool:
+def is_cuda(device: Any) -> bool:
+    """True for a `cuda` device, named as a torch.device or a string."""
     if isinstance(device, torch.device):
         return device.type == "cuda"
     return isinstance(device, str) and device.split(":")[0] == "cuda"
 
 
 def _host(value: Any, host: str) -> Any:
-    return host if _is_cuda(value) else value
+    return host if is_cuda(value) else value
 
 
 class CudaAsHost(TorchFunctionMode):
@@ -238,9 +246,19 @@ def _autocast_exit(original: Any, self: Any, *exc: Any) -> Any:
     return original(self, *exc)
 
 
-def _scaler_init(original: Any, self: Any, device: str = "cuda", *args: Any, **kwargs: Any) -> Any:
-    # torch.amp.GradScaler disables itself when CUDA is missing: scale as on the GPU instead.
-    return original(self, "cpu" if _is_cuda(device) else device, *args, **kwargs)
+def scaler_init(original: Any, self: Any, device: str = "cuda", *args: Any, **kwargs: Any) -> Any:
+    """A CUDA GradScaler made as a CPU one: torch.amp.GradScaler disables itself when CUDA
+    is missing, so it scales as on the GPU instead."""
+    return original(self, "cpu" if is_cuda(device) else device, *args, **kwargs)
+
+
+def _compiling(exc: BaseException) -> bool:
+    """True for an error torch.compile raised (its errors live in torch._dynamo and
+    torch._inductor: on fake tensors, "TorchRuntimeError: RuntimeError when making fake tensor
+    call")."""
+    if isinstance(exc, RuntimeError) and str(exc).startswith(_REFUSED_COMPILE):
+        return True
+    return type(exc).__module__.startswith(_COMPILER_MODULES)
 
 
 def _nothing(original: Any, *args: Any, **kwargs: Any) -> None:
@@ -248,11 +266,13 @@ def _nothing(original: Any, *args: Any, **kwargs: Any) -> None:
 
 
 _AUTOCAST = torch.amp.autocast_mode.autocast
+GRAD_SCALER = torch.amp.GradScaler
+"""`torch.cuda.amp.GradScaler` is a subclass: patching its `__init__` covers both."""
 _PATCHES = (
     ScopedPatch(_AUTOCAST, "__init__", _autocast_init),
     ScopedPatch(_AUTOCAST, "__enter__", _autocast_enter),
     ScopedPatch(_AUTOCAST, "__exit__", _autocast_exit),
-    ScopedPatch(torch.amp.GradScaler, "__init__", _scaler_init),
+    ScopedPatch(GRAD_SCALER, "__init__", scaler_init),
     ScopedPatch(torch.cuda, "synchronize", _nothing),
     ScopedPatch(torch.cuda, "empty_cache", _nothing),
 )
@@ -270,11 +290,22 @@ def on_host(host: str = "cpu", autocast_seen: dict[str, None] | None = None) -> 
         for patch in _PATCHES:
             stack.enter_context(patch.active())
         stack.enter_context(CudaAsHost(host))
+        if "torch._dynamo" in sys.modules:
+            # Compiled code asks to compile at its first call on fake tensors, and would fail
+            # once dynamo has traced it ("RuntimeError when making fake tensor call"): refuse
+            # before tracing instead (process-wide, as torch's stance is; dynamo is never
+            # imported unless something compiles).
+            stack.enter_context(torch.compiler.set_stance("fail_on_recompile"))
         try:
             yield
-        except (RuntimeError, AssertionError) as exc:
+        except Exception as exc:
+            if _compiling(exc):
+                where = _where(traceback_location(exc.__traceback__))
+                raise compile_refusal(f"compiled code ran {where}") from exc
             text = str(exc)
-            if not any(sign.lower() in text.lower() for sign in _NO_CUDA):
+            if not isinstance(exc, (RuntimeError, AssertionError)) or not any(
+                sign.lower() in text.lower() for sign in _NO_CUDA
+            ):
                 raise
             location = traceback_location(exc.__traceback__)
             raise SimulationError(

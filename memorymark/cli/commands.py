@@ -26,7 +26,7 @@ from memorymark.cli import render
 from memorymark.cli.training_file import load_training
 from memorymark.engine import Session
 from memorymark.measurement import Measurement
-from memorymark.report import Report
+from memorymark.report import Report, setup_note
 from memorymark.reporting import exports
 from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.snippets import snippet
@@ -46,14 +46,22 @@ def run(args: argparse.Namespace, settings: Settings | None) -> int:
         # Under torchrun every rank sweeps in lock-step (memorymark/backends/torchrun.py); rank 0
         # speaks.
         sys.stdout = open(os.devnull, "w")  # kept for the process's life
-    training = load_training(args.training) if getattr(args, "training", None) else None
+    training = (
+        load_training(args.training, _target_gpu(settings))
+        if getattr(args, "training", None)
+        else None
+    )
     if args.command == "measure":
         with _user_output(training):
-            m = Session(settings, training=training).measure(args.batch_size)
+            session = Session(settings, training=training)
+            m = session.measure(args.batch_size)
+        note = setup_note(training and training.set_up_for, session.gpu.name)
         if args.json:
-            render.print_json(m.to_dict())
+            render.print_json({**m.to_dict(), **({"setup_note": note} if note else {})})
         else:
             render.print_measurement(m)
+            if note:
+                print(f"  note: {note}")
         return 0
     if args.command == "compare":
         return _compare(args, settings)
@@ -67,6 +75,17 @@ def run(args: argparse.Namespace, settings: Settings | None) -> int:
             render.print_proof(proof)
         return 0
     return _analyze(args, settings, training)
+
+
+def _target_gpu(settings: Settings) -> gpus.GPU | None:
+    """The GPU a training file is set up as on: the one it is sized for, unless it runs on
+    this machine's own GPU (which answers for itself)."""
+    from memorymark.backends import resolve  # loads torch
+
+    backend = resolve.resolve_backend_name(settings)
+    if backend in ("cuda", "mps"):
+        return None
+    return resolve.resolve_gpu(settings, backend)
 
 
 def _analyze(args: argparse.Namespace, settings: Settings, training: Training | None) -> int:

@@ -173,6 +173,8 @@ def print_report(r: Report, d: dict[str, Any]) -> None:
         print(f"  {r.search_note}")
     if r.rules_note:
         print(f"  note: {r.rules_note}")
+    if r.setup_note:
+        print(f"  note: {r.setup_note}")
     if r.optimal is None:
         print(f"  usable memory        {d['usable_gb']} GiB, less a {d['margin_gb']} GiB margin")
         _print_evaluation(r)

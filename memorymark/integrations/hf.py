@@ -7,6 +7,8 @@ Trainer's arguments (`TrainerBatch.apply`). Everything is read from the Trainer:
 `compute_loss` (a subclass's override included), its collator over its longest samples, and its
 arguments' accumulation, clipping, mixed precision and activation checkpointing. Checked against
 transformers 5.24 and accelerate 1.15 (`Trainer.training_step`, `Accelerator.prepare_model`).
+Arguments built on a CPU-only machine for a GPU (`bf16=True`) are built under `target_gpu`
+(`memorymark.target_gpu`, offered here too); `torch_compile=True` is refused, not modelled yet.
 
 Must not know: how memory is counted or replayed, which batch sizes are tried, or how anything
 is shown; nor does it train: the user's Trainer, model and arguments stay as they were until
@@ -27,9 +29,13 @@ from accelerate.utils import convert_to_fp32
 from torch import nn
 
 from memorymark import Report, Session, Settings
+from memorymark.backends.target_gpu import target_of
 from memorymark.integrations import hf_batches, hf_loop
-from memorymark.step.training import Training
-from memorymark.step.user import copy_module
+from memorymark.step.target import target_gpu
+from memorymark.step.training import Training, compile_refusal
+from memorymark.step.user import compiled_part, copy_module
+
+__all__ = ["TrainerBatch", "as_training", "find_batch_size", "target_gpu"]
 
 SCAN_SAMPLES = 10_000
 """How many samples, from the start of the train dataset, are read to find the longest ones: a
@@ -122,6 +128,7 @@ def as_training(
         optimizer=lambda model: _optimizer(trainer, model),
         name=type(trainer.model).__name__,
         optimizer_takes="model",
+        set_up_for=target_of(trainer.args),
     )
 
 
@@ -132,6 +139,14 @@ def _check_trainer(trainer: Any) -> None:
             f"find_batch_size takes a transformers.Trainer, got {type(trainer).__name__}; "
             "for your own loop, describe it with memorymark.Training"
         )
+    if trainer.args.torch_compile:
+        raise compile_refusal(
+            "TrainingArguments(torch_compile=True)",
+            "size the Trainer with torch_compile=False, and train with it on",
+        )
+    compiled = compiled_part(trainer.model)
+    if compiled is not None:
+        raise compile_refusal(compiled, "give the Trainer the model before torch.compile")
     if trainer.train_dataset is None:
         raise ValueError(
             "the Trainer has no train_dataset: build it with Trainer(train_dataset=...), "

@@ -33,8 +33,8 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from memorymark import Report, Session, Settings
 from memorymark.integrations import lightning_batches, lightning_loop
 from memorymark.integrations.lightning_loop import StepContext
-from memorymark.step.training import Training
-from memorymark.step.user import copy_module
+from memorymark.step.training import Training, compile_refusal
+from memorymark.step.user import compiled_part, copy_module
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +155,9 @@ class MemoryMarkBatchSizeFinder(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Fails before fitting starts, as Lightning's BatchSizeFinder does, for what it
-        cannot size: several devices, loaders handed to `fit()`, no batch size to set."""
+        cannot size: several devices, loaders handed to `fit()`, no batch size to set, a
+        compiled module."""
+        _check_module(pl_module)
         if isinstance(trainer.strategy, pl.strategies.ParallelStrategy):
             raise ValueError(
                 "MemoryMarkBatchSizeFinder sizes one device's step; with "
@@ -220,6 +222,12 @@ def _size(
 
 def _check_module(module: Any) -> None:
     """One-line errors for what cannot be sized, each with the way forward."""
+    compiled = compiled_part(module)
+    if compiled is not None:
+        raise compile_refusal(
+            compiled.replace("the model", "the module"),
+            "size the module before torch.compile, and compile it for training after",
+        )
     if not isinstance(module, pl.LightningModule):
         raise ValueError(
             f"find_batch_size takes a lightning.pytorch.LightningModule, got "

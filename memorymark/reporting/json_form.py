@@ -39,6 +39,8 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "model_name": r.model_name,
         "model_display_name": r.training or models.find_model(r.settings.model).display_name,
         "training": r.training is not None,
+        "set_up_for": r.set_up_for,
+        "setup_note": r.setup_note,
         "value_reads": [read.to_dict() for read in r.value_reads],
         "device": r.backend,
         "gpu_name": r.gpu.name,

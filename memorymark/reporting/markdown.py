@@ -143,6 +143,7 @@ def _settings(r: Report) -> list[str]:
         # The job's own code says its model, precision and optimizer: only where and how.
         rows = [
             ("Training", f"{escape(r.training)} (your own code)"),
+            *((("Set up for", escape(r.setup_note)),) if r.setup_note else ()),
             ("GPU", f"{escape(r.gpu.name)} ({r.backend}: memory {r.memory_source})"),
             ("Autocast (observed)", _autocast_seen(r.autocast_dtypes)),
             ("Search", f"{s.strategy}, step {s.step}, up to batch {s.max_batch}"),

@@ -39,6 +39,19 @@ def simulating() -> bool:
     return getattr(_state, "depth", 0) > 0
 
 
+def compile_refusal(where: str, how: str | None = None) -> SimulationError:
+    """The one line for `torch.compile`, which the simulation does not model yet: `where` it
+    was found, and `how` to size without it (by default, compiling behind a flag)."""
+    how = how or (
+        "compile behind a flag that is off while sizing, e.g. `if not memorymark.simulating(): "
+        "model = torch.compile(model)`"
+    )
+    return SimulationError(
+        f"torch.compile is not modelled yet ({where}): size the step uncompiled, so the "
+        f"answer is eager mode's (compiled code usually needs less): {how}"
+    )
+
+
 @contextlib.contextmanager
 def simulation_scope() -> Iterator[None]:
     """Marks this thread as simulating for the block (the simulated backend enters it)."""
@@ -64,7 +77,9 @@ class Training:
       parameter is named model, module or net, or annotated as a module; else the parameters
       that require grad). None: a step with no optimizer, `step` gets None.
 
-    `name` names it in reports (the model function's name by default).
+    `name` names it in reports (the model function's name by default). `set_up_for` is the
+    GPU its setup ran as on (`target_gpu`), which it must be sized for: the integrations and
+    `--training` set it.
     """
 
     model: Callable[[], Any]
@@ -73,6 +88,7 @@ class Training:
     optimizer: Callable[[Any], Any] | None = None
     name: str | None = None
     optimizer_takes: OptimizerTakes = "auto"
+    set_up_for: str | None = None
 
     def __post_init__(self) -> None:
         if _is_module(self.model):

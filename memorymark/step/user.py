@@ -5,7 +5,9 @@ function builds the model (on the meta device under the simulation, which then m
 the optimizer function builds one optimizer or several, the batch function makes each batch, and
 the step function runs forward, loss, backward and the optimizer step exactly as written.
 MemoryMark adds only what a loop adds around a step: `model.train()`, optimizer state primed as
-after a first step, gradients freed after it. It hears where the step is (forward, backward,
+after a first step, gradients freed after it. What the model function makes and keeps besides
+the model (EMA weights) is `alongside`, for the backends to hold as weights; a compiled model is
+refused while simulating (`compiled_part`). It hears where the step is (forward, backward,
 optimizer) from `backward()` and the optimizers' step hooks, to label what each part allocates.
 
 Must not know: how memory is counted, which device runs the step (the backend decides, and maps
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import inspect
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -28,12 +32,31 @@ from torch.utils._pytree import tree_map_only
 from memorymark.cuda_rules.scoped_patch import ScopedPatch
 from memorymark.settings import Settings
 from memorymark.step.protocol import OnPhase, Phase, RunOptimizer, no_phase, run_now
-from memorymark.step.training import Training
+from memorymark.step.training import Training, compile_refusal, simulating
 
 _MODEL_PARAMETER_NAMES = ("model", "module", "net", "network")
 """First-parameter names that make `optimizer_takes="auto"` pass the model, not parameters."""
 
 _listening = threading.local()
+
+
+def compiled_part(module: Any) -> str | None:
+    """Where `module` runs `torch.compile`d code, in words ("the model is compiled"), or None:
+    a compiled module (`torch.compile(model)`, an `OptimizedModule`) or submodule, a module
+    compiled in place (`model.compile()`), or a compiled `forward` or `training_step` set on
+    it (Lightning's `from_compiled`)."""
+    if "torch._dynamo" not in sys.modules or not isinstance(module, nn.Module):
+        return None  # nothing was ever compiled in this process
+    for name, sub in module.named_modules(remove_duplicate=True):
+        what = f"its submodule {name!r}" if name else "the model"
+        if type(sub).__name__ == "OptimizedModule" and hasattr(sub, "_orig_mod"):
+            return f"{what} is torch.compile'd"
+        if sub.__dict__.get("_compiled_call_impl") is not None:
+            return f"{what} is compiled in place (.compile())"
+        for method in ("forward", "training_step"):
+            if hasattr(sub.__dict__.get(method), "_torchdynamo_orig_callable"):
+                return f"{what}'s {method} is compiled"
+    return None
 
 
 def copy_module(module: nn.Module) -> nn.Module:
@@ -121,15 +144,26 @@ class UserStep:
     def __init__(self, training: Training, settings: Settings) -> None:
         self.training = training
         self.settings = settings
+        self.alongside: tuple[torch.Tensor, ...] = ()
+        """Tensors the model function made on the model's device besides the model, kept
+        after it returned (EMA weights): resident for the whole run, as the model is."""
 
     def build_model(self, *, emulate_kernels: bool = False) -> nn.Module:
-        """The user's model, on the current default device (meta under the simulation)."""
-        model = self.training.model()
+        """The user's model, on the current default device (meta under the simulation).
+        What else the model function made on that device and keeps (an EMA copy of the
+        model, `AveragedModel(model)`) is `alongside`."""
+        device = torch.empty(()).device
+        with _kept(device) as kept:
+            model = self.training.model()
         if not isinstance(model, nn.Module):
             raise ValueError(
                 f"Training(model=...) must return a torch.nn.Module; "
                 f"{self.training.label} returned {type(model).__name__}"
             )
+        self.alongside = _besides(model, kept)
+        compiled = compiled_part(model) if simulating() else None
+        if compiled is not None:
+            raise compile_refusal(f"{compiled}, as Training(model=...) returns it")
         return model
 
     def build_optimizer(self, model: nn.Module) -> Any:
@@ -234,6 +268,48 @@ class UserStep:
             _listening.on_phase = previous
             for handle in handles:
                 handle.remove()
+
+
+@contextlib.contextmanager
+def _kept(device: torch.device) -> Iterator[list[torch.Tensor]]:
+    """The tensors on `device` that the block created and that outlive it, found among the
+    objects the garbage collector tracks (tensors are tracked): with everything older frozen
+    (`gc.freeze`), only what the block made is listed, so the cost is the block's own."""
+    kept: list[torch.Tensor] = []
+    frozen = gc.get_freeze_count() == 0  # someone else's frozen objects are left frozen
+    before = None if frozen else {id(t): t for t in _tensors(gc.get_objects())}
+    if frozen:
+        gc.freeze()
+    try:
+        yield kept
+        gc.collect()  # cycles the block left (only its own objects: the rest is frozen)
+        made = _tensors(gc.get_objects())
+    finally:
+        if frozen:
+            gc.unfreeze()
+    kept.extend(t for t in made if t.device.type == device.type and id(t) not in (before or ()))
+
+
+def _tensors(objects: list[Any]) -> list[torch.Tensor]:
+    # `type(o)`, not isinstance: a proxy object's `__class__` may warn or import when asked.
+    return [o for o in objects if issubclass(type(o), torch.Tensor)]
+
+
+def _storage_key(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):  # a subclass with no storage of its own
+        return None
+
+
+def _besides(model: nn.Module, made: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Of the tensors the model function `made`, those that are no part of `model`: not its
+    parameters or buffers, nor a plain tensor attribute of one of its modules (which
+    `model.to("cuda")` would leave on the host), nor a view of any of those."""
+    owned = {_storage_key(t) for t in [*model.parameters(), *model.buffers()]}
+    for module in model.modules():
+        owned.update(_storage_key(v) for v in vars(module).values() if isinstance(v, torch.Tensor))
+    return tuple(t for t in made if _storage_key(t) not in owned and _storage_key(t) is not None)
 
 
 def _on_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
