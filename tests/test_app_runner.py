@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from app_helpers import GATE_SECONDS
+from app_helpers import GATE_SECONDS, FakeWaysOut
 
 from memorymark import gpus, limits
+from memorymark.analyses.ways_out import Fix
 from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.service import jobs
@@ -44,6 +45,9 @@ class FakeSession:
     batches = (8, 16, 64, 72)
     fits_below = 72
     stopped_by = None
+    fixes: tuple[Fix, ...] = ()
+    """The ways out found when nothing fits, one stage each (FakeWaysOut)."""
+    fixes_gate: threading.Event | None = None
 
     def __init__(self, settings: Settings) -> None:
         self.settings, self.gpu, self.measurements = settings, A10, []
@@ -55,6 +59,15 @@ class FakeSession:
             type(self).before_probe(batch)
             self.measurements.append(m(batch, fits=batch < type(self).fits_below))
             yield self.measurements[-1]
+
+    @property
+    def needs_ways_out(self) -> bool:
+        return self.stopped_by is None and not any(x.fits for x in self.measurements)
+
+    def ways_out(self) -> FakeWaysOut:
+        if not hasattr(self, "_ways_out"):
+            self._ways_out = FakeWaysOut(type(self).fixes, type(self).fixes_gate)
+        return self._ways_out
 
     def report(self, costs: Costs | None = None, *, on_stage=None) -> Report:
         for text in type(self).stages:
