@@ -265,9 +265,10 @@ def way_out_found_line(fix: Fix) -> str:
     need = f"{'>= ' if fix.lower_bound else ''}{gib(fix.required_bytes):.2f}"
     per = " per GPU" if fix.gpus > 1 else ""
     verdict = "fits" if fix.fits else "still too big"
+    source = "counted states, a lower bound" if fix.lower_bound else "simulated"
     return (
         f"way out found: {fix.title}: batch 1 needs {need} GiB of "
-        f"{gib(fix.limit_bytes):.2f}{per} (simulated), {verdict}"
+        f"{gib(fix.limit_bytes):.2f}{per} ({source}), {verdict}"
     )
 
 
