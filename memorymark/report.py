@@ -406,7 +406,7 @@ class Report:
         rest = ", ".join(self.fixes_not_finished) or "none"
         return (
             f"The sweep finished (no batch fits); the search for ways out then stopped at "
-            f"{self.fixes_stopped_by} {found}. Not finished: {rest}."
+            f"{self.fixes_stopped_by}, {found}. Not finished: {rest}."
         )
 
     @property

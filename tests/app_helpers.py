@@ -84,6 +84,8 @@ class FakeSession:
     report_gate: threading.Event | None = None
     fixes_gate: threading.Event | None = None
     """When set, each way out after the first waits for it (`FakeWaysOut`)."""
+    fixes_stop: tuple[str, tuple[str, ...]] | None = None
+    """(stopped_by, not finished) of a search for ways out a limit stopped, for the report."""
 
     def __init__(self, settings: Settings) -> None:
         if type(self).error is not None:
@@ -152,6 +154,11 @@ class FakeSession:
                 fixes=type(self).fixes(self.settings),
                 batch_1_required_bytes=type(self).base_bytes + GIB,
             )
+            if type(self).fixes_stop is not None:
+                stopped_by, left = type(self).fixes_stop
+                report = dataclasses.replace(
+                    report, fixes_stopped_by=stopped_by, fixes_not_finished=left
+                )
         return report
 
 

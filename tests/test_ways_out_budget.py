@@ -165,7 +165,7 @@ def test_the_stop_says_the_sweep_finished_and_the_ways_out_ran_out_of_time() -> 
     assert report.stopped_by is None and report.partial_note is None  # the sweep finished
     assert report.ways_out_note == (
         "The sweep finished (no batch fits); the search for ways out then stopped at the time "
-        "limit (120 s) after finding 1 way out (listed). Not finished: a bigger GPU, several "
+        "limit (120 s), after finding 1 way out (listed). Not finished: a bigger GPU, several "
         "GPUs (FSDP)."
     )
     d = report_to_dict(report)
@@ -210,6 +210,6 @@ def test_the_cli_prints_each_way_out_as_found_and_the_stop(monkeypatch, capsys) 
     assert found < out.index("ways out (simulated at batch 1")  # the priced list comes last
     # Batch 1 (10 s), then two counts (20 s, 30 s); a third would pass 35 s.
     assert "Batch 1 needs 100.00 GiB on this Custom 1 GiB" in out
-    assert "the search for ways out then stopped at the time limit (35 s) after finding 2" in out
+    assert "the search for ways out then stopped at the time limit (35 s), after finding 2" in out
     assert "Not finished: LoRA rank 16, 8-bit AdamW" in out
     assert "middle of a probe" not in out
