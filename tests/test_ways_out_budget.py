@@ -87,7 +87,14 @@ def test_each_way_out_comes_the_moment_its_stage_ends_in_the_planned_order(monke
         "bf16-true weights and optimizer",
         "LoRA rank 16",
     )
-    assert search.planned[-1] == fixes.CLOSEST_ELSEWHERE
+    # Other hardware: one bigger GPU first, then the many-GPU stages (the longest) last.
+    bigger = search.planned.index(hardware.BIGGER_GPU)
+    assert search.planned[bigger : bigger + 3] == (
+        hardware.BIGGER_GPU,
+        fixes.CLOSEST_ELSEWHERE,
+        hardware.SEVERAL_GPUS,
+    )
+    assert search.planned[-1] == fixes.QLORA_SEVERAL
     seen = []
     for label, fix in search.stages():
         # What is left is known at every stage: the page names it if the worker dies now.

@@ -5,8 +5,9 @@ checkpointing, bf16 weights, LoRA, 8-bit AdamW, their combination, QLoRA, Liger'
 causal LM) is simulated at batch 1 on the chosen GPU; a simulated step traces to its end even
 past the GPU's capacity, so the answer says how far off each one is, not only whether it fits.
 Then other hardware (memorymark/analyses/hardware.py): the cheapest bigger catalog GPU that
-trains batch 1, the fewest GPUs of the chosen kind under FSDP, and, when no change fits here,
-the change that comes closest on the cheapest bigger GPU that trains it. What the states alone
+trains batch 1, when no change fits here the change that comes closest on the cheapest bigger
+GPU that trains it, and the fewest GPUs of the chosen kind under FSDP (last: for a large model
+their steps are most of the search's time). What the states alone
 decide is not stepped: the weights, gradients and optimizer state all live at the optimizer
 step, so when their bytes (memorymark/analyses/states.py) already pass a limit, the change is
 reported as needing at least that. Every peak a way out states otherwise is its own simulated
@@ -129,8 +130,8 @@ def what_would_fit(
     settings: Settings, batch_1: Measurement | None = None, time_limit_seconds: float | None = None
 ) -> FitAnswer:
     """Batch 1 as configured, each candidate change, then other hardware: the cheapest bigger
-    catalog GPU, the fewest GPUs of this kind under FSDP, and, when no change fits here, the
-    cheapest bigger GPU for the change that comes closest; within `time_limit_seconds` (None:
+    catalog GPU, when no change fits here the cheapest bigger GPU for the change that comes
+    closest, and the fewest GPUs of this kind under FSDP; within `time_limit_seconds` (None:
     no limit), past which the answer has what was found and names what was not finished.
 
     `batch_1` is the sweep's own simulated step at batch 1 as configured, when it took one: it
@@ -143,7 +144,7 @@ class WaysOutSearch:
     with the way out it found, so a live view shows each at once; `answer()` is all of them.
 
     Its stages are planned when it is made (`planned`: the changes of settings, then a bigger
-    GPU, several GPUs, and what follows from them); past `time_limit_seconds` it stops before
+    GPU, the closest change on one, several GPUs and what follows from them); past `time_limit_seconds` it stops before
     the next state count or step (`stopped_by`), and `not_finished` names every planned stage
     that did not end. `batch_1` as for `what_would_fit`; `clock` is a test's fake clock."""
 
@@ -164,8 +165,9 @@ class WaysOutSearch:
         self._changes = _variants(settings, self.gpu)
         self.planned: tuple[str, ...] = (
             *(label for label, _ in self._changes),
-            *_hardware_plan(settings, self.gpu),
+            hardware.BIGGER_GPU,
             CLOSEST_ELSEWHERE,
+            *_several_gpus_plan(settings, self.gpu),
         )
         """Every stage's label, in the order they run."""
         self.done: list[str] = []
@@ -241,14 +243,16 @@ class WaysOutSearch:
             else:
                 yield label, None
         states, parameters = self._count(s)
-        elsewhere = []
-        for label, fix in _hardware_stages(s, gpu, states, parameters, self._step, self._count):
-            elsewhere += [fix] if fix is not None else []
-            yield label, fix
+        bigger = _bigger_gpu(s, gpu, self._step, states)
+        yield hardware.BIGGER_GPU, bigger
+        # Before the many-GPU steps (most of the search's time for a large model): the change
+        # that comes closest often fits on one bigger GPU (Llama-3.1-70B's QLoRA, an A100).
         closest = None
         if not any(f.fits for f in changes):
-            closest = _closest_change_elsewhere(changes, gpu, elsewhere, self._step, self._count)
+            others = [bigger] if bigger is not None else []
+            closest = _closest_change_elsewhere(changes, gpu, others, self._step, self._count)
         yield CLOSEST_ELSEWHERE, closest
+        yield from _several_gpus_stages(s, gpu, states, parameters, self._step, self._count)
 
     def _change(self, label: str, variant: Settings, limit: int) -> Fix | None:
         """One change of settings on the chosen GPU: bounded by its states, else stepped; None
@@ -277,9 +281,9 @@ def _step(settings: Settings, gpu: gpus.GPU) -> Measurement:
     return simulated_step(settings, gpu)  # looked up at each call: tests count the steps
 
 
-def _hardware_plan(settings: Settings, gpu: gpus.GPU) -> list[str]:
-    """The labels `_hardware_stages` yields for these settings, in its order."""
-    plan = [hardware.BIGGER_GPU, hardware.SEVERAL_GPUS]
+def _several_gpus_plan(settings: Settings, gpu: gpus.GPU) -> list[str]:
+    """The labels `_several_gpus_stages` yields for these settings, in its order."""
+    plan = [hardware.SEVERAL_GPUS]
     if not settings.grad_checkpointing:
         plan.append(CHECKPOINTED_SEVERAL)
     qlora = _qlora(settings, gpu)
@@ -295,12 +299,15 @@ def _other_hardware(
     parameters: int,
     step: hardware.Step | None = None,
 ) -> list[Fix]:
-    """Every way out by hardware (`_hardware_stages`), run to its end."""
-    stages = _hardware_stages(settings, gpu, states, parameters, step or _step, counted_states)
-    return [fix for _, fix in stages if fix is not None]
+    """Every way out by hardware for the settings as they are (a bigger GPU, then
+    `_several_gpus_stages`), run to its end."""
+    step = step or _step
+    stages = _several_gpus_stages(settings, gpu, states, parameters, step, counted_states)
+    found = [_bigger_gpu(settings, gpu, step, states), *(fix for _, fix in stages)]
+    return [fix for fix in found if fix is not None]
 
 
-def _hardware_stages(
+def _several_gpus_stages(
     settings: Settings,
     gpu: gpus.GPU,
     states: int,
@@ -308,11 +315,9 @@ def _hardware_stages(
     step: hardware.Step,
     count: Callable[[Settings], tuple[int, int]],
 ) -> Iterator[Stage]:
-    """The cheapest bigger GPU that fits (or, when the states alone overflow the biggest, that
-    bound on it), the fewest GPUs of this kind under FSDP, with gradient checkpointing too when
-    no count trains the settings as they are, and QLoRA sharded when none trains either: one
-    stage each (`_hardware_plan`'s labels), with the way out it found or None."""
-    yield hardware.BIGGER_GPU, _bigger_gpu(settings, gpu, step, states)
+    """The fewest GPUs of this kind under FSDP, with gradient checkpointing too when no count
+    trains the settings as they are, and QLoRA sharded when none trains either: one stage each
+    (`_several_gpus_plan`'s labels), with the way out it found or None."""
     several = hardware.fewest_gpus(settings, gpu, step, states, parameters)
     yield hardware.SEVERAL_GPUS, several
     if not settings.grad_checkpointing:
