@@ -144,9 +144,10 @@ class WaysOutSearch:
     with the way out it found, so a live view shows each at once; `answer()` is all of them.
 
     Its stages are planned when it is made (`planned`: the changes of settings, then a bigger
-    GPU, the closest change on one, several GPUs and what follows from them); past `time_limit_seconds` it stops before
-    the next state count or step (`stopped_by`), and `not_finished` names every planned stage
-    that did not end. `batch_1` as for `what_would_fit`; `clock` is a test's fake clock."""
+    GPU, the closest change on one, several GPUs and what follows from them); past
+    `time_limit_seconds` it stops before the next state count or step (`stopped_by`), and
+    `not_finished` names every planned stage that did not end. `batch_1` as for
+    `what_would_fit`; `clock` is a test's fake clock."""
 
     def __init__(
         self,
