@@ -140,18 +140,18 @@ def _sweep(request: SweepRequest, channel: Channel) -> Report | SweepOutcome:
                     channel.put(("probe", (slim(m), time.perf_counter() - start)))
                     if channel.stop_requested():
                         return SweepOutcome(cancelled=True)
-        if session.needs_ways_out:
-            _stream_ways_out(session, request.settings, channel)
+        if session.needs_ways_out and not _stream_ways_out(session, request.settings, channel):
+            return SweepOutcome(cancelled=True)
         # After the last probe the report may build the model again and run steps (the plan's
         # accumulation, the eval batch): each says what it does, or the page would sit silent.
         return session.report(on_stage=lambda text: channel.put(("stage", text)))
 
 
-def _stream_ways_out(session: Session, asked: Settings, channel: Channel) -> None:
+def _stream_ways_out(session: Session, asked: Settings, channel: Channel) -> bool:
     """Nothing fit: send each way out the moment it is found, as ("way_out", (fix or None,
     the stages not finished yet)), after one message with none found and every stage ahead,
     so the page names what is left even if the worker is killed mid-step. The report then
-    takes them from the session without searching again."""
+    takes them from the session without searching again. False when a stop was asked for."""
     search = session.ways_out()
     channel.put(("state", "fixing"))
     channel.put(("way_out", (None, search.not_finished)))
@@ -159,7 +159,8 @@ def _stream_ways_out(session: Session, asked: Settings, channel: Channel) -> Non
         found = None if fix is None else fix_as_asked(fix, asked)
         channel.put(("way_out", (found, search.not_finished)))
         if channel.stop_requested():
-            return
+            return False
+    return True
 
 
 def run_items(

@@ -219,7 +219,7 @@ def live_sweep(job: SweepJob, costs: Costs | None = None) -> None:
 
     @st.fragment(run_every=POLL_SECONDS if polling else None)
     def _panel() -> None:
-        if polling and (not job.running or sidebar.analysis_pending()):
+        if (polling and not job.running) or sidebar.analysis_pending():
             st.rerun()  # the sweep ended: a full run draws the results and re-enables Analyze
         _draw_job(job, costs)
 
