@@ -37,8 +37,9 @@ CEILING_FIELDS = ("time_limit_seconds", "max_probes", "max_batch", "ways_out_tim
 DEFAULT_MAX_TIME_LIMIT_SECONDS = 300.0
 DEFAULT_MAX_WAYS_OUT_TIME_LIMIT_SECONDS = 300.0
 """When nothing fits, the search for ways out gets its own time after the sweep's: for
-Llama-3.1-70B on an A10 it counts the states of each change (10-20 s each on 2 cores) and steps
-the model sharded over several A10s (CHANGELOG, issue 29, has the time it took here)."""
+Llama-3.1-70B on an A10 it counts the states of each change (seconds each), then steps the model
+on bigger GPUs and sharded over many A10s (minutes); within 300 s here it reaches QLoRA on an
+A100 80GB, which fits (CHANGELOG, issue 29, has the times measured)."""
 DEFAULT_MAX_PROBES = 64
 HOSTED_WORKERS = 1
 """Sweep workers on a hosted server. Streamlit Community Cloud gives an app at most 2 cores and
