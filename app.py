@@ -47,6 +47,8 @@ def analyze_page() -> None:
     for note in lowered:
         st.caption(f"{literal(note)}: this server's ceiling is used.")
     job = sweep_runner.current_job()
+    if requested and job is not None and job.running:
+        job.cancel()  # a way out applied while the search still runs: that analysis runs now
     running = job is not None and job.running
     # Slots sized to their labels, in a row that wraps: fixed columns cut "Analyze" to "An..."
     # on a 1024-pixel-wide page.
@@ -74,7 +76,7 @@ def analyze_page() -> None:
         if job.settings != settings:
             job.changed_while_running = True
             st.caption("Showing the sweep in progress: it runs the settings before your change.")
-        views.live_sweep(job)
+        views.live_sweep(job, costs)
     elif report is not None:
         views.finished_sweep(report, job)  # first: in the live panel's place (see views)
         if report.partial_note:

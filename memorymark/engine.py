@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from memorymark import gpus, models
 from memorymark.analyses import compare, scale_out
 from memorymark.analyses.compare import GpuFit
-from memorymark.analyses.fixes import FitAnswer, what_would_fit
+from memorymark.analyses.fixes import FitAnswer, WaysOutSearch
 from memorymark.analyses.proof import PROTOCOLS, BackwardProof, ProtocolResult, protocol_settings
 from memorymark.analyses.scale_out import ScaleOutRow
 from memorymark.backends import selection
@@ -47,7 +47,7 @@ from memorymark.search.eval_batch import EvalAnswer, EvalMeasurer
 from memorymark.search.plan import TrainingPlan, plan_for_target
 from memorymark.search.seq_len import SeqLenAnswer, SeqLenMeasurer, search_cap
 from memorymark.search.strategies import STRATEGIES, FastStrategy, Strategy
-from memorymark.search.sweep import SweepLimits, sweep
+from memorymark.search.sweep import SweepLimits, best_fit, sweep
 from memorymark.search.symbolic import SymbolicStrategy
 from memorymark.settings import Costs, Settings, check_model
 from memorymark.step import training as user_training
@@ -117,7 +117,7 @@ class Session:
         self.elapsed_seconds = 0.0
         self.stopped_by: str | None = None
         """Which limit ended the sweep early ("the time limit (60 s)"); None when it finished."""
-        self._fixes: FitAnswer | None = None
+        self._ways_out: WaysOutSearch | None = None
         self._evals: dict[int, EvalAnswer] = {}
         self._plans: dict[int, tuple[TrainingPlan | None, tuple[Measurement, ...]]] = {}
         self._symbolic: SymbolicStrategy | None = None
@@ -310,14 +310,26 @@ class Session:
             report = replace(report, plan=planned, plan_probes=probes)
         if self.settings.eval_batch is not None and self.stopped_by is None and self.measurements:
             report = replace(report, evaluation=self.evaluation(report.optimal, say))
-        if fixes and self.measurements and report.optimal is None and self.training is None:
-            if self._fixes is None:
+        if fixes and report.optimal is None and self.needs_ways_out:
+            if self._ways_out is None:
                 say(FIXES_STAGE)
             answer = self.fixes()
             report = replace(
-                report, fixes=answer.fixes, batch_1_required_bytes=answer.required_bytes
+                report,
+                fixes=answer.fixes,
+                batch_1_required_bytes=answer.required_bytes,
+                fixes_stopped_by=answer.stopped_by,
+                fixes_not_finished=answer.not_finished,
             )
         return report
+
+    @property
+    def needs_ways_out(self) -> bool:
+        """True when the sweep finished and no batch it searched fits: `report` then looks for
+        the ways out (a training job's own code has no settings to change)."""
+        searched = [m for m in self.measurements if m.batch_size <= self.settings.max_batch]
+        finished = self.stopped_by is None and bool(self.measurements)
+        return finished and best_fit(searched) is None and self.training is None
 
     def analyze(
         self, costs: Costs | None = None, *, fixes: bool = True, plan: bool = True
@@ -380,12 +392,23 @@ class Session:
             max_probes=None if probes is None else max(probes - len(self.measurements), 0),
         )
 
-    def fixes(self) -> FitAnswer:
-        """When nothing fits: batch 1 as configured, and each change (or GPU) that might fit."""
-        if self._fixes is None:
+    def ways_out(self) -> WaysOutSearch:
+        """When nothing fits: the search for batch 1 as configured and each change (or GPU)
+        that might fit, made once per session, within the settings' own time limit for it
+        (`ways_out_time_limit_seconds`); iterate its `stages()` to see each as it is found."""
+        if self._ways_out is None:
             batch_1 = next((m for m in self.measurements if m.batch_size == 1), None)
-            self._fixes = what_would_fit(self.settings, batch_1)
-        return self._fixes
+            self._ways_out = WaysOutSearch(
+                self.settings,
+                batch_1,
+                time_limit_seconds=self.settings.ways_out_time_limit_seconds,
+            )
+        return self._ways_out
+
+    def fixes(self) -> FitAnswer:
+        """When nothing fits: batch 1 as configured, and each change (or GPU) that might fit
+        (what `ways_out()` finds, run to its end or its time limit)."""
+        return self.ways_out().answer()
 
     def _plan(
         self, optimal_batch: int, target: int | None, say: Callable[[str], None]

@@ -125,6 +125,12 @@ class Report:
     """When nothing fits: each change that might, with its simulated batch-1 step."""
     batch_1_required_bytes: int | None = None
     """When nothing fits: what batch 1 needs as configured (simulated, no memory limit)."""
+    fixes_stopped_by: str | None = None
+    """The limit that ended the search for ways out before it finished ("the time limit
+    (120 s)"): `fixes` are those found, `fixes_not_finished` the rest. None when it finished
+    (or did not run)."""
+    fixes_not_finished: tuple[str, ...] = ()
+    """The ways out the search did not finish looking at, when a limit stopped it."""
     plan: TrainingPlan | None = None
     """Micro-batch x accumulation steps for the global batch (`global_batch`), checked with
     accumulation by the engine; None when no plan reaches it. Without a global batch to reach,
@@ -525,6 +531,24 @@ class Report:
         return (
             f"Partial answer: the sweep stopped at {self.stopped_by} after {n} "
             f"probe{'s' if n != 1 else ''}; {known}."
+        )
+
+    @property
+    def ways_out_note(self) -> str | None:
+        """When a limit ended the search for ways out: that the sweep itself finished, which
+        ways out were found and which were not finished (None when the search finished)."""
+        if self.fixes_stopped_by is None:
+            return None
+        n = len(self.fixes)
+        found = (
+            f"after finding {plural(n, 'way out', 'ways out')} (listed)"
+            if n
+            else "before it found any"
+        )
+        rest = ", ".join(self.fixes_not_finished) or "none"
+        return (
+            f"The sweep finished (no batch fits); the search for ways out then stopped at "
+            f"{self.fixes_stopped_by}, {found}. Not finished: {rest}."
         )
 
     @property

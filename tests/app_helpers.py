@@ -40,6 +40,25 @@ def rate(batch: int) -> float:
 GATE_SECONDS = 120.0
 
 
+class FakeWaysOut:
+    """The engine's WaysOutSearch over known fixes: one stage each, labelled as the fix; when
+    `gate` is set, every stage after the first waits for it (a test watches the search)."""
+
+    def __init__(self, fixes: tuple[Fix, ...], gate: threading.Event | None = None) -> None:
+        self.fixes, self.gate, self.done = fixes, gate, []
+
+    @property
+    def not_finished(self) -> tuple[str, ...]:
+        return tuple(f.label for f in self.fixes if f.label not in self.done)
+
+    def stages(self) -> Iterator[tuple[str, Fix | None]]:
+        for i, fix in enumerate(self.fixes):
+            if i and self.gate is not None:
+                self.gate.wait(GATE_SECONDS)
+            self.done.append(fix.label)
+            yield fix.label, fix
+
+
 class FakeSession:
     """The engine's Session with a known answer: peak = 1 GiB + 0.1 GiB per sample on an A10.
 
@@ -63,6 +82,10 @@ class FakeSession:
     stopped_by: str | None = None
     stages: tuple[str, ...] = ()
     report_gate: threading.Event | None = None
+    fixes_gate: threading.Event | None = None
+    """When set, each way out after the first waits for it (`FakeWaysOut`)."""
+    fixes_stop: tuple[str, tuple[str, ...]] | None = None
+    """(stopped_by, not finished) of a search for ways out a limit stopped, for the report."""
 
     def __init__(self, settings: Settings) -> None:
         if type(self).error is not None:
@@ -98,6 +121,15 @@ class FakeSession:
     def resume(self, measurements: tuple[Measurement, ...], elapsed_seconds: float) -> None:
         self.measurements = list(measurements)
 
+    @property
+    def needs_ways_out(self) -> bool:
+        return self.stopped_by is None and not any(m.fits for m in self.measurements)
+
+    def ways_out(self) -> FakeWaysOut:
+        if not hasattr(self, "_ways_out"):
+            self._ways_out = FakeWaysOut(type(self).fixes(self.settings), type(self).fixes_gate)
+        return self._ways_out
+
     def report(self, costs: Costs | None = None, *, on_stage=None) -> Report:
         for text in type(self).stages:  # what the engine says after the last probe
             on_stage(text)
@@ -122,6 +154,11 @@ class FakeSession:
                 fixes=type(self).fixes(self.settings),
                 batch_1_required_bytes=type(self).base_bytes + GIB,
             )
+            if type(self).fixes_stop is not None:
+                stopped_by, left = type(self).fixes_stop
+                report = dataclasses.replace(
+                    report, fixes_stopped_by=stopped_by, fixes_not_finished=left
+                )
         return report
 
 

@@ -3,11 +3,12 @@ training-script snippets, the fixes when nothing fits, and every setting in the 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from app_helpers import A10, app, chart, metrics, shown, trace
+from app_helpers import A10, app, chart, metrics, run_until, shown, trace
 
 from memorymark import gpus, models
 from memorymark.analyses.fixes import Fix
@@ -126,6 +127,48 @@ def test_nothing_fits_shows_how_far_off_each_fix_is_and_applies_one(fake) -> Non
     assert at.query_params["grad_checkpointing"] == "true"
     assert fake.created[-1].grad_checkpointing and len(fake.created) == 2
     assert metrics(at)["Optimal batch size"] == "192"  # checkpointing made it fit
+
+
+def test_each_way_out_shows_with_its_button_as_it_is_found(fake) -> None:
+    fake.base_bytes = 30 * GIB  # batch 1 needs more than the A10 has
+    fake.fixes, fake.fixes_gate = staticmethod(fixes_for), threading.Event()
+    at = app(sync=False, model="tiny-bert")
+    at.button(key="analyze").click().run()
+    try:
+        run_until(at, lambda at: any(b.key == "apply_live_fix_0" for b in at.button))
+        # The first way out, with its button, while the others are still searched.
+        assert "1 way out found so far" in at.get("progress")[0].proto.text
+        assert not any(b.key == "apply_live_fix_1" for b in at.button)
+        left = next(c.value for c in at.caption if "still looking at" in c.value)
+        assert "LoRA rank 16, a bigger GPU: H100 80GB" in shown(left)
+        line = next(m.value for m in at.markdown if "**gradient checkpointing**" in m.value)
+        assert "fits" in line
+        # Applied at once: the search stops and checkpointing is analyzed.
+        at.button(key="apply_live_fix_0").click().run()
+    finally:
+        fake.fixes_gate.set()
+    run_until(at, lambda at: bool(at.metric))
+    assert not at.exception
+    assert at.checkbox(key="mm_grad_checkpointing").value is True
+    assert fake.created[-1].grad_checkpointing and len(fake.created) == 2
+    assert metrics(at)["Optimal batch size"] == "192"
+
+
+def test_a_search_stopped_at_its_limit_shows_those_found_and_names_the_rest(fake) -> None:
+    fake.base_bytes = 30 * GIB
+    fake.fixes = staticmethod(lambda s: fixes_for(s)[:1])
+    left = ("LoRA rank 16", "a bigger GPU", "several GPUs (FSDP)")
+    fake.fixes_stop = ("the time limit (300 s), in the middle of a step", left)
+    at = analyzed(model="tiny-bert")
+    assert "Next step: one of the changes below" in at.error[0].value
+    note = shown(at.warning[0].value)
+    assert note.startswith("The sweep finished (no batch fits); the search for ways out then")
+    assert "Not finished: LoRA rank 16, a bigger GPU, several GPUs (FSDP)." in note
+    assert at.button(key="apply_fix_0").label == "Apply and analyze"
+    log = at.code[0].value
+    assert "done: no batch fits" in log and "ways out: 1 way out, the search stopped at" in log
+    page = [e.value for kind in ("warning", "error", "caption", "markdown") for e in at.get(kind)]
+    assert not any("middle of a probe" in text or "Partial answer" in text for text in page)
 
 
 def test_settings_appear_only_when_they_apply() -> None:

@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from app_helpers import GATE_SECONDS
+from app_helpers import GATE_SECONDS, FakeWaysOut
 
 from memorymark import gpus, limits
+from memorymark.analyses.ways_out import Fix
 from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.service import jobs
@@ -44,6 +45,9 @@ class FakeSession:
     batches = (8, 16, 64, 72)
     fits_below = 72
     stopped_by = None
+    fixes: tuple[Fix, ...] = ()
+    """The ways out found when nothing fits, one stage each (FakeWaysOut)."""
+    fixes_gate: threading.Event | None = None
 
     def __init__(self, settings: Settings) -> None:
         self.settings, self.gpu, self.measurements = settings, A10, []
@@ -55,6 +59,15 @@ class FakeSession:
             type(self).before_probe(batch)
             self.measurements.append(m(batch, fits=batch < type(self).fits_below))
             yield self.measurements[-1]
+
+    @property
+    def needs_ways_out(self) -> bool:
+        return self.stopped_by is None and not any(x.fits for x in self.measurements)
+
+    def ways_out(self) -> FakeWaysOut:
+        if not hasattr(self, "_ways_out"):
+            self._ways_out = FakeWaysOut(type(self).fixes, type(self).fixes_gate)
+        return self._ways_out
 
     def report(self, costs: Costs | None = None, *, on_stage=None) -> Report:
         for text in type(self).stages:
@@ -255,3 +268,83 @@ def test_a_probe_that_outruns_the_time_limit_ends_the_job_with_what_it_measured(
     assert j.state == "done" and [x.batch_size for x in j.measurements] == [8, 16]
     assert j.report.stopped_by == "the time limit (1 s), in the middle of a probe"
     assert "batch 16 fits" in j.report.partial_note
+
+
+def _ways_out(settings: Settings) -> tuple[Fix, ...]:
+    """Three ways out on the A10, the first two too big, the last (checkpointing) fitting."""
+    limit = A10.usable_bytes // 2
+    return tuple(
+        Fix(
+            label=label,
+            settings=settings,
+            gpu=A10,
+            peak_bytes=need,
+            required_bytes=need,
+            limit_bytes=limit,
+        )  # fmt: skip
+        for label, need in (
+            ("LoRA rank 16", 2 * limit),
+            ("8-bit AdamW", 3 * limit),
+            ("gradient checkpointing", limit // 2),
+        )  # fmt: skip
+    )
+
+
+def test_each_way_out_arrives_the_moment_it_is_found(fake, gate) -> None:
+    fake.batches, fake.fits_below = (8, 4, 2, 1), 0
+    fake.fixes, fake.fixes_gate = _ways_out(SIM), gate
+    j = run(inline=False)
+    wait_for(j, lambda: len(j.fixes) == 1)
+    # The first is on the page while the others are still searched, and what is left is named.
+    assert j.state == "fixing" and j.running
+    assert [f.label for f in j.fixes] == ["LoRA rank 16"]
+    assert j.fixes_not_finished == ("8-bit AdamW", "gradient checkpointing")
+    gate.set()
+    wait_for(j, lambda: not j.running)
+    assert [f.label for f in j.fixes] == ["LoRA rank 16", "8-bit AdamW", "gradient checkpointing"]
+    assert j.state == "done" and j.report.stopped_by is None
+
+
+def test_the_sweep_s_time_limit_does_not_cut_the_ways_out_short(fake, monkeypatch, gate) -> None:
+    # Llama-3.1-70B on an A10: its probes took a minute of a 300 s limit, then the ways out ran
+    # into it and the page said the sweep stopped "in the middle of a probe".
+    monkeypatch.setattr(jobs, "TIME_LIMIT_GRACE_SECONDS", 0.0)
+    fake.batches, fake.fits_below = (8, 4, 2, 1), 0
+    fake.fixes, fake.fixes_gate = _ways_out(SIM), gate
+    settings = Settings(model="tiny-bert", gpu="A10", backend="sim", time_limit_seconds=1,
+                        ways_out_time_limit_seconds=60)  # fmt: skip
+    j = run(settings, inline=False)
+    wait_for(j, lambda: len(j.fixes) == 1)
+    time.sleep(1.5)  # past the sweep's limit, within the ways out's own
+    j.poll()
+    assert j.running and j.state == "fixing"
+    gate.set()
+    wait_for(j, lambda: not j.running)
+    assert j.state == "done" and len(j.report.fixes) == 0  # the fake report's own (none)
+    assert len(j.fixes) == 3 and j.report.stopped_by is None
+
+
+def test_a_way_out_stuck_past_its_own_limit_ends_the_job_with_those_found(
+    fake, monkeypatch, gate
+) -> None:
+    monkeypatch.setattr(jobs, "TIME_LIMIT_GRACE_SECONDS", 0.0)
+    fake.batches, fake.fits_below = (8, 4, 2, 1), 0
+    fake.fixes, fake.fixes_gate = _ways_out(SIM), gate
+    settings = Settings(model="tiny-bert", gpu="A10", backend="sim",
+                        ways_out_time_limit_seconds=1)  # fmt: skip
+    j = run(settings, inline=False)
+    wait_for(j, lambda: not j.running)
+    gate.set()
+    report = j.report
+    assert j.state == "done" and [x.batch_size for x in report.measurements] == [8, 4, 2, 1]
+    # The sweep finished: nothing says it stopped; the ways out say what they found and not.
+    assert report.stopped_by is None and report.partial_note is None
+    assert [f.label for f in report.fixes] == ["LoRA rank 16"]
+    assert report.fixes_stopped_by == "the time limit (1 s), in the middle of a step"
+    assert report.fixes_not_finished == ("8-bit AdamW", "gradient checkpointing")
+    assert report.ways_out_note == (
+        "The sweep finished (no batch fits); the search for ways out then stopped at the time "
+        "limit (1 s), in the middle of a step, after finding 1 way out (listed). Not finished: "
+        "8-bit AdamW, gradient checkpointing."
+    )
+    assert "probe" not in report.ways_out_note

@@ -210,6 +210,7 @@ class SlowFake:
 
     seconds = 0.05
     stopped_by = None
+    needs_ways_out = False
 
     def __init__(self, settings: Settings) -> None:
         from memorymark import gpus

@@ -103,6 +103,7 @@ EVERY_FIELD_CHANGED = (
         "margin": "1GiB",
         "time_limit_seconds": 600.0,
         "max_probes": 12,
+        "ways_out_time_limit_seconds": 120.0,
     },
     {
         "model": "llama-3.1-8b",

@@ -130,6 +130,17 @@ def test_the_ceilings_bring_a_sweep_down_and_keep_the_cpu_backend_off() -> None:
     assert ServerConfig(allow_cpu_backend=True).apply(Settings(backend="cpu"))[0].backend == "cpu"
 
 
+def test_the_ways_out_have_a_ceiling_of_their_own_apart_from_the_sweep_s() -> None:
+    config = ServerConfig.from_sources({"MEMORYMARK_MAX_WAYS_OUT_TIME_LIMIT": "120"})
+    assert (config.max_time_limit, config.max_ways_out_time_limit) == (300, 120)
+    applied, notes = config.apply(Settings(ways_out_time_limit_seconds=600))
+    assert (applied.time_limit_seconds, applied.ways_out_time_limit_seconds) == (300, 120)
+    assert notes == ["ways_out_time_limit_seconds 600 s is above this server's 120 s"]
+    assert ServerConfig().apply(Settings())[0].ways_out_time_limit_seconds == 300  # the default
+    with pytest.raises(ValueError, match="MEMORYMARK_MAX_WAYS_OUT_TIME_LIMIT has a bad value"):
+        ServerConfig.from_sources({"MEMORYMARK_MAX_WAYS_OUT_TIME_LIMIT": "-1"})
+
+
 def test_a_link_cannot_raise_the_app_ceilings(fake, fresh_caches, monkeypatch) -> None:
     server = ServerConfig(max_time_limit=30, max_probes=4)
     monkeypatch.setattr(sweep_runner, "server_config", lambda: server)

@@ -5,31 +5,53 @@ checkpointing, bf16 weights, LoRA, 8-bit AdamW, their combination, QLoRA, Liger'
 causal LM) is simulated at batch 1 on the chosen GPU; a simulated step traces to its end even
 past the GPU's capacity, so the answer says how far off each one is, not only whether it fits.
 Then other hardware (memorymark/analyses/hardware.py): the cheapest bigger catalog GPU that
-trains batch 1, the fewest GPUs of the chosen kind under FSDP, and, when no change fits here,
-the change that comes closest on the cheapest bigger GPU that trains it. What the states alone
+trains batch 1, when no change fits here the change that comes closest on the cheapest bigger
+GPU that trains it, and the fewest GPUs of the chosen kind under FSDP (last: for a large model
+their steps are most of the search's time). What the states alone
 decide is not stepped: the weights, gradients and optimizer state all live at the optimizer
 step, so when their bytes (memorymark/analyses/states.py) already pass a limit, the change is
 reported as needing at least that. Every peak a way out states otherwise is its own simulated
-step, with the settings it applies, on the GPU it names. This module composes settings and the
+step, with the settings it applies, on the GPU it names.
+
+`WaysOutSearch` runs these as stages, one per candidate, and hands each way out over the moment
+its stage ends (the app and the CLI show them as they come), within a time budget of its own
+(memorymark/analyses/budget.py): past it the search stops between two pieces of work, and
+`not_finished` names the stages it did not finish. This module composes settings and the
 simulated backend; it never touches a real device, and imports the engine only when it
 simulates; the records (`Fix`, `FitAnswer`) live in memorymark/analyses/ways_out.py.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from memorymark import gpus
 from memorymark.analyses import hardware
+from memorymark.analyses.budget import OutOfTime, TimeBudget
 from memorymark.analyses.states import counted_states, state_bytes
 from memorymark.analyses.ways_out import FitAnswer, Fix
 from memorymark.backends import selection
 from memorymark.measurement import Measurement
 from memorymark.settings import Settings
 
-__all__ = ["FitAnswer", "Fix", "simulated_step", "state_bytes", "what_would_fit"]
+__all__ = [
+    "FitAnswer",
+    "Fix",
+    "WaysOutSearch",
+    "simulated_step",
+    "state_bytes",
+    "what_would_fit",
+]
 
 LORA_RANK = 16
+QLORA = "QLoRA: NF4 + LoRA + checkpointing"
+CHECKPOINTED_SEVERAL = f"gradient checkpointing, on {hardware.SEVERAL_GPUS}"
+QLORA_SEVERAL = f"{QLORA}, on {hardware.SEVERAL_GPUS}"
+CLOSEST_ELSEWHERE = f"the change that comes closest, on {hardware.BIGGER_GPU}"
+Stage = tuple[str, Fix | None]
+"""One stage of the search as it ends: its label, and the way out it found (None: none)."""
 
 
 def simulated_step(settings: Settings, gpu: gpus.GPU, batch_size: int = 1) -> Measurement:
@@ -61,7 +83,7 @@ def _variants(s: Settings, gpu: gpus.GPU) -> list[tuple[str, Settings]]:
         out.append(("all three together", combined))
     qlora = _qlora(s, gpu)
     if qlora is not None and qlora != s:
-        out.append(("QLoRA: NF4 + LoRA + checkpointing", qlora))
+        out.append((QLORA, qlora))
     fused = _fused_loss(s)
     if fused is not None:
         out.append(("Liger kernels (fused cross-entropy, no full logits)", fused))
@@ -104,110 +126,271 @@ def _simulable(backend: str) -> str:
     return "sim" if backend == "cpu" else backend
 
 
-def what_would_fit(settings: Settings, batch_1: Measurement | None = None) -> FitAnswer:
+def what_would_fit(
+    settings: Settings, batch_1: Measurement | None = None, time_limit_seconds: float | None = None
+) -> FitAnswer:
     """Batch 1 as configured, each candidate change, then other hardware: the cheapest bigger
-    catalog GPU, the fewest GPUs of this kind under FSDP, and, when no change fits here, the
-    cheapest bigger GPU for the change that comes closest.
+    catalog GPU, when no change fits here the cheapest bigger GPU for the change that comes
+    closest, and the fewest GPUs of this kind under FSDP; within `time_limit_seconds` (None:
+    no limit), past which the answer has what was found and names what was not finished.
 
     `batch_1` is the sweep's own simulated step at batch 1 as configured, when it took one: it
     is not stepped again."""
-    from memorymark.backends.resolve import resolve_gpu  # torch: only when nothing fits
+    return WaysOutSearch(settings, batch_1, time_limit_seconds=time_limit_seconds).answer()
 
-    gpu = resolve_gpu(settings, "sim")
-    limit = selection.fit_policy(settings, gpu).limit_bytes
-    fixes = []
-    for label, variant in _variants(settings, gpu):
+
+class WaysOutSearch:
+    """One search for the ways out, stage by stage: `stages()` yields each stage as it ends,
+    with the way out it found, so a live view shows each at once; `answer()` is all of them.
+
+    Its stages are planned when it is made (`planned`: the changes of settings, then a bigger
+    GPU, the closest change on one, several GPUs and what follows from them); past
+    `time_limit_seconds` it stops before the next state count or step (`stopped_by`), and
+    `not_finished` names every planned stage that did not end. `batch_1` as for
+    `what_would_fit`; `clock` is a test's fake clock."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        batch_1: Measurement | None = None,
+        *,
+        time_limit_seconds: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        from memorymark.backends.resolve import resolve_gpu  # torch: only when nothing fits
+
+        self.settings = settings
+        self.gpu = resolve_gpu(settings, "sim")
+        self.budget = TimeBudget(time_limit_seconds=time_limit_seconds, clock=clock)
+        self._batch_1 = batch_1 if batch_1 is not None and not batch_1.measured else None
+        self._changes = _variants(settings, self.gpu)
+        self.planned: tuple[str, ...] = (
+            *(label for label, _ in self._changes),
+            hardware.BIGGER_GPU,
+            CLOSEST_ELSEWHERE,
+            *_several_gpus_plan(settings, self.gpu),
+        )
+        """Every stage's label, in the order they run."""
+        self.done: list[str] = []
+        """The labels of the stages that ended, in order."""
+        self.found: list[Fix] = []
+        """Each way out found so far, in the order `answer()` lists them."""
+        self.required_bytes: int | None = None
+        """What batch 1 needs as configured, once known (the search's first piece of work)."""
+        self._counted: dict[Settings, tuple[int, int]] = {}
+        self._run: Iterator[Stage] | None = None
+
+    @property
+    def stopped_by(self) -> str | None:
+        """The limit that ended the search early ("the time limit (60 s)"); None otherwise."""
+        return self.budget.stopped_by
+
+    @property
+    def not_finished(self) -> tuple[str, ...]:
+        """The planned stages that have not ended (all that are left while it runs)."""
+        return tuple(label for label in self.planned if label not in self.done)
+
+    def stages(self) -> Iterator[Stage]:
+        """Each stage as it ends: (label, the way out it found or None). Resumes where an
+        earlier, abandoned iteration stopped; ends early when the budget runs out."""
+        if self._run is None:
+            self._run = self._stages()
+        for label, fix in self._run:
+            self.done.append(label)
+            if fix is not None:
+                self.found.append(fix)
+            yield label, fix
+
+    def __iter__(self) -> Iterator[Fix]:
+        """Each way out the moment its stage finds it."""
+        return (fix for _, fix in self.stages() if fix is not None)
+
+    def answer(self) -> FitAnswer:
+        """The whole search (run to its end or its budget): every way out found, in order."""
+        for _ in self.stages():
+            pass
+        return FitAnswer(
+            required_bytes=self.required_bytes,
+            fixes=tuple(self.found),
+            stopped_by=self.stopped_by,
+            not_finished=self.not_finished if self.stopped_by else (),
+        )
+
+    # -- the stages ---------------------------------------------------------------------------
+    def _stages(self) -> Iterator[Stage]:
         try:
-            states = state_bytes(variant)
+            yield from self._all_stages()
+        except OutOfTime:
+            return  # `stopped_by` says why; `not_finished` what is left
+
+    def _all_stages(self) -> Iterator[Stage]:
+        s, gpu = self.settings, self.gpu
+        limit = selection.fit_policy(s, gpu).limit_bytes
+        base = self._batch_1 if self._batch_1 is not None else None
+        base = base if base is not None and base.required_bytes is not None else None
+        base = base or self._step(s, gpu)
+        self.required_bytes = hardware.required(base)
+        changes = []
+        for label, variant in self._changes:
+            fix = self._change(label, variant, limit)
+            # A change that needs no less than batch 1 as configured, in live or reserved
+            # bytes, is no way out: not offered (other hardware helps by its capacity instead).
+            if fix is not None and (
+                fix.required_bytes < self.required_bytes
+                or (not fix.lower_bound and fix.peak_bytes < base.peak_bytes)
+            ):
+                changes.append(fix)
+                yield label, fix
+            else:
+                yield label, None
+        states, parameters = self._count(s)
+        bigger = _bigger_gpu(s, gpu, self._step, states)
+        yield hardware.BIGGER_GPU, bigger
+        # Before the many-GPU steps (most of the search's time for a large model): the change
+        # that comes closest often fits on one bigger GPU (Llama-3.1-70B's QLoRA, an A100).
+        closest = None
+        if not any(f.fits for f in changes):
+            others = [bigger] if bigger is not None else []
+            closest = _closest_change_elsewhere(changes, gpu, others, self._step, self._count)
+        yield CLOSEST_ELSEWHERE, closest
+        yield from _several_gpus_stages(s, gpu, states, parameters, self._step, self._count)
+
+    def _change(self, label: str, variant: Settings, limit: int) -> Fix | None:
+        """One change of settings on the chosen GPU: bounded by its states, else stepped; None
+        when the model has no such switch (checkpointing on a plain ResNet, ...)."""
+        try:
+            states = self._count(variant)[0]
         except ValueError:
-            continue  # this model has no such switch (checkpointing on a plain ResNet, ...)
+            return None
         if states > limit:
-            fixes.append(_bound(label, variant, gpu, states, limit))
-            continue
-        fixes.append(_fix(label, variant, gpu, simulated_step(variant, gpu), limit))
-    base = batch_1 if batch_1 is not None and not batch_1.measured else None
-    base = base if base is not None and base.required_bytes is not None else None
-    base = base or simulated_step(settings, gpu)
-    # A change of settings that needs no less than batch 1 as configured, in live or reserved
-    # bytes, is no way out: not offered (other hardware helps by its capacity instead).
-    helpful = [
-        f
-        for f in fixes
-        if f.required_bytes < hardware.required(base)
-        or (not f.lower_bound and f.peak_bytes < base.peak_bytes)
-    ]
-    states, parameters = counted_states(settings)
-    elsewhere = _other_hardware(settings, gpu, states, parameters)
-    if not any(f.fits for f in helpful):
-        elsewhere += _closest_change_elsewhere(helpful, gpu, elsewhere)
-    return FitAnswer(required_bytes=hardware.required(base), fixes=(*helpful, *elsewhere))
+            return _bound(label, variant, self.gpu, states, limit)
+        return _fix(label, variant, self.gpu, self._step(variant, self.gpu), limit)
+
+    def _step(self, settings: Settings, gpu: gpus.GPU) -> Measurement:
+        """A simulated batch-1 step, within the budget (`_step` looked up at each call: tests
+        count the steps)."""
+        return self.budget.spend("step", lambda s, g: _step(s, g), settings, gpu)
+
+    def _count(self, settings: Settings) -> tuple[int, int]:
+        """`counted_states`, once per settings (a 70B model takes 10-20 s), within the budget."""
+        if settings not in self._counted:
+            self._counted[settings] = self.budget.spend("count", counted_states, settings)
+        return self._counted[settings]
 
 
 def _step(settings: Settings, gpu: gpus.GPU) -> Measurement:
     return simulated_step(settings, gpu)  # looked up at each call: tests count the steps
 
 
-def _other_hardware(settings: Settings, gpu: gpus.GPU, states: int, parameters: int) -> list[Fix]:
-    """The cheapest bigger GPU that fits (or, when the states alone overflow the biggest, that
-    bound on it), and the fewest GPUs of this kind under FSDP, with gradient checkpointing too
-    when no count trains the settings as they are."""
-    out = []
-    cheapest = hardware.cheapest_gpu(settings, gpu, _step, states)
+def _several_gpus_plan(settings: Settings, gpu: gpus.GPU) -> list[str]:
+    """The labels `_several_gpus_stages` yields for these settings, in its order."""
+    plan = [hardware.SEVERAL_GPUS]
+    if not settings.grad_checkpointing:
+        plan.append(CHECKPOINTED_SEVERAL)
+    qlora = _qlora(settings, gpu)
+    if qlora is not None and qlora != settings:
+        plan.append(QLORA_SEVERAL)
+    return plan
+
+
+def _other_hardware(
+    settings: Settings,
+    gpu: gpus.GPU,
+    states: int,
+    parameters: int,
+    step: hardware.Step | None = None,
+) -> list[Fix]:
+    """Every way out by hardware for the settings as they are (a bigger GPU, then
+    `_several_gpus_stages`), run to its end."""
+    step = step or _step
+    stages = _several_gpus_stages(settings, gpu, states, parameters, step, counted_states)
+    found = [_bigger_gpu(settings, gpu, step, states), *(fix for _, fix in stages)]
+    return [fix for fix in found if fix is not None]
+
+
+def _several_gpus_stages(
+    settings: Settings,
+    gpu: gpus.GPU,
+    states: int,
+    parameters: int,
+    step: hardware.Step,
+    count: Callable[[Settings], tuple[int, int]],
+) -> Iterator[Stage]:
+    """The fewest GPUs of this kind under FSDP, with gradient checkpointing too when no count
+    trains the settings as they are, and QLoRA sharded when none trains either: one stage each
+    (`_several_gpus_plan`'s labels), with the way out it found or None."""
+    several = hardware.fewest_gpus(settings, gpu, step, states, parameters)
+    yield hardware.SEVERAL_GPUS, several
+    if not settings.grad_checkpointing:
+        checkpointed = None
+        if several is not None and not several.fits:
+            # Sharding leaves activations whole: checkpointing is what lets more GPUs help.
+            try:
+                on = replace(settings, grad_checkpointing=True)
+                checkpointed = hardware.fewest_gpus(
+                    on, gpu, step, states, parameters, CHECKPOINTED_SEVERAL
+                )
+            except ValueError:
+                pass  # this model has no such switch
+            several = checkpointed
+        yield CHECKPOINTED_SEVERAL, checkpointed
+    qlora = _qlora(settings, gpu)
+    if qlora is not None and qlora != settings:
+        sharded = None
+        if several is not None and not several.fits:
+            sharded = _qlora_sharded(qlora, gpu, step, count)
+        yield QLORA_SEVERAL, sharded
+
+
+def _bigger_gpu(settings: Settings, gpu: gpus.GPU, step: hardware.Step, states: int) -> Fix | None:
+    """The cheapest bigger GPU that fits, or, when the states alone overflow the biggest, that
+    bound on it; None when neither."""
+    cheapest = hardware.cheapest_gpu(settings, gpu, step, states)
     if cheapest is not None:
-        out.append(cheapest)
-    else:
-        biggest = max(gpus.CATALOG, key=lambda g: g.usable_bytes)
-        on_it = replace(settings, gpu=biggest.name, gpu_memory_gib=None)
-        limit = hardware.limit_bytes(on_it, biggest)
-        if biggest.usable_bytes > gpu.usable_bytes and states > limit:
-            out.append(replace(_bound(hardware.BIGGER_GPU, on_it, biggest, states, limit),
-                               hardware=True))  # fmt: skip
-    several = hardware.fewest_gpus(settings, gpu, _step, states, parameters)
-    if several is not None:
-        out.append(several)
-    if several is not None and not several.fits and not settings.grad_checkpointing:
-        # Sharding leaves activations whole: checkpointing is what lets more GPUs help.
-        try:
-            checkpointed = replace(settings, grad_checkpointing=True)
-        except ValueError:
-            return out  # this model has no such switch
-        label = f"gradient checkpointing, on {hardware.SEVERAL_GPUS}"
-        several = hardware.fewest_gpus(checkpointed, gpu, _step, states, parameters, label)
-        out += [several] if several is not None else []
-    if several is not None and not several.fits:
-        out += _qlora_sharded(settings, gpu)
-    return out
+        return cheapest
+    biggest = max(gpus.CATALOG, key=lambda g: g.usable_bytes)
+    on_it = replace(settings, gpu=biggest.name, gpu_memory_gib=None)
+    limit = hardware.limit_bytes(on_it, biggest)
+    if biggest.usable_bytes > gpu.usable_bytes and states > limit:
+        return replace(_bound(hardware.BIGGER_GPU, on_it, biggest, states, limit), hardware=True)
+    return None
 
 
-def _qlora_sharded(settings: Settings, gpu: gpus.GPU) -> list[Fix]:
+def _qlora_sharded(
+    qlora: Settings,
+    gpu: gpus.GPU,
+    step: hardware.Step,
+    count: Callable[[Settings], tuple[int, int]],
+) -> Fix | None:
     """QLoRA sharded with FSDP over the fewest GPUs of this kind, when no count trains the
     model as configured: the 4-bit base weights are what is left to shard (Llama-3.1-70B: 4 x
     A10, where 72 in fp32 do not train it: docs/cli.md, "When nothing fits")."""
-    qlora = _qlora(settings, gpu)
-    if qlora is None or qlora == settings:
-        return []
-    states, parameters = counted_states(qlora)
-    label = f"QLoRA: NF4 + LoRA + checkpointing, on {hardware.SEVERAL_GPUS}"
-    found = hardware.fewest_gpus(qlora, gpu, _step, states, parameters, label)
-    return [found] if found is not None else []
+    states, parameters = count(qlora)
+    return hardware.fewest_gpus(qlora, gpu, step, states, parameters, QLORA_SEVERAL)
 
 
-def _closest_change_elsewhere(changes: list[Fix], gpu: gpus.GPU, others: list[Fix]) -> list[Fix]:
+def _closest_change_elsewhere(
+    changes: list[Fix],
+    gpu: gpus.GPU,
+    others: list[Fix],
+    step: hardware.Step,
+    count: Callable[[Settings], tuple[int, int]],
+) -> Fix | None:
     """The change that needs least here, on the cheapest bigger GPU where it fits: offered when
     that GPU is cheaper than the one the unchanged settings need (or none does)."""
     if not changes:
-        return []
+        return None
     closest = min(changes, key=lambda f: f.required_bytes)
     # A bound is the states themselves: not counted again (a 70B model takes seconds).
-    states = closest.required_bytes if closest.lower_bound else state_bytes(closest.settings)
+    states = closest.required_bytes if closest.lower_bound else count(closest.settings)[0]
     label = f"{closest.label}, on {hardware.BIGGER_GPU}"
-    found = hardware.cheapest_gpu(closest.settings, gpu, _step, states, label)
+    found = hardware.cheapest_gpu(closest.settings, gpu, step, states, label)
     unchanged = next((f for f in others if f.gpus == 1 and f.fits), None)
     if found is None or (
         unchanged is not None and unchanged.gpu.usd_per_hour <= found.gpu.usd_per_hour
     ):
-        return []
-    return [found]
+        return None
+    return found
 
 
 def _bound(label: str, settings: Settings, gpu: gpus.GPU, states: int, limit: int) -> Fix:

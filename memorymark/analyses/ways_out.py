@@ -132,8 +132,14 @@ class Fix:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FitAnswer:
-    """The unchanged settings' batch-1 step, and each way out."""
+    """The unchanged settings' batch-1 step, and each way out found."""
 
-    required_bytes: int
-    """What batch 1 needs as configured (predicted reserved bytes)."""
+    required_bytes: int | None
+    """What batch 1 needs as configured (predicted reserved bytes); None when the search ran
+    out of time before it knew."""
     fixes: tuple[Fix, ...]
+    stopped_by: str | None = None
+    """The limit that ended the search before it finished ("the time limit (120 s)"); None
+    when every stage ended."""
+    not_finished: tuple[str, ...] = ()
+    """When a limit stopped it: the ways out it did not finish looking at (their labels)."""

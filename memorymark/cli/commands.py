@@ -24,7 +24,7 @@ from memorymark.calibration import run as calibration
 from memorymark.calibration.run import NoGpuError
 from memorymark.cli import render
 from memorymark.cli.training_file import load_training
-from memorymark.engine import Session
+from memorymark.engine import FIXES_STAGE, Session
 from memorymark.measurement import Measurement
 from memorymark.report import Report, setup_note
 from memorymark.reporting import exports
@@ -121,8 +121,11 @@ def _analyze(args: argparse.Namespace, settings: Settings, training: Training | 
     # After the last probe the report may run more steps (the plan's accumulation, the eval
     # batch, the ways out): a line says which, so the terminal does not sit silent.
     heard = (lambda text: print(f"  ... {text}", flush=True)) if talk else None
+    fixes = "RANK" not in os.environ
+    if talk and fixes and session.needs_ways_out:
+        _print_ways_out_as_found(session)
     with _user_output(training):
-        report = session.report(costs, fixes="RANK" not in os.environ, on_stage=heard)
+        report = session.report(costs, fixes=fixes, on_stage=heard)
     data = report_to_dict(report)  # once: printed and saved alike
     # Under torchrun every rank has the same report: rank 0 alone saves it, as it alone prints.
     # A training job's code is not in the history, so its run could not be shown again there.
@@ -143,6 +146,18 @@ def _analyze(args: argparse.Namespace, settings: Settings, training: Training | 
             raise ValueError(f"there are no {fmt} settings to print: {reason}")
         print(snippet(fmt, settings, report.plan), end="")
     return 0
+
+
+def _print_ways_out_as_found(session: Session) -> None:
+    """Nothing fit: each way out on its own line the moment the search finds it (the report
+    lists them all again, priced, at the end)."""
+    print(f"  ... {FIXES_STAGE}", flush=True)
+    limit = session.settings.ways_out_time_limit_seconds
+    if limit is not None:
+        print(f"  ... within {limit:g} s (--ways-out-time-limit)", flush=True)
+    for _label, fix in session.ways_out().stages():
+        if fix is not None:
+            print(f"  ... {render.way_out_found_line(fix)}", flush=True)
 
 
 def _user_output(training: Training | None) -> contextlib.AbstractContextManager[object]:

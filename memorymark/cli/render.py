@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from memorymark.analyses.proof import FAIL_BELOW, PASS_FROM
+from memorymark.analyses.ways_out import Fix
 from memorymark.measurement import Measurement, ValueRead, memory_source
 from memorymark.report import Report
 from memorymark.reporting import exports
@@ -253,14 +254,34 @@ def _print_plan_and_fixes(r: Report, fixes: list[dict[str, Any]]) -> None:
         print(f"  {r.plan_note}")
     if r.fixes:
         _print_fixes(r, fixes)
+    if r.ways_out_note:
+        print(f"  {r.ways_out_note}")
+
+
+def way_out_found_line(fix: Fix) -> str:
+    """One way out as the search finds it: its title, what batch 1 needs of its limit
+    (simulated, or at least the counted states), and whether it fits."""
+    need = f"{'>= ' if fix.lower_bound else ''}{gib(fix.required_bytes):.2f}"
+    per = " per GPU" if fix.gpus > 1 else ""
+    verdict = "fits" if fix.fits else "still too big"
+    source = "counted states, a lower bound" if fix.lower_bound else "simulated"
+    return (
+        f"way out found: {fix.title}: batch 1 needs {need} GiB of "
+        f"{gib(fix.limit_bytes):.2f}{per} ({source}), {verdict}"
+    )
 
 
 def _print_fixes(r: Report, fixes: list[dict[str, Any]]) -> None:
     """Each way out: what it needs at batch 1 against its limit, and what a fit costs. `fixes`
     is the `analyze --json` object's list, in the same order as `r.fixes`."""
     needed = r.batch_1_required_bytes
+    needs = (
+        "Batch 1's need was not simulated in time"
+        if needed is None
+        else f"Batch 1 needs {gib(needed):.2f} GiB"
+    )
     print(
-        f"\nBatch 1 needs {gib(needed or 0):.2f} GiB on this {r.gpu.name}; ways out "
+        f"\n{needs} on this {r.gpu.name}; ways out "
         "(simulated at batch 1: what the allocator would reserve, of usable memory less the "
         "margin; >= is a lower bound from the states alone; prices estimated):"
     )

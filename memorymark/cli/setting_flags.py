@@ -30,7 +30,8 @@ RUNNING_FLAGS = ("gpu", "gpu_memory_gib", "backend", "precision", "tf32", "atten
                  "double_quant", "forward_only", "dist", "gpus", "nodes", "offload",
                  "mp_policy")  # fmt: skip
 SEARCH_FLAGS = ("find", "seq_step", "strategy", "step", "current_batch", "max_batch",
-                "time_limit_seconds", "max_probes", "margin", "target_batch")  # fmt: skip
+                "time_limit_seconds", "max_probes", "ways_out_time_limit_seconds", "margin",
+                "target_batch")  # fmt: skip
 
 # Counts argparse refuses below 1 itself, so the message names the flag; the other whole
 # numbers reach Settings, whose range check names the setting.
@@ -49,6 +50,7 @@ _METAVARS = {
     "nodes": "M",
     "seq_step": "TOKENS",
     "time_limit_seconds": "SECONDS",
+    "ways_out_time_limit_seconds": "SECONDS",
     "max_probes": "N",
 }
 # The name `measure` and `validate-backward` give their own batch size, kept for analyze's.

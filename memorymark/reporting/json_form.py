@@ -84,6 +84,9 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "plan_probes": [_row(m) for m in r.plan_probes],
         "eval": r.evaluation.to_dict() if r.evaluation else None,
         "fixes": [fix.to_dict(r.fix_usd_per_gpu_hour(fix)) for fix in r.fixes],
+        "ways_out_stopped_by": r.fixes_stopped_by,
+        "ways_out_not_finished": list(r.fixes_not_finished),
+        "ways_out_note": r.ways_out_note,
         "batch_1_required_gb": None
         if r.batch_1_required_bytes is None
         else gib(r.batch_1_required_bytes),

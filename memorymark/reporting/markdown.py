@@ -96,9 +96,11 @@ def _answer(d: dict[str, Any], r: Report) -> list[str]:
 
 
 def _ways_out(d: dict[str, Any], r: Report) -> list[str]:
-    """When batch 1 does not fit: each way out, simulated at batch 1 against its own limit."""
+    """When batch 1 does not fit: each way out, simulated at batch 1 against its own limit,
+    and, when the search for them stopped at its time limit, what it did not finish."""
+    note = [escape(d["ways_out_note"]), ""] if d["ways_out_note"] else []
     if not d["fixes"]:
-        return []
+        return ["### Ways out", "", *note] if note else []
     lines = [
         "### Ways out",
         "",
@@ -108,6 +110,7 @@ def _ways_out(d: dict[str, Any], r: Report) -> list[str]:
         '(per GPU on several); "at least" is a lower bound from the weights, gradients and '
         "optimizer state alone. Prices are estimated.",
         "",
+        *note,
         "| Way out | Verdict | Batch 1 needs (GiB, simulated) | Limit (GiB) | Price (estimated) |",
         "|---|---|---|---|---|",
     ]

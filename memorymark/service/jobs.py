@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memorymark.analyses.ways_out import Fix
 from memorymark.engine import Session
 from memorymark.gpus import GPU
 from memorymark.limits import one_line
@@ -97,12 +98,17 @@ def as_asked(report: Report, asked: Settings) -> Report:
     command or an applied way out from it then asks what the user asked, not the server's
     ceilings. Only the limits go back: what the run found (a GPU count `--gpus auto` chose)
     stays."""
+    fixes = tuple(fix_as_asked(f, asked) for f in report.fixes)
+    return dataclasses.replace(report, settings=_limits_of(report.settings, asked), fixes=fixes)
 
-    def back(s: Settings) -> Settings:
-        return dataclasses.replace(s, **{name: getattr(asked, name) for name in CEILING_FIELDS})
 
-    fixes = tuple(dataclasses.replace(f, settings=back(f.settings)) for f in report.fixes)
-    return dataclasses.replace(report, settings=back(report.settings), fixes=fixes)
+def fix_as_asked(fix: Fix, asked: Settings) -> Fix:
+    """One way out with the user's own limits (as `as_asked`), so its button asks for them."""
+    return dataclasses.replace(fix, settings=_limits_of(fix.settings, asked))
+
+
+def _limits_of(s: Settings, asked: Settings) -> Settings:
+    return dataclasses.replace(s, **{name: getattr(asked, name) for name in CEILING_FIELDS})
 
 
 def _run(request: SweepRequest, channel: Channel) -> SweepOutcome:
@@ -134,11 +140,27 @@ def _sweep(request: SweepRequest, channel: Channel) -> Report | SweepOutcome:
                     channel.put(("probe", (slim(m), time.perf_counter() - start)))
                     if channel.stop_requested():
                         return SweepOutcome(cancelled=True)
-        if session.stopped_by is None and not any(m.fits for m in session.measurements):
-            channel.put(("state", "fixing"))  # the report simulates each way out
+        if session.needs_ways_out and not _stream_ways_out(session, request.settings, channel):
+            return SweepOutcome(cancelled=True)
         # After the last probe the report may build the model again and run steps (the plan's
         # accumulation, the eval batch): each says what it does, or the page would sit silent.
         return session.report(on_stage=lambda text: channel.put(("stage", text)))
+
+
+def _stream_ways_out(session: Session, asked: Settings, channel: Channel) -> bool:
+    """Nothing fit: send each way out the moment it is found, as ("way_out", (fix or None,
+    the stages not finished yet)), after one message with none found and every stage ahead,
+    so the page names what is left even if the worker is killed mid-step. The report then
+    takes them from the session without searching again. False when a stop was asked for."""
+    search = session.ways_out()
+    channel.put(("state", "fixing"))
+    channel.put(("way_out", (None, search.not_finished)))
+    for _label, fix in search.stages():
+        found = None if fix is None else fix_as_asked(fix, asked)
+        channel.put(("way_out", (found, search.not_finished)))
+        if channel.stop_requested():
+            return False
+    return True
 
 
 def run_items(
@@ -238,8 +260,14 @@ class SweepJob:
     probe_seconds: list[float] = field(default_factory=list)
     state: str = "queued"
     """queued (its place: `queue_position`), starting, waiting (for the device lock), running,
-    fixing (nothing fit: simulating what would), reporting (after the last probe: `stage` says
-    what the report checks), done, cancelled or failed."""
+    fixing (nothing fit: searching the ways out, `fixes` those found so far), reporting (after
+    the last probe: `stage` says what the report checks), done, cancelled or failed."""
+    fixes: list[Fix] = field(default_factory=list)
+    """The ways out found so far, when nothing fit, each the moment the worker found it."""
+    fixes_not_finished: tuple[str, ...] = ()
+    """The ways out the search has not finished looking at yet (all that are left)."""
+    fixing_since: float | None = None
+    """When the search for ways out began: its own time limit counts from here."""
     error: str | None = None
     stage: str | None = None
     """What the report is doing after the sweep's last probe (the engine's words), while the
@@ -304,6 +332,12 @@ class SweepJob:
             self.state = payload
             if payload == "running":
                 self.running_since = time.perf_counter()
+            elif payload == "fixing":
+                self.fixing_since = time.perf_counter()
+        elif kind == "way_out":
+            fix, self.fixes_not_finished = payload
+            if fix is not None:
+                self.fixes.append(fix)
         elif kind == "stage":
             self.state, self.stage = "reporting", payload
         elif kind == "probe":
@@ -329,27 +363,48 @@ class SweepJob:
         self._end()
 
     def _check_time_limit(self) -> None:
-        """Kill a worker stuck in one probe past the time limit; keep what it measured."""
-        limit = (self.run_as or self.settings).time_limit_seconds
-        if limit is None or self.running_since is None or self.gpu is None:
+        """Kill a worker stuck in one piece of work past its time limit: a probe past the
+        sweep's, or a step of the ways out past theirs (counted from when they began); keep
+        what it measured and found, and say which limit it was."""
+        run = self.run_as or self.settings
+        fixing = self.fixing_since is not None
+        limit = run.ways_out_time_limit_seconds if fixing else run.time_limit_seconds
+        since = self.fixing_since if fixing else self.running_since
+        if limit is None or since is None or self.gpu is None:
             return
-        if time.perf_counter() - self.running_since < limit + TIME_LIMIT_GRACE_SECONDS:
+        if time.perf_counter() - since < limit + TIME_LIMIT_GRACE_SECONDS:
             return
         self.channel.request_stop()
         self.future.cancel()
         for kind, payload in self.channel.drain():
             self._take(kind, payload)
-        self.report = Report(
+        self.report = self._report_so_far(limit, fixing)
+        self.state = "done"
+        self._end()
+
+    def _report_so_far(self, limit: float, fixing: bool) -> Report:
+        """The report of a worker killed at `limit`: in the sweep, a partial one; in the search
+        for ways out, the whole sweep (it finished: no batch fits) with the ways out found."""
+        started = self.running_since or self.started
+        report = Report(
             settings=self.settings,
             costs=Costs(),
             gpu=self.gpu,
             backend=self.backend_name or "sim",
             measurements=tuple(self.measurements),
-            elapsed_seconds=time.perf_counter() - self.running_since,
-            stopped_by=f"the time limit ({limit:g} s), in the middle of a probe",
+            elapsed_seconds=(self.fixing_since or time.perf_counter()) - started,
         )
-        self.state = "done"
-        self._end()
+        where = f"the time limit ({limit:g} s), in the middle of a"
+        if not fixing:
+            return dataclasses.replace(report, stopped_by=f"{where} probe")
+        batch_1 = next((m for m in self.measurements if m.batch_size == 1), None)
+        return dataclasses.replace(
+            report,
+            fixes=tuple(self.fixes),
+            batch_1_required_bytes=None if batch_1 is None else batch_1.required_bytes,
+            fixes_stopped_by=f"{where} step",
+            fixes_not_finished=self.fixes_not_finished,
+        )
 
     def _end(self) -> None:
         self.finished = self.finished or time.perf_counter()

@@ -2,8 +2,9 @@
 
 Owns `ServerConfig`, read from the environment (`MEMORYMARK_*`) or, for keys the environment does
 not set, a mapping such as Streamlit's `st.secrets` (.streamlit/secrets.toml), and `apply`, which
-brings a user's `Settings` under the ceilings: a time limit, a probe count and a largest batch
-no higher than the server's (a sweep with none gets the server's), and the `cpu` backend (real
+brings a user's `Settings` under the ceilings: a time limit, a probe count, a largest batch and a
+time limit for the ways out no higher than the server's (a sweep with none gets the server's),
+and the `cpu` backend (real
 training steps in the server's own memory) refused unless the server enables it. The settings
 `apply` returns are what a worker runs; links, commands and reports keep the user's own (see
 memorymark/service/jobs.py), so a ceiling is never written into a link.
@@ -28,12 +29,17 @@ from memorymark.settings import Settings
 from memorymark.units import GIB
 
 PREFIX = "MEMORYMARK_"
-CEILING_FIELDS = ("time_limit_seconds", "max_probes", "max_batch")
+CEILING_FIELDS = ("time_limit_seconds", "max_probes", "max_batch", "ways_out_time_limit_seconds")
 """The Settings fields a server puts a ceiling on (`apply`)."""
 # What a hosted app allows when the server says nothing: a BERT-large sweep takes about 15 s
 # here and a Llama-3.1-70B one under a minute, so 5 minutes and 64 probes leave room for every
 # catalog model while no single session can hold a worker for long.
 DEFAULT_MAX_TIME_LIMIT_SECONDS = 300.0
+DEFAULT_MAX_WAYS_OUT_TIME_LIMIT_SECONDS = 300.0
+"""When nothing fits, the search for ways out gets its own time after the sweep's: for
+Llama-3.1-70B on an A10 it counts the states of each change (seconds each), then steps the model
+on bigger GPUs and sharded over many A10s (minutes); within 300 s here it reaches QLoRA on an
+A100 80GB, which fits (CHANGELOG, issue 29, has the times measured)."""
 DEFAULT_MAX_PROBES = 64
 HOSTED_WORKERS = 1
 """Sweep workers on a hosted server. Streamlit Community Cloud gives an app at most 2 cores and
@@ -57,6 +63,9 @@ class ServerConfig:
     """Seconds a sweep may take at most (MEMORYMARK_MAX_TIME_LIMIT)."""
     max_probes: int = DEFAULT_MAX_PROBES
     """Probes a sweep may take at most (MEMORYMARK_MAX_PROBES)."""
+    max_ways_out_time_limit: float = DEFAULT_MAX_WAYS_OUT_TIME_LIMIT_SECONDS
+    """Seconds the search for ways out may take at most when nothing fits, after the sweep
+    (MEMORYMARK_MAX_WAYS_OUT_TIME_LIMIT)."""
     max_batch: int = limits.MAX_BATCH
     """The largest batch a sweep may try (MEMORYMARK_MAX_BATCH)."""
     worker_memory_gib: float | None = DEFAULT_WORKER_MEMORY_GIB
@@ -119,8 +128,13 @@ class ServerConfig:
                 "server: choose sim or auto"
             )
         notes, changes = [], {}
-        ceilings = (self.max_time_limit, self.max_probes, self.max_batch)
-        units = (" s", " probes", "")
+        ceilings = (
+            self.max_time_limit,
+            self.max_probes,
+            self.max_batch,
+            self.max_ways_out_time_limit,
+        )
+        units = (" s", " probes", "", " s")
         for name, ceiling, unit in zip(CEILING_FIELDS, ceilings, units, strict=True):
             value = getattr(settings, name)
             if value is None or value > ceiling:
@@ -156,6 +170,7 @@ def _memory(raw: str) -> float | None:
 _PARSERS = {
     "max_time_limit": _positive(float),
     "max_probes": _positive(int),
+    "max_ways_out_time_limit": _positive(float),
     "max_batch": _positive(int),
     "worker_memory_gib": _memory,
     "allow_cpu_backend": _bool,

@@ -99,6 +99,7 @@ RANGES = {
     "target_batch": (1, limits.MAX_BATCH, _BATCH_WHY),
     "time_limit_seconds": (1, limits.MAX_TIME_LIMIT_SECONDS, "a day"),
     "max_probes": (1, limits.MAX_PROBES, "far past any useful search"),
+    "ways_out_time_limit_seconds": (1, limits.MAX_TIME_LIMIT_SECONDS, "a day"),
     "loss_chunks": (0, MAX_LOSS_CHUNKS, "past a few dozen chunks nothing more is saved"),
     "seq_step": (1, limits.MAX_SEQ_LEN, "8x the longest context in the catalog"),
     "nodes": (1, topology.MAX_NODES, "one GPU a node at the most GPUs searched"),

@@ -17,7 +17,11 @@ from memorymark import limits
 
 # Fields whose CLI flag is not the field's name with dashes; memorymark/cli/setting_flags.py
 # makes every flag through `flag_of`, so the command line and `command_line` agree.
-_FLAG_NAMES = {"gpu_memory_gib": "--gpu-memory", "time_limit_seconds": "--time-limit"}
+_FLAG_NAMES = {
+    "gpu_memory_gib": "--gpu-memory",
+    "time_limit_seconds": "--time-limit",
+    "ways_out_time_limit_seconds": "--ways-out-time-limit",
+}
 
 
 def flag_of(name: str) -> str:

@@ -252,6 +252,10 @@ class Search:
     A model whose estimated sweep cannot fit in it is refused before the first probe."""
     max_probes: int | None = None
     """Training steps the sweep may measure; None: as many as the strategy needs."""
+    ways_out_time_limit_seconds: float | None = None
+    """Wall time the search for ways out may take when nothing fits, apart from the sweep's
+    time limit; it stops before a step that would pass it, and the answer lists the ways out
+    found and names those not finished. None: no limit."""
 
     def __post_init__(self) -> None:
         validate(self)
@@ -439,6 +443,7 @@ class Settings:
     margin = _Flat[str]("search")
     time_limit_seconds = _Flat["float | None"]("search")
     max_probes = _Flat["int | None"]("search")
+    ways_out_time_limit_seconds = _Flat["float | None"]("search")
 
 
 def _check_flat_views() -> None:

@@ -13,6 +13,7 @@ import streamlit as st
 from memorymark.measurement import Measurement
 from memorymark.report import KNEE_FRACTION, Report
 from memorymark.reporting import exports
+from memorymark.reporting.markdown import escape
 from memorymark.step import paging
 from memorymark.ui import charts, tables, takeaway
 from memorymark.ui.throughput_chart import source_words
@@ -116,10 +117,15 @@ def _verdict(report: Report) -> None:
         step = (
             "one of the changes below."
             if report.fixes
+            else "raise the ways-out time limit under Advanced (up to this server's ceiling) to "
+            "let the search finish."
+            if report.ways_out_note
             else "pick a GPU with more memory, a shorter sequence or smaller images, or the "
             "sgd / none optimizer."
         )
         st.error(f"{report.verdict()}\n\nNext step: {step}")
+        if report.ways_out_note and not report.fixes:
+            st.warning(escape(report.ways_out_note, every_punctuation=True))
     elif not report.current_fits:
         st.warning(report.verdict())
     else:

@@ -65,6 +65,11 @@ def apply_and_analyze(s: Settings) -> None:
     st.session_state[ANALYZE_NEXT_KEY] = True
 
 
+def analysis_pending() -> bool:
+    """True while an `apply_and_analyze` waits for the main page (not consumed)."""
+    return bool(st.session_state.get(ANALYZE_NEXT_KEY))
+
+
 def analysis_requested() -> bool:
     """True once after `apply_and_analyze`: the main page starts the sweep by itself."""
     return bool(st.session_state.pop(ANALYZE_NEXT_KEY, False))

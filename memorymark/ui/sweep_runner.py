@@ -151,9 +151,11 @@ def sweep_key(settings: Settings) -> Settings:
 def _finished(job: SweepJob, cache: ResultCache | None = None) -> None:
     """A sweep that ended with a full report: put it in `cache` (the server's by default) for
     every session (a partial one, which a limit stopped, is not kept: the next click measures
-    again)."""
+    again; nor is one whose search for ways out a limit stopped)."""
     report = job.report
     if job.state != "done" or report is None or report.stopped_by is not None:
+        return
+    if report.fixes_stopped_by is not None:
         return
     cache = cache if cache is not None else result_cache()
     cache.put(job.settings, report)

@@ -8,9 +8,13 @@ from the report; must not run anything itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import streamlit as st
 
+from memorymark.analyses.ways_out import Fix
 from memorymark.report import Report
+from memorymark.reporting.markdown import escape
 from memorymark.reporting.snippets import snippet
 from memorymark.search.plan import TrainingPlan
 from memorymark.ui import sidebar, tables
@@ -72,23 +76,50 @@ def how_far_off_here(report: Report) -> str | None:
     )
 
 
+FIXES_CAPTION = (
+    "Batch-1 peaks simulated on fake tensors with no memory limit (at least: a lower bound "
+    "from the weights, gradients and optimizer state alone); each limit is that GPU's usable "
+    "memory less your margin, per GPU on several. Prices are estimated. A button loads the "
+    "change into the sidebar and analyzes it."
+)
+
+
 def fixes(report: Report) -> None:
     """Each way out with its batch-1 peak against its limit, what it costs where it fits, and a
-    button that applies it (settings, another GPU, or `dist=fsdp, gpus=N`)."""
+    button that applies it (settings, another GPU, or `dist=fsdp, gpus=N`); when the search
+    for them stopped at its time limit, which were found and which were not finished."""
     st.subheader("What would make it fit")
     here = how_far_off_here(report)
     if here:
         st.markdown(here)
-    for i, fix in enumerate(report.fixes):
+    if report.ways_out_note:
+        st.warning(escape(report.ways_out_note, every_punctuation=True))
+    _fix_rows(report.fixes, report.fix_usd_per_gpu_hour, "apply_fix")
+    st.caption(FIXES_CAPTION)
+
+
+def ways_out_so_far(
+    found: Sequence[Fix], not_finished: Sequence[str], price: Callable[[Fix], float | None]
+) -> None:
+    """While the search for ways out runs: each one found so far, with its button (applying
+    one stops the search and analyzes it), and what is still being looked at. `price(fix)` is
+    the user's price per GPU-hour for its GPU, or None for the catalog's."""
+    st.subheader("What would make it fit")
+    left = ", ".join(not_finished) or "nothing more"
+    st.caption(
+        f"{len(found)} found so far, each shown as the search finds it; still looking at: "
+        f"{escape(left, every_punctuation=True)}."
+    )
+    _fix_rows(found, price, "apply_live_fix")
+    if found:
+        st.caption(FIXES_CAPTION)
+
+
+def _fix_rows(found: Sequence[Fix], price: Callable[[Fix], float | None], key: str) -> None:
+    for i, fix in enumerate(found):
         text_col, button_col = st.columns([4, 1], vertical_alignment="center")
-        text_col.markdown(tables.fix_line(fix, report.fix_usd_per_gpu_hour(fix)))
+        text_col.markdown(tables.fix_line(fix, price(fix)))
         button_col.button(
-            "Apply and analyze", key=f"apply_fix_{i}", on_click=sidebar.apply_and_analyze,
+            "Apply and analyze", key=f"{key}_{i}", on_click=sidebar.apply_and_analyze,
             args=(fix.settings,), type="primary" if fix.fits else "secondary", width="stretch",
         )  # fmt: skip
-    st.caption(
-        "Batch-1 peaks simulated on fake tensors with no memory limit (at least: a lower bound "
-        "from the weights, gradients and optimizer state alone); each limit is that GPU's usable "
-        "memory less your margin, per GPU on several. Prices are estimated. A button loads the "
-        "change into the sidebar and analyzes it."
-    )

@@ -254,7 +254,8 @@ def _advanced_inputs(use: dict[str, bool]) -> None:
 
 
 def _limit_inputs() -> None:
-    """How long and how many probes a sweep may take (empty: the server's ceiling)."""
+    """How long and how many probes a sweep may take, and how long the ways out may take when
+    nothing fits (empty: the server's ceiling)."""
     from memorymark.ui.sweep_runner import server_config  # the ceilings, for the help text
 
     server = server_config()
@@ -267,4 +268,12 @@ def _limit_inputs() -> None:
         "Most probes", min_value=1, step=1, key=key("max_probes"), placeholder="no limit",
         help="The sweep stops after this many training steps and shows what it found so far "
         f"(CLI --max-probes). This server allows at most {server.max_probes}.",
+    )  # fmt: skip
+    st.number_input(
+        "Ways-out time limit (s)", min_value=1.0, key=key("ways_out_time_limit_seconds"),
+        placeholder="no limit",
+        help="When nothing fits, the search for ways out gets this long after the sweep, apart "
+        "from the sweep's time limit; each way out shows as it is found, and those not "
+        f"finished are named (CLI --ways-out-time-limit). This server allows at most "
+        f"{server.max_ways_out_time_limit:g} s.",
     )  # fmt: skip

@@ -14,13 +14,14 @@ from typing import Any
 
 import streamlit as st
 
+from memorymark.analyses.ways_out import Fix
 from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement, is_measured
 from memorymark.measurement import memory_source as source_of
 from memorymark.report import Report
-from memorymark.settings import Settings
-from memorymark.ui import charts, probe_log, sweep_runner, throughput_chart
+from memorymark.settings import Costs, Settings
+from memorymark.ui import charts, probe_log, sidebar, sweep_runner, takeaway, throughput_chart
 from memorymark.ui.literal import literal
 from memorymark.ui.sweep_runner import SweepJob, sweep_progress
 from memorymark.units import plural
@@ -173,10 +174,13 @@ def progress_words(job: SweepJob) -> str:
     if job.state == "reporting" and job.stage:
         # After the last probe: what the report checks (a plan, the eval batch) in words.
         return f"Last probe done; {job.stage}"
-    return STATE_WORDS.get(job.state, job.state.capitalize())
+    label = STATE_WORDS.get(job.state, job.state.capitalize())
+    if job.state == "fixing":
+        return f"{label}: {plural(len(job.fixes), 'way out', 'ways out')} found so far"
+    return label
 
 
-def _draw_job(job: SweepJob) -> None:
+def _draw_job(job: SweepJob, costs: Costs | None = None) -> None:
     ms, secs = list(job.measurements), list(job.probe_seconds)
     stamps = secs if len(secs) == len(ms) else None  # a re-plan shows the cached sweep's probes
     if job.state == "queued" and job.queue_position:
@@ -208,17 +212,32 @@ def _draw_job(job: SweepJob) -> None:
         header(job.settings, job.gpu, job.backend_name), ms, job.gpu, stamps, footer
     )
     sweep_panel(job.settings, job.gpu, ms, memory_source=source, log=log)
+    if job.fixes or job.state == "fixing":
+        _ways_out_so_far(job, costs or Costs())
 
 
-def live_sweep(job: SweepJob) -> None:
-    """Draw the job; while it runs a fragment redraws it every POLL_SECONDS, then reruns the app."""
+def _ways_out_so_far(job: SweepJob, costs: Costs) -> None:
+    """The ways out the worker found so far (nothing fit), each with its button."""
+    gpu = job.gpu
+
+    def price(fix: Fix) -> float | None:  # the user's price is for the GPU they chose
+        return costs.usd_per_hour if gpu is not None and fix.gpu.name == gpu.name else None
+
+    not_finished = job.fixes_not_finished if job.running else ()
+    takeaway.ways_out_so_far(job.fixes, not_finished, price)
+
+
+def live_sweep(job: SweepJob, costs: Costs | None = None) -> None:
+    """Draw the job; while it runs a fragment redraws it every POLL_SECONDS, then reruns the app
+    (as it does when a way out found so far is applied: the page starts that analysis).
+    `costs` price the ways out found so far."""
     polling = job.running
 
     @st.fragment(run_every=POLL_SECONDS if polling else None)
     def _panel() -> None:
-        if polling and not job.running:
+        if (polling and not job.running) or sidebar.analysis_pending():
             st.rerun()  # the sweep ended: a full run draws the results and re-enables Analyze
-        _draw_job(job)
+        _draw_job(job, costs)
 
     _panel()
 
@@ -234,6 +253,9 @@ def finished_sweep(report: Report, job: SweepJob | None, *, saved_utc: str | Non
     best = f"optimal batch {report.optimal.batch_size}" if report.optimal else "no batch fits"
     probes = plural(n, "probe")
     footer = f"done: {best} ({probes}, {took:.1f} s)"
+    if report.fixes_stopped_by:
+        found = plural(len(report.fixes), "way out", "ways out")
+        footer += f"; ways out: {found}, the search stopped at {report.fixes_stopped_by}"
     if ran_here and not swept_here:
         footer = f"re-planned from the cached sweep: {best} ({probes}, not run again)"
     elif not ran_here:
