@@ -65,6 +65,8 @@ class Training:
       that require grad). None: a step with no optimizer, `step` gets None.
 
     `name` names it in reports (the model function's name by default).
+    `flush_before_first_step`: the loop empties the CUDA cache once after setting up, before
+    its first step (Lightning's `Trainer.fit` does; a plain loop and HF's Trainer do not).
     """
 
     model: Callable[[], Any]
@@ -73,6 +75,7 @@ class Training:
     optimizer: Callable[[Any], Any] | None = None
     name: str | None = None
     optimizer_takes: OptimizerTakes = "auto"
+    flush_before_first_step: bool = False
 
     def __post_init__(self) -> None:
         if _is_module(self.model):

@@ -122,6 +122,11 @@ class UserStep:
         self.training = training
         self.settings = settings
 
+    @property
+    def flushes_before_first_step(self) -> bool:
+        """Whether the user's loop empties the cache after setting up (the Training says)."""
+        return self.training.flush_before_first_step
+
     def build_model(self, *, emulate_kernels: bool = False) -> nn.Module:
         """The user's model, on the current default device (meta under the simulation)."""
         model = self.training.model()
