@@ -14,6 +14,7 @@ import transformers
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
 import memorymark
+from memorymark import Session, Settings
 from memorymark.integrations import hf
 
 SEARCH = {"gpu_memory_gib": 1, "max_batch": 256}
@@ -239,3 +240,14 @@ def test_nothing_to_apply_when_nothing_fits(sized: dict, tmp_path: Path) -> None
     nothing = hf.TrainerBatch(sized["plain"][1].report, None, None)
     with pytest.raises(ValueError, match="nothing fits, not even batch 1"):
         nothing.apply(_trainer(tmp_path))
+
+
+def test_torch_empty_cache_steps_1_flushes_after_the_loss_every_step(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, torch_empty_cache_steps=1)
+    backend = Session(Settings(gpu="a10"), training=hf.as_training(trainer)).open_backend()
+    backend.measure(4)
+    assert backend._tracker.events.count(None) == 1  # allocator.EMPTY_CACHE
+    unset = _trainer(tmp_path)  # the default (None): no flush, as Trainer runs it
+    backend = Session(Settings(gpu="a10"), training=hf.as_training(unset)).open_backend()
+    backend.measure(4)
+    assert None not in backend._tracker.events

@@ -117,3 +117,24 @@ def test_lightnings_loop_empties_the_cache_once_after_setting_up():
     assert loop_start(UserStep(training(), Settings())) is allocator.TRAINING_LOOP
     flushed = UserStep(training(flush_before_first_step=True), Settings())
     assert loop_start(flushed) is allocator.LIGHTNING_LOOP
+
+
+def test_a_cache_flush_in_the_users_step_is_replayed_where_it_is_made():
+    # HF Trainer with torch_empty_cache_steps=1 empties the cache after the loss, every step.
+    def step(model, batch, optimizer):
+        loss = model(batch).square().mean()
+        torch.cuda.empty_cache()
+        loss.backward()
+        optimizer.step()
+
+    training = Training(
+        model=lambda: torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 8)),
+        batch=lambda n: torch.zeros(n, 256, device="cuda"),
+        step=step,
+        optimizer=lambda params: torch.optim.AdamW(params),
+    )
+    backend = Session(Settings(gpu="a10"), training=training).open_backend()
+    backend.measure(64)
+    events = backend._tracker.events
+    assert events.count(allocator.EMPTY_CACHE) == 1
+    assert events.index(allocator.EMPTY_CACHE) < backend._tracker.optimizer_at

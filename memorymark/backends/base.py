@@ -194,7 +194,10 @@ class Backend:
             self._reset_device_peak()
             self._counters_before = self._device_stats() or {}
             work = tracker.work_counter = self._work_counter()
-            with self._step_context(), tracker:
+            # A flush the user's step makes (HF Trainer's `torch_empty_cache_steps`) is
+            # replayed where it was made.
+            flushes = user_code.hearing_flushes(functools.partial(_log_flush, tracker))
+            with self._step_context(), tracker, flushes:
                 self.training_step.run_step(
                     self._model,
                     self._optimizer,
@@ -538,6 +541,11 @@ class Backend:
             yield self
         finally:
             self.release()
+
+
+def _log_flush(tracker: MemoryTracker) -> None:
+    """A `torch.cuda.empty_cache()` the step made, into its event log."""
+    tracker.events.append(allocator.EMPTY_CACHE)
 
 
 def loop_start(training_step: TrainingStep) -> allocator.LoopStart:
