@@ -5,7 +5,9 @@ caching allocator rounds every request, carves small ones out of 2 MiB segments 
 out of 20 MiB segments, and keeps freed blocks cached instead of returning them to the device.
 `replay` runs a step's allocation and free events through those rules and predicts what
 `torch.cuda.max_memory_allocated()` (live blocks, rounded) and `max_memory_reserved()` (segments
-obtained with cudaMalloc) would report, and whether cudaMalloc would fail against a budget.
+obtained with cudaMalloc) would report, and whether cudaMalloc would fail against a budget, for a
+process that reaches its first step as `LoopStart` says: as a training loop (the default: no
+flush, the optimizer state made inside step 1) or as a probe (state primed, cache emptied).
 
 Each rule cites the function of `c10/cuda/CUDACachingAllocator.cpp` it copies (pytorch/pytorch,
 read at commit 001074d2). Not modelled: expandable segments (`expandable_segments:True`),
