@@ -16,7 +16,10 @@ reserved error, verdict agreement for boundary rows apart from rows far below ca
 disagreement, the recommended batches that needed an allocation retry on the GPU, and each loop
 step by step; progress goes to stderr. `--only` keeps the rows judged against
 a GPU's capacity (`--only a10`) or from files whose name holds a word (`--only steady-state`),
-`--limit N` the first N. It takes minutes (a few seconds a row on two cores).
+`--limit N` the first N. Each row is replayed started as it ran (the rows of 2026-11-23 as
+probes: state primed, the cache emptied before step 1); `--loop-start "training loop"` replays
+every row as the loop people write starts instead, to see how far that model is from what a
+probe measured. It takes minutes (a few seconds a row on two cores).
 
     python benchmarks/calibration_table.py [--dir docs/calibration] [--summary]
     python benchmarks/calibration_table.py --repredict --only a10 steady-state [--limit 10]
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from memorymark import gpus
+from memorymark.accounting.allocator import LOOP_STARTS, loop_start_named
 from memorymark.environment import package_version, torch_version
 from memorymark.units import gib
 
@@ -197,20 +201,29 @@ def _progress(total: int) -> Callable[[Reprediction], None]:
     return report
 
 
-def repredicted(results: Sequence[Reprediction], seconds: float) -> str:
-    """The markdown report of `--repredict`."""
+def repredicted(
+    results: Sequence[Reprediction], seconds: float, loop_start: str | None = None
+) -> str:
+    """The markdown report of `--repredict` (`loop_start`: how every row was replayed, when
+    not as it ran)."""
     from memorymark.calibration import repredict as rp
 
     done = [r for r in results if r.error is None]
     boundary, far = rp.near_capacity(done)
     ran_under = sorted({r.evidence.torch_version or "not recorded" for r in results})
+    started = sorted({r.evidence.loop_start for r in results})
+    began = (
+        f"every row replayed as a {loop_start} starts (the GPU ran {', '.join(started)})"
+        if loop_start
+        else f"each started as it ran ({', '.join(started)})"
+    )
     lines = [
         f"Re-predicted {len(done)} of {len(results)} rows with the current engine in "
         f"{seconds:.0f} s: each as it ran (its GPU's kernels at its capacity, its torch's cuBLAS "
-        "workspaces); bytes over the steps the GPU's figures are the peak of (the first step in "
-        "files from before loops were measured), verdicts over the steps it ran. Simulated "
-        f"under torch {torch_version()}, transformers {package_version('transformers')}; the "
-        f"rows ran under torch {', '.join(ran_under)}.",
+        f"workspaces), {began}; bytes over the steps the GPU's figures are the peak of (the "
+        "first step in files from before loops were measured), verdicts over the steps it "
+        f"ran. Simulated under torch {torch_version()}, transformers "
+        f"{package_version('transformers')}; the rows ran under torch {', '.join(ran_under)}.",
         "",
         "| rows | count | allocated error, median / worst | reserved error, median / worst "
         "| verdicts agree |",
@@ -318,16 +331,23 @@ def main() -> None:
         "--only", nargs="+", default=(), metavar="WORD", help="a GPU (a10) or a file-name part"
     )
     parser.add_argument("--limit", type=int, default=None, help="re-simulate the first N rows")
+    parser.add_argument(
+        "--loop-start",
+        default=None,
+        choices=list(LOOP_STARTS),
+        help="replay every row started this way, not as it ran",
+    )
     args = parser.parse_args()
     if not args.repredict:
         print(summary(args.dir) if args.summary else table(args.dir))
         return
     from memorymark.calibration.repredict import repredict
 
+    began = loop_start_named(args.loop_start) if args.loop_start else None
     rows = select(evidence(args.dir), args.only, args.limit)
     start = time.perf_counter()
-    results = list(repredict(rows, _progress(len(rows))))
-    print(repredicted(results, time.perf_counter() - start))
+    results = list(repredict(rows, _progress(len(rows)), began))
+    print(repredicted(results, time.perf_counter() - start, args.loop_start))
 
 
 if __name__ == "__main__":

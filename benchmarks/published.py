@@ -416,7 +416,9 @@ def predict(row: PublishedRow) -> Comparison:
     if row.quantity == "allocated":
         predicted = m.predicted_allocated_bytes
     else:
-        predicted = m.predicted_reserved_bytes
+        # Over the whole run, as max_memory_reserved (or what the device holds after training)
+        # is: the loop's reserved peak, not step 1's.
+        predicted = m.loop_reserved_bytes or m.predicted_reserved_bytes
         if row.quantity == "device-used":
             context = row.context_bytes or find_gpu(row.gpu).context_bytes
             predicted += context

@@ -10,7 +10,8 @@ peak allocated and reserved bytes, allocation retries and whether it ran out of 
 a step that ran out keeps the peaks it reached, and the steps before it keep theirs), and the
 simulation's replay of the same steps, of this GPU's kernels at the same capacity
 (`predicted`), with each loop's verdict. The loops are memorymark/calibration/loop.py's, the
-ones calibrate runs; `main` only parses, caps and prints.
+ones calibrate runs, started as the loop people write starts (`loop_start`: no cache flush, the
+optimizer state made in step 1); `main` only parses, caps and prints.
 
     python benchmarks/steady_state.py --model gpt2 --precision bf16-mixed \
         --batch-sizes 64 112 [--emulate-gpu A10] [--steps 4]
@@ -80,6 +81,7 @@ def record(
         "capacity_bytes": target.usable_bytes,
         "batch": batch,
         "steps": measured.asked,
+        "loop_start": measured.start,
         "real": [s.to_dict() for s in measured.steps],
         "predicted": [s.to_dict() for s in predicted.steps],
         "real_loop": summary(measured),

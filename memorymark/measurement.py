@@ -136,10 +136,11 @@ class Measurement:
     """Simulated: peak allocated bytes as CUDA would report them (512-byte rounded blocks), from
     the allocator model; None when measured."""
     predicted_reserved_bytes: int | None = None
-    """Simulated: peak bytes the caching allocator would reserve at step 1 of a fresh process
-    (weights and optimizer state first, the cache emptied, then this step), from the allocator
-    model: what a first-step measurement reports. For an OOM, replayed with no limit. None
-    when measured."""
+    """Simulated: peak bytes the caching allocator would reserve up to the end of step 1 of a
+    fresh process started as `loop_start` says (a training loop: the weights, no flush, the
+    optimizer state made inside step 1), from the allocator model: what a first-step
+    measurement of that loop reports. For an OOM, replayed with no limit. None when
+    measured."""
     loop_reserved_bytes: int | None = None
     """Simulated: the reserved peak of the whole training loop replayed (every step until the
     allocator's segments stop changing), which the verdict reads; `predicted_reserved_bytes`
@@ -149,6 +150,12 @@ class Measurement:
     batch has none at any step). None when measured."""
     loop_steps: int | None = None
     """Simulated: how many loop steps the replay ran (until steady, an OOM, or its cap)."""
+    loop_start: str | None = None
+    """How the process whose figures these are reached its first step: "training loop" (the
+    loop people write: no cache flush, optimizer state made inside step 1; what a simulation
+    replays by default), "Lightning's loop" (the same, with the cache emptied once after
+    setting up), or "probe" (state primed and the cache emptied before the step: what a
+    measurement on a real GPU runs). None when unknown."""
     breakdown: Breakdown | None = None
     """Live bytes by kind at the peak (None for an OOM)."""
     eval_peak_bytes: int | None = None
@@ -279,6 +286,7 @@ class Measurement:
             if self.predicted_retries is not None
             else None,
             "loop_steps": self.loop_steps,
+            "loop_start": self.loop_start,
             "samples_per_second": _round(self.samples_per_second),
             "throughput_source": self.throughput_source,
             "step_flops": self.step_flops,

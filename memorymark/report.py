@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from memorymark.accounting.allocator import LOOP_STARTS
 from memorymark.analyses.ways_out import Fix
 from memorymark.environment import Stamp
 from memorymark.fit import FitPolicy
@@ -237,6 +238,18 @@ class Report:
     def memory_source(self) -> str:
         """'measured' or 'simulated': how every memory figure here was obtained."""
         return memory_source(self.measured)
+
+    @property
+    def loop_start(self) -> str | None:
+        """How the loop whose memory is reported reached its first step ("training loop",
+        "Lightning's loop", "probe": `allocator.LoopStart`), or None when no probe says."""
+        return next((m.loop_start for m in self.measurements if m.loop_start), None)
+
+    @property
+    def loop_note(self) -> str | None:
+        """One line saying which loop the memory figures are for, or None."""
+        start = LOOP_STARTS.get(self.loop_start or "")
+        return None if start is None else f"memory figures are for {start.says}"
 
     @property
     def optimal(self) -> Measurement | None:

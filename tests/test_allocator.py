@@ -7,7 +7,11 @@ memorymark/accounting/allocator.py cites.
 import pytest
 
 from memorymark.accounting.allocator import (
+    LIGHTNING_LOOP,
+    PROBE,
+    TRAINING_LOOP,
     CachingAllocator,
+    loop_start_named,
     replay,
     round_size,
     segment_size,
@@ -155,14 +159,67 @@ def test_replay_reports_the_failing_cudamalloc():
     assert p.reserved_bytes == 32 * MIB  # what the failing cudaMalloc would have needed
 
 
-def test_what_setting_up_freed_is_flushed_before_step_1_as_a_measurement_does():
-    # Priming the optimizer holds 12 MiB and frees it; the step then needs 1 MiB. A probe
-    # empties the cache first (Backend.measure, calibrate), so the 12 MiB segment is gone.
-    p = replay((0, [12 * MIB, ~0]), (1, [MIB]))
+def test_a_probe_empties_the_cache_before_step_1_and_a_training_loop_does_not():
+    # Setting up holds 12 MiB and frees it; the step then needs 1 MiB (a small block, from a
+    # 2 MiB segment of its own). A probe empties the cache first (Backend.measure), so the
+    # 12 MiB segment is gone; a training loop never flushes, so it stays reserved.
+    setup, step = (0, [12 * MIB, ~0]), (1, [MIB])
+    p = replay(setup, step, start=PROBE)
     assert (p.allocated_bytes, p.reserved_bytes) == (MIB, 2 * MIB)
-    # What setting up keeps (the weights) stays reserved.
-    kept = replay((0, [12 * MIB, 3 * MIB, ~1]), (2, [MIB]))
+    assert replay(setup, step).reserved_bytes == 12 * MIB + 2 * MIB  # TRAINING_LOOP, default
+    # What setting up keeps (the weights) stays reserved either way.
+    kept = replay((0, [12 * MIB, 3 * MIB, ~1]), (2, [MIB]), start=PROBE)
     assert kept.reserved_bytes == 12 * MIB + 2 * MIB
+
+
+# Setting up: weights 20 MiB (seq 0); priming the optimizer (from event 1): gradients 20 MiB
+# (seq 1), the state 12 MiB (seq 2), the gradients freed. The step: a 30 MiB activation (seq 3),
+# its gradients 20 MiB (seq 4), the activation freed by backward, then (event 3) the optimizer
+# step, then zero_grad frees the gradients.
+PRIMED = (0, [20 * MIB, 20 * MIB, 12 * MIB, ~1])
+LAZY_STEP = (3, [30 * MIB, 20 * MIB, ~3, ~4])
+LAZY = {"state_from": 1, "optimizer_at": 3}
+
+
+def test_a_training_loop_makes_the_optimizer_state_at_step_1s_optimizer_step():
+    # A probe: weights, gradients and state each get a segment (52 MiB); the flush returns the
+    # gradients' (32 MiB); the step takes a 30 MiB and a 20 MiB segment: 82 MiB from step 1.
+    probe = replay(PRIMED, LAZY_STEP, steps=None, start=PROBE, **LAZY)
+    assert probe.reserved_per_step == (82 * MIB, 82 * MIB)
+    # A training loop: weights (20 MiB), the activation (30) and gradients (20) at step 1, then
+    # the state is carved from the 30 MiB block the activation left (70 MiB). Step 2's
+    # activation finds 22 MiB there and 20 in the gradients' segment: another 30 MiB segment.
+    loop = replay(PRIMED, LAZY_STEP, steps=None, **LAZY)
+    assert loop.reserved_per_step == (70 * MIB, 100 * MIB, 100 * MIB)
+    assert loop.allocated_per_step == (70 * MIB, 82 * MIB, 82 * MIB)  # no state in forward 1
+    assert loop.reserved_bytes > probe.reserved_bytes
+    # Lightning empties the cache after setting up: nothing is cached then, the same loop.
+    lightning = replay(PRIMED, LAZY_STEP, steps=None, start=LIGHTNING_LOOP, **LAZY)
+    assert lightning.reserved_per_step == loop.reserved_per_step
+
+
+def test_a_step_with_no_optimizer_step_keeps_the_state_made_before_it():
+    # Without the two marks (an optimizer the step never steps) the setup runs whole, as a
+    # probe's, with no flush: the primed gradients' segment stays cached and serves step 1.
+    unmarked = replay(PRIMED, LAZY_STEP, steps=None)
+    assert unmarked.reserved_per_step[0] == 82 * MIB
+    assert replay(PRIMED, LAZY_STEP, steps=None, state_from=1).reserved_per_step[0] == 82 * MIB
+
+
+def test_state_freed_by_the_step_before_its_optimizer_step_is_not_made_again():
+    # Priming left 4 MiB more (seq 3) that the step frees at once: not state a loop carries.
+    setup = (0, [20 * MIB, 20 * MIB, 12 * MIB, 4 * MIB, ~1])
+    step = (4, [~3, 30 * MIB, 20 * MIB, ~4, ~5])
+    loop = replay(setup, step, steps=1, state_from=1, optimizer_at=4)
+    assert loop.allocated_bytes == 20 * MIB + 30 * MIB + 20 * MIB  # weights, act., grads
+    assert loop.reserved_bytes == 70 * MIB  # the state (12 MiB) went into the freed 30
+
+
+def test_loop_starts_are_found_by_the_names_reports_give_them():
+    assert loop_start_named("training loop") is TRAINING_LOOP
+    assert loop_start_named("probe") is PROBE
+    with pytest.raises(ValueError, match="unknown loop start 'warm'"):
+        loop_start_named("warm")
 
 
 def test_a_cudamalloc_past_the_budget_releases_cached_segments_and_counts_a_retry():

@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from benchmarks.calibration_table import summary, table
-from memorymark.accounting.allocator import Prediction
+from memorymark.accounting.allocator import PROBE, TRAINING_LOOP, Prediction
 from memorymark.backends.device import CpuBackend, DeviceBackend
 from memorymark.backends.sim import SimBackend
 from memorymark.calibration import run as calibration
-from memorymark.calibration.loop import LOOP_STEPS, replayed_steps
+from memorymark.calibration.loop import LOOP_STEPS, measured_loop, replayed_steps
 from memorymark.calibration.record import COLUMNS, CalibrationRow, file_stem, split_cell, write
 from memorymark.calibration.run import (
     RECOMMENDED_MARGIN,
@@ -94,6 +94,8 @@ CONTRACT = (
     "predicted_allocated_per_step",
     "predicted_reserved_per_step",
     "predicted_retries_per_step",
+    # How both loops reached step 1: after the loop columns, for the same reason.
+    "loop_start",
 )
 
 
@@ -273,6 +275,51 @@ def test_a_cuda_row_is_the_peak_over_the_loops_steps_and_keeps_each_steps_figure
     }
 
 
+@pytest.mark.parametrize(
+    ("start", "state_at_step_1", "flushed_before_step_1"),
+    [(TRAINING_LOOP, 0, False), (PROBE, 1, True)],
+)
+def test_a_measured_loop_starts_as_a_training_script_or_as_a_probe(
+    start, state_at_step_1, flushed_before_step_1
+):
+    # The loop a user writes: the model built on the GPU, no flush, the optimizer's state made
+    # by step 1's optimizer step. A probe: state primed, the cache emptied right before step 1.
+    calls: list[str] = []
+
+    class Recording(FakeCuda):
+        def empty_cache(self):
+            calls.append("empty_cache")
+
+        def reset_peak_memory_stats(self):
+            calls.append("reset_peak")
+
+    class Step(CatalogStep):
+        def build_model(self, **kwargs):
+            calls.append("build")
+            return super().build_model(**kwargs)
+
+        def run_step(self, model, optimizer, *args, **kwargs):
+            calls.append(f"step with {len(optimizer.state) and 1} state")
+            return super().run_step(model, optimizer, *args, **kwargs)
+
+    cuda = Recording()
+    settings = Settings(model="tiny-bert", seq_len=16, precision="16-mixed")
+    backend = DeviceBackend(
+        Step(settings),
+        policy=FitPolicy(capacity_bytes=BIG),
+        name="cpu",
+        device_module=cuda,
+        peak_stats=True,
+    )
+    loop = measured_loop(backend, 2, 2, cuda, start)
+    assert loop.runs and loop.start == start.name
+    first = calls.index("reset_peak")
+    assert calls[first + 1] == f"step with {state_at_step_1} state"
+    assert calls[calls.index("reset_peak", first + 1) + 1] == "step with 1 state"
+    assert (calls[first - 1] == "empty_cache") is flushed_before_step_1
+    assert "build" in calls[:first]
+
+
 def test_rows_are_stamped_and_written_as_csv_and_json_in_the_contract(tmp_path):
     rows = list(
         calibrate(
@@ -339,8 +386,15 @@ class CappedDevice:
         self.steps = 0
 
     def resident_bytes(self):
-        self.steps = 0  # a loop starts
+        self.steps = 0  # a probe's loop starts
         return {}
+
+    def release(self):
+        pass
+
+    def fresh_loop(self):
+        self.steps = 0  # a training loop starts
+        return None, None
 
     def run_step(self, model, optimizer, batch_size, device):
         self.steps += 1
@@ -363,6 +417,9 @@ def test_emulation_caps_the_allocator_at_the_gpus_capacity_and_checks_the_predic
     t4 = find_gpu("T4")
     grid = settings_grid(["gpt2"], protocols=["full"])
     max_batch, step, recommended = calibration.predicted_boundary(grid[0], t4)
+    # Under the training loop the engine recommends its largest running batch here (56 of
+    # 56); a recommendation one step below puts the recommended row in the checks.
+    recommended = min(recommended, max_batch - step)
     rows = list(
         calibrate(
             grid,
@@ -370,6 +427,7 @@ def test_emulation_caps_the_allocator_at_the_gpus_capacity_and_checks_the_predic
             emulate=t4,
             cuda=cuda,
             real=lambda settings, gpu: CappedDevice(cuda, max_batch + step / 2, gpu),
+            boundary=lambda settings, gpu: (max_batch, step, recommended),
             nvml=NVML,
         )
     )
@@ -379,7 +437,6 @@ def test_emulation_caps_the_allocator_at_the_gpus_capacity_and_checks_the_predic
         (8, ""),
         *boundary_checks(max_batch, step, recommended),
     ]
-    assert recommended < max_batch  # so the recommended row is there
     assert {(r.environment.emulated_gpu, r.capacity_bytes) for r in rows} == {
         ("T4", t4.usable_bytes)
     }

@@ -13,6 +13,7 @@ import torch
 
 from benchmarks.calibration_table import evidence, repredicted, select
 from benchmarks.steady_state import steady_state
+from memorymark.accounting.allocator import TRAINING_LOOP
 from memorymark.calibration.evidence import from_steady_state
 from memorymark.calibration.record import COLUMNS, LOOP_COLUMNS, CalibrationRow, write
 from memorymark.calibration.repredict import (
@@ -280,6 +281,12 @@ class Device:
     def resident_bytes(self):
         return {}
 
+    def release(self):
+        pass
+
+    def fresh_loop(self):  # a training loop starts
+        return None, None
+
     def run_step(self, model, optimizer, batch_size, device):
         self.steps += 1
         if batch_size >= 100 and self.steps == 2:
@@ -328,3 +335,16 @@ def test_steady_state_writes_each_real_step_beside_the_replayed_one():
         100 * 2**20,
         "H100 80GB",
     )
+
+
+def test_each_row_is_replayed_started_as_it_ran_or_as_asked(tmp_path):
+    # Rows written before the column ran as probes (state primed, the cache emptied first);
+    # a row that says so ran as a training loop. Each is replayed the same way, unless asked.
+    write([row(), row(loop_start=TRAINING_LOOP.name)], tmp_path, DAY)
+    probe_row, loop_row = evidence(tmp_path)
+    assert (probe_row.loop_start, loop_row.loop_start) == ("probe", "training loop")
+    as_ran = list(repredict([probe_row, loop_row]))
+    assert [r.loop.start for r in as_ran] == ["probe", "training loop"]
+    asked = list(repredict([probe_row, loop_row], start=TRAINING_LOOP))
+    assert [r.loop.start for r in asked] == ["training loop"] * 2
+    assert asked[0].reserved_bytes == as_ran[1].reserved_bytes

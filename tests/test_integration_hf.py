@@ -14,6 +14,7 @@ import transformers
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
 import memorymark
+from memorymark import Session, Settings
 from memorymark.integrations import hf
 
 SEARCH = {"gpu_memory_gib": 1, "max_batch": 256}
@@ -273,3 +274,14 @@ def test_torch_compile_is_refused_in_one_line(tmp_path: Path) -> None:
     trainer.model = torch.compile(trainer.model)
     with pytest.raises(memorymark.SimulationError, match=r"the model is torch.compile'd\): size"):
         hf.find_batch_size(trainer, **SEARCH)
+
+
+def test_torch_empty_cache_steps_1_flushes_after_the_loss_every_step(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, torch_empty_cache_steps=1)
+    backend = Session(Settings(gpu="a10"), training=hf.as_training(trainer)).open_backend()
+    backend.measure(4)
+    assert backend._tracker.events.count(None) == 1  # allocator.EMPTY_CACHE
+    unset = _trainer(tmp_path)  # the default (None): no flush, as Trainer runs it
+    backend = Session(Settings(gpu="a10"), training=hf.as_training(unset)).open_backend()
+    backend.measure(4)
+    assert None not in backend._tracker.events

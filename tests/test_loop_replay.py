@@ -1,5 +1,6 @@
 """The loop that is judged: each thread's cuBLAS workspace where it is first taken, the replay of
-a training loop until its segments settle, and verdicts that do not get worse with more memory."""
+a training loop until its segments settle (started as the loop people write starts: no flush,
+the optimizer state made at step 1), and verdicts that do not get worse with more memory."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from hypothesis import strategies as st
 from memorymark import Session, Settings
 from memorymark.accounting import allocator
 from memorymark.accounting.tracker import MemoryTracker
+from memorymark.backends.base import loop_start
+from memorymark.reporting.json_form import report_to_dict
+from memorymark.step.training import Training
+from memorymark.step.user import UserStep
 from memorymark.units import MIB
 
 WORKSPACE = 8 * MIB + 128 * 1024  # cuBLAS's default workspace on Ampere
@@ -70,3 +75,66 @@ def test_a_loop_that_runs_on_a_capacity_runs_on_every_larger_one(case, fraction,
     larger = allocator.replay(setup, step, capacity + more, steps=None)
     if not smaller.out_of_memory:
         assert not larger.out_of_memory
+
+
+def test_a_simulated_step_is_judged_as_a_training_loop_runs_it_and_says_so():
+    # The default: no cache flush, the optimizer state made at step 1's optimizer step, so step
+    # 1's forward runs without it (its allocated peak is lower than step 2's by up to the state).
+    session = Session(Settings(model="tiny-gpt2", seq_len=32))
+    backend = session.open_backend()
+    m = backend.measure(8)
+    tracker = backend._tracker
+    assert m.loop_start == "training loop" and m.to_dict()["loop_start"] == "training loop"
+    assert tracker.state_from is not None and tracker.optimizer_at is not None
+    setup, step = tracker.baseline_events, (tracker.events_first_seq, tracker.events)
+    marks = {"state_from": tracker.state_from, "optimizer_at": tracker.optimizer_at}
+    loop = allocator.replay(setup, step, steps=None, **marks)
+    probe = allocator.replay(setup, step, steps=None, start=allocator.PROBE, **marks)
+    assert m.loop_reserved_bytes == loop.reserved_bytes
+    assert loop.allocated_per_step[0] < loop.allocated_per_step[1]
+    assert loop.allocated_per_step[0] < probe.allocated_per_step[0]  # which holds it throughout
+    # A probe's protocol stays available, and a measured backend's figures are a probe's.
+    backend.loop_start = allocator.PROBE
+    assert backend.measure(8).loop_reserved_bytes == probe.reserved_bytes
+
+
+def test_a_report_says_which_loop_its_memory_figures_are_for():
+    report = Session(Settings(model="tiny-gpt2", seq_len=32, max_batch=16)).analyze(
+        fixes=False, plan=False
+    )
+    assert report.loop_start == "training loop"
+    assert report.loop_note == (
+        "memory figures are for a training loop: no cache flush, the optimizer state made at step 1"
+    )
+    assert report_to_dict(report)["loop_start"] == "training loop"
+
+
+def test_lightnings_loop_empties_the_cache_once_after_setting_up():
+    def training(**kwargs):
+        model = lambda: torch.nn.Linear(2, 2)  # noqa: E731
+        return Training(model=model, batch=torch.zeros, step=print, **kwargs)
+
+    assert loop_start(UserStep(training(), Settings())) is allocator.TRAINING_LOOP
+    flushed = UserStep(training(flush_before_first_step=True), Settings())
+    assert loop_start(flushed) is allocator.LIGHTNING_LOOP
+
+
+def test_a_cache_flush_in_the_users_step_is_replayed_where_it_is_made():
+    # HF Trainer with torch_empty_cache_steps=1 empties the cache after the loss, every step.
+    def step(model, batch, optimizer):
+        loss = model(batch).square().mean()
+        torch.cuda.empty_cache()
+        loss.backward()
+        optimizer.step()
+
+    training = Training(
+        model=lambda: torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 8)),
+        batch=lambda n: torch.zeros(n, 256, device="cuda"),
+        step=step,
+        optimizer=lambda params: torch.optim.AdamW(params),
+    )
+    backend = Session(Settings(gpu="a10"), training=training).open_backend()
+    backend.measure(64)
+    events = backend._tracker.events
+    assert events.count(allocator.EMPTY_CACHE) == 1
+    assert events.index(allocator.EMPTY_CACHE) < backend._tracker.optimizer_at

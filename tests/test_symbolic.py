@@ -114,6 +114,18 @@ def test_steps_that_allocate_differently_do_not_fit():
     assert isinstance(why, str) and "event logs differ" in why
 
 
+def test_a_replayed_step_starts_its_loop_where_the_traced_ones_did():
+    # Where priming began and where the optimizer step begins: the same in every trace, and
+    # carried to the step read off them, so its loop makes the optimizer state where theirs did.
+    def marked(sizes, ops, optimizer_at=2):
+        return replace(_record(sizes, ops), state_from=0, optimizer_at=optimizer_at)
+
+    step = SymbolicStep.fit({2: marked([10, 7], [10, 17]), 4: marked([20, 7], [20, 27])})
+    assert (step.at(9).state_from, step.at(9).optimizer_at) == (0, 2)
+    why = SymbolicStep.fit({2: marked([10, 7], [10, 17]), 4: marked([20, 7], [20, 27], 3)})
+    assert why == "the optimizer steps begin at different events"
+
+
 # -- the strategy, on a backend whose peak is a known function of the batch ---------------------
 LIMIT = 300_000
 

@@ -5,7 +5,9 @@ caching allocator rounds every request, carves small ones out of 2 MiB segments 
 out of 20 MiB segments, and keeps freed blocks cached instead of returning them to the device.
 `replay` runs a step's allocation and free events through those rules and predicts what
 `torch.cuda.max_memory_allocated()` (live blocks, rounded) and `max_memory_reserved()` (segments
-obtained with cudaMalloc) would report, and whether cudaMalloc would fail against a budget.
+obtained with cudaMalloc) would report, and whether cudaMalloc would fail against a budget, for a
+process that reaches its first step as `LoopStart` says: as a training loop (the default: no
+flush, the optimizer state made inside step 1) or as a probe (state primed, cache emptied).
 
 Each rule cites the function of `c10/cuda/CUDACachingAllocator.cpp` it copies (pytorch/pytorch,
 read at commit 001074d2). Not modelled: expandable segments (`expandable_segments:True`),
@@ -248,6 +250,65 @@ and takes the next sequence number; an event n < 0 frees the allocation numbered
 ignored."""
 
 
+@dataclass(frozen=True, slots=True)
+class LoopStart:
+    """How a process reaches its first training step: what a replay runs before step 1."""
+
+    name: str
+    """What reports call it ("training loop", "probe")."""
+    lazy_state: bool
+    """The optimizer's state is created inside step 1, at its first `optimizer.step()` (every
+    torch optimizer makes its state at its first step: `_init_group` in torch/optim/adam.py),
+    after backward freed the activations, in blocks they leave cached; else it is made before
+    step 1, as a probe primes it."""
+    flush: bool
+    """The cache is emptied after setting up, before step 1 (`torch.cuda.empty_cache()`)."""
+    says: str
+    """How a report says it, after "memory figures are for"."""
+
+
+TRAINING_LOOP = LoopStart(
+    "training loop",
+    lazy_state=True,
+    flush=False,
+    says="a training loop: no cache flush, the optimizer state made at step 1",
+)
+"""The loop people write, and what the replay models by default: the model moved to the GPU,
+then step after step, with no cache flush anywhere. HF Trainer runs this loop unless
+`torch_empty_cache_steps` is set (transformers/training_args.py: "If left unset or set to None,
+cache will not be emptied"; its default is None)."""
+LIGHTNING_LOOP = LoopStart(
+    "Lightning's loop",
+    lazy_state=True,
+    flush=True,
+    says="Lightning's loop: the cache emptied after setting up, the optimizer state made at step 1",
+)
+"""Lightning's `Trainer.fit`: the same loop, but the cache is emptied once after setting up
+(`_CheckpointConnector.resume_end` calls `torch.cuda.empty_cache()` on every fit, checkpoint or
+not: lightning/pytorch/trainer/trainer.py `_run`, lightning 2.6)."""
+PROBE = LoopStart(
+    "probe",
+    lazy_state=False,
+    flush=True,
+    says="a probe: the optimizer state primed and the cache emptied before the step",
+)
+"""A MemoryMark probe on a real GPU (`Backend.measure`) and the calibration rows committed up
+to 2026-11-23: the optimizer state primed before the step, the cache emptied, then the step.
+A measurement device, never the model of the user's run."""
+
+LOOP_STARTS = {start.name: start for start in (TRAINING_LOOP, LIGHTNING_LOOP, PROBE)}
+
+
+def loop_start_named(name: str) -> LoopStart:
+    """The `LoopStart` called `name` (as files and reports write it)."""
+    try:
+        return LOOP_STARTS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown loop start {name!r}: use one of {', '.join(LOOP_STARTS)}"
+        ) from None
+
+
 MAX_LOOP_STEPS = 8
 """Most steps a loop replay runs when its segments keep changing. Every loop measured on an H100
 (docs/calibration/steady-state-*.jsonl) settled by its second step; the cap bounds the cost
@@ -261,40 +322,56 @@ def replay(
     resident: Sequence[int] = (),
     steps: int | None = 1,
     between: EventLog | None = None,
+    *,
+    start: LoopStart = TRAINING_LOOP,
+    state_from: int | None = None,
+    optimizer_at: int | None = None,
 ) -> Prediction:
-    """Replay a fresh process: the `setup` events (weights, optimizer state), a cache flush,
-    then consecutive runs of `step`: `steps` of them, or with `steps=None` until the loop is
-    steady (its segments stop changing: every later step would replay the same), an OOM, or
+    """Replay a fresh process: the `setup` events (weights, optimizer state), then consecutive
+    runs of `step`: `steps` of them, or with `steps=None` until the loop is steady (its
+    segments stop changing: every later step would replay the same), an OOM, or
     `MAX_LOOP_STEPS`. `between` (an evaluation pass, logged after one step) runs after each
     step, as a loop that evaluates between training steps; its peaks count with the step's.
 
-    The flush is the measurement's own (`Backend.measure` empties the cache before a probe, as
-    calibration does): what setting up freed is not cached when step 1 starts. `resident` lists
-    requests made through the allocator outside the tracked storages that live through the step
-    and are made before it. Peaks are over the steps only, as a measurement that resets peak
-    statistics before the first: allocated the highest of any step; reserved the loop's
-    (`reserved_bytes`) and step 1's (`first_reserved_bytes`).
+    `start` says how the process reaches step 1. A training loop (the default) flushes nothing
+    and creates its optimizer state inside step 1: the setup's events from `state_from` on
+    (priming the state, as a probe does) are not run; what they leave allocated (the state) is
+    allocated at event `optimizer_at` of step 1 (where its first optimizer step begins), after
+    backward freed the activations, from the blocks they left cached. Without both indices the
+    state stays in the setup. A probe (`PROBE`) runs the whole setup and empties the cache
+    before step 1, as `Backend.measure` does. `resident` lists requests made through the
+    allocator outside the tracked storages that live through the step and are made before
+    it. Peaks are over the steps only, as a measurement that resets peak statistics before the
+    first: allocated the highest of any step; reserved the loop's (`reserved_bytes`) and step
+    1's (`first_reserved_bytes`), counting what setting up reserved.
 
     From the second step on, the allocator starts with the segments the first left cached,
     carved for the first step's order of requests, around what the first step allocated and
-    kept (the backward thread's cuBLAS workspace, taken from a block the forward freed). On a
-    real GPU that is where a loop's reserved bytes grow, and near the capacity where it dies:
-    GPT-2 in fp32 at batch 64 reserved 14.30 GiB at step 1 and 15.83 GiB from step 2 on; GPT-2
-    and BERT in bf16-mixed, capped at an A10's capacity, ran step 1 after a retry and ran out
-    of memory at step 2 (docs/calibration/README.md).
+    kept (the backward thread's cuBLAS workspace, taken from a block the forward freed; the
+    optimizer state, made where backward left room). On a real GPU that is where a loop's
+    reserved bytes grow, and near the capacity where it dies: GPT-2 in fp32 at batch 64
+    reserved 14.30 GiB at step 1 and 15.83 GiB from step 2 on; GPT-2 and BERT in bf16-mixed,
+    capped at an A10's capacity, ran step 1 after a retry and ran out of memory at step 2
+    (docs/calibration/README.md).
     """
     allocator = CachingAllocator(budget_bytes)
     live: dict[int, _Block] = {}
     allocator.live = live
     loop = step if between is None else _joined(step, between)
+    lazy = start.lazy_state and state_from is not None and optimizer_at is not None
+    state = _state_made(setup, state_from, step, optimizer_at) if lazy else ()
     retries: list[int] = []
     reserved: list[int] = []
     allocated: list[int] = []
     first_reserved: int | None = None
     peak_allocated = peak_reserved = before = 0
     try:
-        _run(allocator, live, *setup)
-        allocator.empty_cache()
+        if lazy:
+            _run_setup_without_state(allocator, live, setup, state_from)
+        else:
+            _run(allocator, live, *setup)
+        if start.flush:
+            allocator.empty_cache()
         for nbytes in resident:
             allocator.malloc(nbytes)
         last = None
@@ -302,7 +379,10 @@ def replay(
             allocator.reset_peak()
             before = allocator.alloc_retries
             retries.append(0)
-            _run(allocator, live, *(loop if n == 0 else _repeated(loop, n)))
+            if n == 0 and lazy:
+                _run_making_state(allocator, live, loop, optimizer_at, state)
+            else:
+                _run(allocator, live, *(loop if n == 0 else _repeated(loop, n)))
             retries[-1] = allocator.alloc_retries - before
             reserved.append(allocator.peak_reserved_bytes)
             allocated.append(allocator.peak_allocated_bytes)
@@ -340,6 +420,63 @@ def replay(
         allocated_per_step=tuple(allocated),
         steps=len(retries),
     )
+
+
+def _allocations(events: Iterable[int | None]) -> int:
+    """How many sequence numbers `events` take (one per allocation, zero-byte ones too)."""
+    return sum(1 for e in events if e is not None and e >= 0)
+
+
+def _state_made(
+    setup: EventLog, state_from: int, step: EventLog, optimizer_at: int
+) -> tuple[tuple[int, int], ...]:
+    """(sequence number, bytes) of what priming the optimizer left allocated: the setup's
+    allocations from event `state_from` on that it does not free, nor the step before its
+    optimizer step (those are not state a loop carries). In the order they were made."""
+    first, events = setup
+    seq = first + _allocations(events[:state_from])
+    made: dict[int, int] = {}
+    for e in events[state_from:]:
+        if e is None:
+            continue
+        if e >= 0:
+            made[seq] = e
+            seq += 1
+        else:
+            made.pop(~e, None)
+    for e in step[1][:optimizer_at]:
+        if e is not None and e < 0:
+            made.pop(~e, None)
+    return tuple((s, n) for s, n in made.items() if n)
+
+
+def _run_setup_without_state(
+    allocator: CachingAllocator, live: dict[int, _Block], setup: EventLog, state_from: int
+) -> None:
+    """The setup up to priming the optimizer; priming's frees of what came before it (none
+    for the optimizers known) still apply, as the loop would make the same frees."""
+    first, events = setup
+    _run(allocator, live, first, events[:state_from])
+    # Frees alone take no numbers; those of priming's own allocations find nothing live.
+    _run(allocator, live, first, [e for e in events[state_from:] if e is not None and e < 0])
+
+
+def _run_making_state(
+    allocator: CachingAllocator,
+    live: dict[int, _Block],
+    loop: EventLog,
+    optimizer_at: int,
+    state: Sequence[tuple[int, int]],
+) -> None:
+    """Step 1 of a training loop: the step up to its first optimizer step, the optimizer's
+    state made there (under the numbers priming gave it, which later steps' frees name), then
+    the rest of the step."""
+    first, events = loop
+    head = events[:optimizer_at]
+    _run(allocator, live, first, head)
+    for seq, nbytes in state:
+        live[seq] = allocator.malloc(nbytes)
+    _run(allocator, live, first + _allocations(head), events[optimizer_at:])
 
 
 def _joined(step: EventLog, after: EventLog) -> EventLog:

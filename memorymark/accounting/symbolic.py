@@ -63,6 +63,10 @@ class StepRecord:
     """Bytes in CUDA unified memory (a paged optimizer's state), outside the peak."""
     quantized_weight_bytes: int | None = None
     """The quantized weights' bytes (QLoRA), when quantized: a property of the model."""
+    state_from: int | None = None
+    """Where in `baseline_events` priming the optimizer's state began (the tracker's)."""
+    optimizer_at: int | None = None
+    """Where in `events` the step's first optimizer step began (the tracker's)."""
 
     @property
     def peak_bytes(self) -> int:
@@ -141,8 +145,10 @@ def _misaligned(a: StepRecord, b: StepRecord, x: _Arrays, y: _Arrays) -> str | N
         return "the operators run at different peak rates (another kernel or dtype)"
     if a.start_categories != b.start_categories or a.unified_bytes != b.unified_bytes:
         return "the state before the step differs"
-    if a.baseline_events != b.baseline_events:
+    if a.baseline_events != b.baseline_events or a.state_from != b.state_from:
         return "setting up differs"
+    if a.optimizer_at != b.optimizer_at:
+        return "the optimizer steps begin at different events"
     return None
 
 
@@ -218,6 +224,8 @@ class SymbolicStep:
             else list(zip(flops.tolist(), work_bytes.tolist(), arrays.rates.tolist(), strict=True)),
             unified_bytes=ref.unified_bytes,
             quantized_weight_bytes=ref.quantized_weight_bytes,
+            state_from=ref.state_from,
+            optimizer_at=ref.optimizer_at,
         )
 
     def disagreement(self, x: int, traced: StepRecord) -> str | None:

@@ -206,6 +206,12 @@ class MemoryTracker(TorchDispatchMode):
         self.baseline_events: tuple[int, list[int]] = (0, [])
         """(first seq, events) of setting up, kept by `mark_baseline`: what a fresh process
         allocates before its first step."""
+        self.state_from: int | None = None
+        """Where in `baseline_events` priming the optimizer's state began (`mark_state`): a
+        training loop makes that state inside its first step instead. None: never marked."""
+        self.optimizer_at: int | None = None
+        """Where in `events` the step's first optimizer step began (`mark_optimizer`), where a
+        training loop's first step makes the optimizer state. None: the step ran none."""
         self.work_counter: OperatorObserver | None = None
         """Sees every operator while set (the backend sets it around a step)."""
         self.unified_bytes = 0
@@ -274,7 +280,18 @@ class MemoryTracker(TorchDispatchMode):
         setup_end = ~self._baseline_end
         self.events = [e for e in self.events if setup_end < e < 0]
         self.events_first_seq = self._next_seq
+        self.optimizer_at = None
         self._workspace_due = {False, True} if self.thread_workspace else set()
+
+    def mark_state(self) -> None:
+        """Priming the optimizer's state begins now: what setting up logs from here on is what
+        a training loop's first optimizer step makes (`allocator.replay`'s `state_from`)."""
+        self.state_from = len(self.events)
+
+    def mark_optimizer(self) -> None:
+        """The step's optimizer step begins now; only its first mark in a step counts."""
+        if self.optimizer_at is None:
+            self.optimizer_at = len(self.events)
 
     def mark_baseline(self) -> None:
         """Keep the events logged so far as the setup every step starts from."""

@@ -18,6 +18,7 @@ nothing about which batch sizes are tried.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -111,6 +112,11 @@ class Backend:
         self.roofline: Roofline | None = None
         """Peak rates of the target GPU for an estimated throughput (simulated steps only; set
         by `resolve.simulated_backend`). None: no estimate."""
+        self.loop_start = allocator.PROBE if self.measured else loop_start(training_step)
+        """How the loop judged reaches its first step. Simulated: the loop the step says it
+        runs in (a training loop: no flush, optimizer state made in step 1). Measured: a
+        probe's own protocol (state primed, cache emptied before the step), which is what a
+        real device's figures are for. Set `allocator.PROBE` to replay as a probe measures."""
         self._timing = False
         self._counters_before: dict[str, int] = {}
         self._quantized_bytes: int | None = None
@@ -205,7 +211,10 @@ class Backend:
             self._reset_device_peak()
             self._counters_before = self._device_stats() or {}
             work = tracker.work_counter = self._work_counter()
-            with self._step_context(), tracker:
+            # A flush the user's step makes (HF Trainer's `torch_empty_cache_steps`) is
+            # replayed where it was made.
+            flushes = user_code.hearing_flushes(functools.partial(_log_flush, tracker))
+            with self._step_context(), tracker, flushes:
                 self.training_step.run_step(
                     self._model,
                     self._optimizer,
@@ -285,6 +294,18 @@ class Backend:
         tracker = self._prepare()
         return {c.value: n for c, n in tracker.live_by_category.items()}
 
+    def fresh_loop(self) -> tuple[nn.Module, torch.optim.Optimizer | None]:
+        """The model and optimizer as a training script's process holds them before its first
+        step: what this backend held released first (its cache emptied), then both built as
+        a probe builds them, untracked, the optimizer with no state yet (it makes it at its
+        first step). For a training loop run on the device (memorymark/calibration/loop.py);
+        probes go on priming their own."""
+        self.release()
+        model = self._build_model()
+        with self._step_context():
+            model = self._distribute(model)
+        return model, self._build_optimizer(model)
+
     def release(self) -> None:
         """Free the model, optimizer state and cached memory (the sweep calls this at the end)."""
         self._model = self._optimizer = self._tracker = None
@@ -312,6 +333,7 @@ class Backend:
         tracker.track_all([*model.parameters(), *model.buffers(), *alongside], Category.PARAMETERS)
         optimizer = self._build_optimizer(model)
         tracker.phase_category = Category.OPTIMIZER_STATE
+        tracker.mark_state()  # a training loop makes what follows in its first step
         with self._step_context(), tracker:
             self._prime(model, optimizer, tracker)
         self._failed_tracker = None
@@ -339,6 +361,8 @@ class Backend:
     def _on_phase(self, phase: Phase) -> None:
         if self._tracker is not None:
             self._tracker.phase_category = PHASE_CATEGORY[phase]
+            if phase is Phase.OPTIMIZER:
+                self._tracker.mark_optimizer()
             # On CUDA, autograd runs the backward pass on a device thread of its own.
             self._tracker.backward_thread = phase is Phase.BACKWARD
 
@@ -425,6 +449,7 @@ class Backend:
             loop_reserved_bytes=prediction.reserved_bytes if prediction else None,
             predicted_retries=loop.retries_per_step if loop else None,
             loop_steps=loop.steps if loop else None,
+            loop_start=self.loop_start.name,
             breakdown=self._breakdown(tracker, evaluation) if traced else None,
             eval_peak_bytes=self._eval_peak(evaluation),
             step_seconds=seconds if ran and self.measured else None,
@@ -473,20 +498,30 @@ class Backend:
     def _predict(
         self, tracker: MemoryTracker | StepRecord, between: allocator.EventLog | None = None
     ) -> tuple[allocator.Prediction, allocator.Prediction, int]:
-        """Replay a fresh process's training loop of this step, until its segments stop
-        changing (`allocator.replay`): (the replay against the capacity, whose out-of-memory
-        and retries at any step decide; what the loop needs, replayed with no limit when the
-        capacity could not hold it; its demand). The demand is the loop's reserved peak with no
-        limit (a replayed step costs about 1% of a probe): what the search interpolates on,
-        since a step that ran only after a flush held less than it asked for. `between`: the
-        evaluation pass's log, run after every step of the loop."""
+        """Replay a fresh process's training loop of this step, started as `loop_start` says,
+        until its segments stop changing (`allocator.replay`): (the replay against the
+        capacity, whose out-of-memory and retries at any step decide; what the loop needs,
+        replayed with no limit when the capacity could not hold it; its demand). The demand is
+        the loop's reserved peak with no limit (a replayed step costs about 1% of a probe):
+        what the search interpolates on, since a step that ran only after a flush held less
+        than it asked for. `between`: the evaluation pass's log, run after every step."""
         step = (tracker.events_first_seq, tracker.events)
         setup, resident = tracker.baseline_events, self.resident_allocations
-        capacity = self.policy.capacity_bytes
-        bounded = allocator.replay(setup, step, capacity, resident, steps=None, between=between)
+        loop = functools.partial(
+            allocator.replay,
+            setup,
+            step,
+            resident=resident,
+            steps=None,
+            between=between,
+            start=self.loop_start,
+            state_from=tracker.state_from,
+            optimizer_at=tracker.optimizer_at,
+        )
+        bounded = loop(self.policy.capacity_bytes)
         if not bounded.out_of_memory and not bounded.alloc_retries:
             return bounded, bounded, bounded.reserved_bytes
-        unlimited = allocator.replay(setup, step, None, resident, steps=None, between=between)
+        unlimited = loop(None)
         needed = unlimited if bounded.out_of_memory else bounded
         return bounded, needed, unlimited.reserved_bytes
 
@@ -527,6 +562,19 @@ class Backend:
             yield self
         finally:
             self.release()
+
+
+def _log_flush(tracker: MemoryTracker) -> None:
+    """A `torch.cuda.empty_cache()` the step made, into its event log."""
+    tracker.events.append(allocator.EMPTY_CACHE)
+
+
+def loop_start(training_step: TrainingStep) -> allocator.LoopStart:
+    """The loop `training_step` runs in: Lightning's when it says its loop empties the cache
+    after setting up (`flushes_before_first_step`), else a plain training loop's."""
+    if getattr(training_step, "flushes_before_first_step", False):
+        return allocator.LIGHTNING_LOOP
+    return allocator.TRAINING_LOOP
 
 
 def _first_step_reserved(prediction: allocator.Prediction | None) -> int | None:

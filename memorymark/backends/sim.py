@@ -388,6 +388,8 @@ class SimBackend(Backend):
                     work=None if work is None or work.ops is None else list(work.ops),
                     unified_bytes=tracker.unified_bytes,
                     quantized_weight_bytes=self._quantized_bytes,
+                    state_from=tracker.state_from,
+                    optimizer_at=tracker.optimizer_at,
                 )
         return super()._result(
             batch_size, error, seconds, work, device_peak, stats, evaluation, tracked

@@ -5,7 +5,8 @@ and may index with a boolean mask. The simulated and `cpu` backends answer each 
 or say in one line why they can't:
 
 - `cuda` devices become the backend's own (CPU) device: factories, `.to()`, `.cuda()`, modules'
-  `.to()` (`CudaAsHost`); `torch.cuda.synchronize` and `empty_cache` do nothing;
+  `.to()` (`CudaAsHost`); `torch.cuda.synchronize` does nothing, and `empty_cache` tells
+  whoever listens (`hearing_flushes`: the backend, which logs the flush where it was made);
 - `torch.autocast("cuda", dtype)` runs as the simulation's CPU autocast with CUDA's op lists
   (memorymark/cuda_rules/autocast_emulation.py), its default dtype CUDA's (fp16), and a CUDA
   `GradScaler` as a CPU one; the dtype of each autocast region entered is recorded, so a
@@ -265,6 +266,27 @@ def _nothing(original: Any, *args: Any, **kwargs: Any) -> None:
     return None
 
 
+_flushes = threading.local()
+
+
+@contextlib.contextmanager
+def hearing_flushes(on_flush: Any) -> Iterator[None]:
+    """In the block, a `torch.cuda.empty_cache()` the user's code calls in this thread calls
+    `on_flush()` (the backend logs it where the step made it); outside, it does nothing."""
+    previous = getattr(_flushes, "on_flush", None)
+    _flushes.on_flush = on_flush
+    try:
+        yield
+    finally:
+        _flushes.on_flush = previous
+
+
+def _flush(original: Any, *args: Any, **kwargs: Any) -> None:
+    on_flush = getattr(_flushes, "on_flush", None)
+    if on_flush is not None:
+        on_flush()
+
+
 _AUTOCAST = torch.amp.autocast_mode.autocast
 GRAD_SCALER = torch.amp.GradScaler
 """`torch.cuda.amp.GradScaler` is a subclass: patching its `__init__` covers both."""
@@ -274,7 +296,7 @@ _PATCHES = (
     ScopedPatch(_AUTOCAST, "__exit__", _autocast_exit),
     ScopedPatch(GRAD_SCALER, "__init__", scaler_init),
     ScopedPatch(torch.cuda, "synchronize", _nothing),
-    ScopedPatch(torch.cuda, "empty_cache", _nothing),
+    ScopedPatch(torch.cuda, "empty_cache", _flush),
 )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from memorymark import gpus, models
+from memorymark.accounting.allocator import PROBE
 from memorymark.calibration.loop import LOOP_STEPS, StepPeaks
 from memorymark.calibration.record import split_cell
 from memorymark.calibration.run import RECOMMENDED_MARGIN
@@ -56,6 +57,9 @@ class Evidence:
     measured_retries: int | None
     measured_steps: tuple[StepPeaks, ...] = ()
     """Each step's peaks, where the file has them."""
+    loop_start: str = PROBE.name
+    """How the measured loop reached step 1 (`allocator.LoopStart.name`); files written
+    before they said ran probes (state primed, the cache emptied before step 1)."""
 
 
 def from_csv_row(row: Mapping[str, str], source: str) -> Evidence:
@@ -94,6 +98,7 @@ def from_csv_row(row: Mapping[str, str], source: str) -> Evidence:
         measured_reserved_bytes=_int(row["measured_reserved_bytes"]),
         measured_retries=_int(row["alloc_retries"]),
         measured_steps=_csv_steps(row),
+        loop_start=row.get("loop_start") or PROBE.name,
     )
 
 
@@ -124,6 +129,7 @@ def from_steady_state(line: Mapping[str, Any], source: str) -> Evidence:
         measured_reserved_bytes=max((s.reserved_bytes or 0 for s in finished), default=None),
         measured_retries=sum(s.retries for s in steps),
         measured_steps=steps,
+        loop_start=line.get("loop_start") or PROBE.name,
     )
 
 

@@ -3,11 +3,14 @@
 Owns `Loop` (each step's peaks, and what the loop as a whole says) and the two ways to get one
 for the same settings: `measured_loop` runs consecutive steps on a CUDA GPU, reading
 `memory_stats()` around each; `simulated_loop` asks a simulated backend's caching-allocator replay
-for the same steps. Both start as a fresh process does and as the replay models it: model and
-optimizer state set up, the cache emptied, then step after step with nothing flushed in between,
-so step 2 starts from the segments step 1 left cached (where a batch that squeezed through its
-first step can die: docs/calibration/README.md). Calibration and benchmarks/steady_state.py put
-the two side by side.
+for the same steps. Both start the same way (`allocator.LoopStart`), by default as the loop people
+write does and as the replay models it: the model built on the GPU, no cache flush, the
+optimizer's state made inside step 1, then step after step with nothing flushed in between, so
+step 2 starts from the segments step 1 left cached (where a batch that squeezed through its
+first step can die: docs/calibration/README.md). The probe's protocol (state primed, the cache
+emptied before step 1), which the rows committed up to 2026-11-23 ran, stays available as
+`allocator.PROBE`, so those rows are re-predicted as they ran. Calibration and
+benchmarks/steady_state.py put the two side by side.
 
 It composes a backend's parts (its built model and optimizer, its step, its replay) and reaches
 the GPU only through the `torch.cuda`-like module it is handed. Must not know which batch sizes
@@ -20,6 +23,8 @@ import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from memorymark.accounting import allocator
 from memorymark.backends.base import Backend
@@ -81,6 +86,8 @@ class Loop:
     """Peak reserved bytes over the same steps, likewise."""
     ooms: int | None = None
     """Change of `num_ooms` over the loop (measured only)."""
+    start: str = allocator.TRAINING_LOOP.name
+    """How the loop reached step 1 (`allocator.LoopStart.name`): "training loop" or "probe"."""
 
     @property
     def oom_step(self) -> int | None:
@@ -98,39 +105,64 @@ class Loop:
         return tuple(s for s in self.steps if not s.oom)
 
 
-def run_loop(backend: Backend, batch_size: int, steps: int, cuda: Any) -> Loop:
-    """The loop on `backend`: measured on a CUDA backend, else (the simulation, or real CPU
-    kernels standing in for a GPU) replayed from its tracked step."""
+def run_loop(
+    backend: Backend,
+    batch_size: int,
+    steps: int,
+    cuda: Any,
+    start: allocator.LoopStart = allocator.TRAINING_LOOP,
+) -> Loop:
+    """The loop on `backend`, started as `start` says: measured on a CUDA backend, else (the
+    simulation, or real CPU kernels standing in for a GPU) replayed from its tracked step."""
     if backend.measured:
-        return measured_loop(backend, batch_size, steps, cuda)
-    return simulated_loop(backend, batch_size, steps)
+        return measured_loop(backend, batch_size, steps, cuda, start)
+    return simulated_loop(backend, batch_size, steps, start)
 
 
-def measured_loop(backend: Backend, batch_size: int, steps: int, cuda: Any) -> Loop:
+def measured_loop(
+    backend: Backend,
+    batch_size: int,
+    steps: int,
+    cuda: Any,
+    start: allocator.LoopStart = allocator.TRAINING_LOOP,
+) -> Loop:
     """Run `steps` consecutive training steps at `batch_size` on the GPU behind `cuda`
     (torch.cuda, a fake in tests), stopping at the first out-of-memory error.
 
-    The backend builds the model and primes the optimizer state once (kept between loops, as
-    calibration keeps them between batch sizes); the cache is emptied before step 1, as the
-    replay flushes it. Around each step: `reset_peak_memory_stats()`, then `memory_stats()`
-    for its peaks (`allocated_bytes.all.peak`, `reserved_bytes.all.peak`) and the change of
+    A training loop (`start`'s default) begins as a training script's process does: whatever
+    the backend held is freed and the cache emptied (each thread's cuBLAS workspace too, as a
+    fresh process has none), the model is built on the GPU and the optimizer made with no
+    state, and step 1 runs with no flush, making the state at its optimizer step. A probe
+    (`allocator.PROBE`) keeps the backend's model and primed optimizer state between loops,
+    as calibration did up to 2026-11-23, and empties the cache before step 1. Around each
+    step: `reset_peak_memory_stats()`, then `memory_stats()` for its peaks
+    (`allocated_bytes.all.peak`, `reserved_bytes.all.peak`) and the change of
     `num_alloc_retries` (names as torch.cuda.memory_stats documents them). After an OOM the
     failed step's cycles are collected and the cache emptied, as accelerate's
     `release_memory` does, so the next loop starts from the same baseline.
     """
-    start = _counter(cuda, "num_ooms")
+    ooms = _counter(cuda, "num_ooms")
     out: list[StepPeaks] = []
-    if _ran_out(backend.resident_bytes):  # model and primed optimizer state, as a probe's
-        out.append(StepPeaks(1, None, None, 0, True))  # weights and state alone do not fit
+    built: list[tuple[Any, Any]] = []
+    if start.lazy_state:
+        fresh = _ran_out(_fresh, backend, cuda, built)  # the weights alone may not fit
     else:
-        cuda.empty_cache()
+        fresh = _ran_out(backend.resident_bytes)  # model and primed state, as a probe's
+    if fresh:
+        out.append(StepPeaks(1, None, None, 0, True))
+    else:
+        model, optimizer = built[0] if built else (backend._model, backend._optimizer)
+        built.clear()
+        if start.flush:
+            cuda.empty_cache()
         for step in range(1, steps + 1):
             cuda.reset_peak_memory_stats()
             retries_before = _counter(cuda, "num_alloc_retries")
-            failed = _ran_out(_one_step, backend, batch_size, cuda)
+            failed = _ran_out(_one_step, backend, model, optimizer, batch_size, cuda)
             out.append(_step_peaks(cuda, step, retries_before, failed))
             if failed:
                 break
+        del model, optimizer  # a training loop's own: freed with the loop
     failed = out[-1].oom
     if failed:
         gc.collect()
@@ -148,8 +180,22 @@ def measured_loop(backend: Backend, batch_size: int, steps: int, cuda: Any) -> L
         fits=verdict.fits,
         allocated_bytes=allocated,
         reserved_bytes=reserved,
-        ooms=_counter(cuda, "num_ooms") - start,
+        ooms=_counter(cuda, "num_ooms") - ooms,
+        start=start.name,
     )
+
+
+def _fresh(backend: Backend, cuda: Any, built: list[tuple[Any, Any]]) -> None:
+    """A training script's process before its first step, into `built`: the backend's model
+    and state released, the cache and each thread's cuBLAS workspace handed back, then the
+    model built on the GPU and its optimizer, with no state."""
+    clear_workspaces = getattr(cuda, "clear_cublas_workspaces", None)
+    if clear_workspaces is None and cuda is torch.cuda:
+        # torch keeps them per (handle, stream) until told (Lightning's teardown does too).
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_workspaces is not None:
+        clear_workspaces()
+    built.append(backend.fresh_loop())  # releases what it held and empties the cache first
 
 
 def _ran_out(function: Callable[..., object], *args: Any) -> bool:
@@ -164,16 +210,14 @@ def _ran_out(function: Callable[..., object], *args: Any) -> bool:
     return False
 
 
-def _one_step(backend: Backend, batch_size: int, cuda: Any) -> None:
-    """One step on the backend's built model, waited for. The step zeroes gradients itself
-    (set to None), as a training loop does."""
-    # The backend keeps its built model and optimizer private: a loop is not its API. Its
-    # steps run untracked, as its timed steps do (no gradient labelled for the tracker).
+def _one_step(backend: Backend, model: Any, optimizer: Any, batch_size: int, cuda: Any) -> None:
+    """One step of the backend's training step on `model`, waited for. The step zeroes
+    gradients itself (set to None), as a training loop does."""
+    # Its steps run untracked, as the backend's timed steps do (no gradient labelled for the
+    # tracker).
     backend._timing = True
     try:
-        backend.training_step.run_step(
-            backend._model, backend._optimizer, batch_size, backend.device
-        )
+        backend.training_step.run_step(model, optimizer, batch_size, backend.device)
         cuda.synchronize()
     finally:
         backend._timing = False
@@ -194,22 +238,32 @@ def _counter(cuda: Any, name: str) -> int:
     return int(cuda.memory_stats().get(name, 0))
 
 
-def simulated_loop(backend: Backend, batch_size: int, steps: int) -> Loop:
-    """What the simulation predicts for `measured_loop`'s steps: the backend's probe at
-    `batch_size` (its verdict, over the whole replay the engine runs), and per step the replay
-    of a fresh process against the capacity (`Backend._predict`, the one the verdict reads).
+def simulated_loop(
+    backend: Backend,
+    batch_size: int,
+    steps: int,
+    start: allocator.LoopStart = allocator.TRAINING_LOOP,
+) -> Loop:
+    """What the simulation predicts for `measured_loop`'s steps started as `start` says: the
+    backend's probe at `batch_size` (its verdict, over the whole replay the engine runs), and
+    per step the replay of a fresh process against the capacity (`Backend._predict`, the one
+    the verdict reads), the backend replaying as `start` says for the call.
 
     The engine replays until the allocator's segments stop changing; a steady loop's later
     steps repeat its last, so the steps are filled in to `steps` with it. A replay that runs
     out of memory stops there: that step has no peaks. The steps are training steps alone, as
     `measured_loop` runs them: settings with an evaluation pass between steps are not
     calibrated here."""
-    measurement = backend.measure(batch_size)
-    tracker = backend._tracker  # the probe's tracked step, still held by the backend
-    if measurement.predicted_allocated_bytes is None or tracker is None:
-        # Not traced to its end (real CPU kernels past their budget): out of memory at step 1.
-        return _untraced(measurement, steps)
-    bounded = backend._predict(tracker)[0]
+    kept, backend.loop_start = backend.loop_start, start
+    try:
+        measurement = backend.measure(batch_size)
+        tracker = backend._tracker  # the probe's tracked step, still held by the backend
+        if measurement.predicted_allocated_bytes is None or tracker is None:
+            # Not traced to its end (real CPU kernels past their budget): OOM at step 1.
+            return _untraced(measurement, steps, start)
+        bounded = backend._predict(tracker)[0]
+    finally:
+        backend.loop_start = kept
     per_step = replayed_steps(bounded, steps)
     finished = [s for s in per_step if not s.oom]
     if bounded.out_of_memory:
@@ -225,6 +279,7 @@ def simulated_loop(backend: Backend, batch_size: int, steps: int) -> Loop:
         fits=measurement.fits,
         allocated_bytes=allocated,
         reserved_bytes=reserved,
+        start=start.name,
     )
 
 
@@ -256,7 +311,7 @@ def _loop_reserved(measurement: Measurement) -> int | None:
     return measurement.cuda_reserved_bytes
 
 
-def _untraced(measurement: Measurement, steps: int) -> Loop:
+def _untraced(measurement: Measurement, steps: int, start: allocator.LoopStart) -> Loop:
     return Loop(
         steps=(StepPeaks(1, None, None, measurement.alloc_retries or 0, True),),
         asked=steps,
@@ -264,4 +319,5 @@ def _untraced(measurement: Measurement, steps: int) -> Loop:
         fits=False,
         allocated_bytes=None,
         reserved_bytes=None,
+        start=start.name,
     )

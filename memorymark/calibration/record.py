@@ -99,6 +99,10 @@ class CalibrationRow:
     """The replay's reserved peak of each finished step."""
     predicted_retries_per_step: tuple[int, ...] = ()
     """The replay's allocation retries of each step, the one that ran out of memory included."""
+    loop_start: str = ""
+    """How both loops reached step 1 (`allocator.LoopStart.name`): "training loop" (no flush,
+    the optimizer state made in step 1) or "probe" (state primed, the cache emptied first);
+    empty in files written before the column, whose rows ran as probes."""
 
     @property
     def allocated_error(self) -> float | None:
@@ -149,6 +153,7 @@ LOOP_COLUMNS: tuple[str, ...] = (
     "predicted_allocated_per_step",
     "predicted_reserved_per_step",
     "predicted_retries_per_step",
+    "loop_start",
 )
 """The columns a loop's steps fill, last in a file."""
 

@@ -1,8 +1,9 @@
 """The committed real-GPU evidence re-simulated with today's engine, like for like.
 
 Owns re-simulating a row as it ran (`repredict`: the GPU's own kernels at the capacity it was
-capped at, its torch's cuBLAS workspaces, the same steps, the measured bytes compared over the
-steps they are the peak of) and sorting the results (`near_capacity`,
+capped at, its torch's cuBLAS workspaces, the same steps started the same way (a probe's for
+the rows of 2026-11-23, a training loop's for rows that say so), the measured bytes compared
+over the steps they are the peak of) and sorting the results (`near_capacity`,
 `recommended_with_retries`, `error_stats`). The rows come from memorymark/calibration/evidence.py.
 Must not know where the files are or how anything is shown: benchmarks/calibration_table.py
 reads the files and prints.
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memorymark import gpus
+from memorymark.accounting import allocator
 from memorymark.backends.base import Backend
 from memorymark.backends.oom import StepError
 from memorymark.calibration.evidence import Evidence
@@ -89,27 +91,32 @@ def _relative(predicted: int | None, measured: int | None) -> float | None:
 
 
 def repredict(
-    evidence: Iterable[Evidence], on_done: Callable[[Reprediction], None] | None = None
+    evidence: Iterable[Evidence],
+    on_done: Callable[[Reprediction], None] | None = None,
+    start: allocator.LoopStart | None = None,
 ) -> Iterator[Reprediction]:
     """Re-simulate each row as it ran: a simulated backend of its GPU's kernels at its capacity
     (one per run of consecutive rows sharing settings and GPU, as calibrate keeps one per
-    combination), its loop replayed over the steps its verdict covers. A row the engine cannot
-    simulate any more (its settings refused, the step failing) is yielded with the error."""
+    combination), its loop replayed over the steps its verdict covers, started as the row's
+    was (or as `start` says, to see how far another start is from what the GPU measured). A
+    row the engine cannot simulate any more (its settings refused, the step failing) is
+    yielded with the error."""
     backend: Backend | None = None
     key: tuple[Any, ...] | None = None
     try:
         for ev in evidence:
-            start = time.perf_counter()
+            began = time.perf_counter()
             try:
                 if _runs_as(ev) != key:
                     if backend is not None:
                         backend.release()
                     backend, key = None, _runs_as(ev)
                     backend = _backend(ev)
-                loop = simulated_loop(backend, ev.batch_size, max(ev.verdict_steps, 1))
-                result = _compared(ev, loop, time.perf_counter() - start)
+                as_ran = start or allocator.loop_start_named(ev.loop_start)
+                loop = simulated_loop(backend, ev.batch_size, max(ev.verdict_steps, 1), as_ran)
+                result = _compared(ev, loop, time.perf_counter() - began)
             except (ValueError, StepError) as exc:
-                result = Reprediction(ev, None, error=str(exc), seconds=time.perf_counter() - start)
+                result = Reprediction(ev, None, error=str(exc), seconds=time.perf_counter() - began)
             if on_done is not None:
                 on_done(result)
             yield result

@@ -274,6 +274,7 @@ def _row(
         predicted_allocated_per_step=_bytes(predicted, "allocated_bytes"),
         predicted_reserved_per_step=_bytes(predicted, "reserved_bytes"),
         predicted_retries_per_step=tuple(s.retries for s in predicted.steps),
+        loop_start=measured.start,
     )
 
 

@@ -208,6 +208,8 @@ def print_report(r: Report, d: dict[str, Any]) -> None:
         )
     _print_evaluation(r)
     print(f"  {d['probes']} probes in {d['elapsed_seconds']:.1f} s")
+    if r.loop_note:
+        print(f"  {r.loop_note}")
     _print_value_reads(r.value_reads)
     _print_distributed(r, d["distributed"])
     _print_plan_and_fixes(r, d["fixes"])

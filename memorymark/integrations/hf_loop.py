@@ -24,6 +24,9 @@ def step(trainer: transformers.Trainer, accumulation: int) -> Callable[[Any, Any
     each runs with the gradients already held, so the peak repeats."""
     args = trainer.args
     micro_batches = min(accumulation, 2)
+    # Only a flush at every step repeats in every step replayed; a flush every k > 1 steps
+    # (and at the first) is not modelled: the figures are for the steps in between.
+    flushes_every_step = args.torch_empty_cache_steps == 1
 
     def one_step(model: nn.Module, batch: Any, optimizer: Any) -> None:
         model.train()
@@ -34,6 +37,10 @@ def step(trainer: transformers.Trainer, accumulation: int) -> Callable[[Any, Any
         for _ in range(micro_batches):
             inputs = dict(batch) if isinstance(batch, Mapping) else batch
             loss = trainer.compute_loss(model, inputs, num_items_in_batch=items)
+            if flushes_every_step:
+                # Trainer.training_step empties the cache after the loss, before backward,
+                # every `torch_empty_cache_steps` steps (`clear_device_cache`).
+                torch.cuda.empty_cache()
             if not _loss_scaled_for_accumulation(trainer, items):
                 loss = loss / accumulation
             (scaler.scale(loss) if scaler is not None else loss).backward()

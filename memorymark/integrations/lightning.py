@@ -127,6 +127,9 @@ def as_training(
         optimizer=lightning_loop.configure_optimizers,
         name=type(module).__name__,
         optimizer_takes="model",
+        # trainer.fit empties the cache after setting up, checkpoint or not
+        # (lightning/pytorch/trainer/trainer.py `_run` -> `_CheckpointConnector.resume_end`).
+        flush_before_first_step=True,
     )
 
 

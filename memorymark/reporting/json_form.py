@@ -57,6 +57,7 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "results": [_row(m) for m in sorted(r.measurements, key=_batch)],
         "backend": r.backend,
         "memory_source": r.memory_source,
+        "loop_start": r.loop_start,
         "max_batch_size": maximum.batch_size if maximum else None,
         "max_reserved_gb": _gib_or_none(maximum and maximum.required_bytes),
         "usable_gb": gib(r.gpu.usable_bytes),

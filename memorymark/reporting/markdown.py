@@ -226,6 +226,7 @@ def report_markdown(r: Report, data: dict[str, Any] | None = None) -> str:
         f"Memory is {r.memory_source}"
         + (" on the GPU." if r.measured else " on fake tensors (no GPU needed).")
         + rate_note
+        + (f" The {r.loop_note}." if r.loop_note else "")
         + f" {d['probes']} probes in {d['elapsed_seconds']:.1f} s. GiB = 2^30 bytes."
         + (f" {d['search_note']}" if d["search_note"] else ""),
         "",

@@ -178,7 +178,13 @@ class CatalogStep:
             with torch.no_grad(), self._autocast(device):
                 self._forward(model, self.make_batch(batch_size, device))
             return
-        scaler = _SCALERS.get(optimizer) if optimizer is not None else None
+        scaler = None
+        if optimizer is not None and cuda_rules.uses_grad_scaler(s.precision):
+            # A loop makes its GradScaler before its first step (the optimizer's state and the
+            # scale come at that step): an optimizer not primed gets one here.
+            scaler = _SCALERS.get(optimizer)
+            if scaler is None:
+                scaler = _SCALERS[optimizer] = torch.amp.GradScaler(torch.device(device).type)
         try:
             for _ in range(s.grad_accum):
                 # From the second micro-batch on, every gradient is alive through forward and

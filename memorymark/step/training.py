@@ -80,6 +80,8 @@ class Training:
     `name` names it in reports (the model function's name by default). `set_up_for` is the
     GPU its setup ran as on (`target_gpu`), which it must be sized for: the integrations and
     `--training` set it.
+    `flush_before_first_step`: the loop empties the CUDA cache once after setting up, before
+    its first step (Lightning's `Trainer.fit` does; a plain loop and HF's Trainer do not).
     """
 
     model: Callable[[], Any]
@@ -89,6 +91,7 @@ class Training:
     name: str | None = None
     optimizer_takes: OptimizerTakes = "auto"
     set_up_for: str | None = None
+    flush_before_first_step: bool = False
 
     def __post_init__(self) -> None:
         if _is_module(self.model):

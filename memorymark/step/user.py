@@ -148,6 +148,11 @@ class UserStep:
         """Tensors the model function made on the model's device besides the model, kept
         after it returned (EMA weights): resident for the whole run, as the model is."""
 
+    @property
+    def flushes_before_first_step(self) -> bool:
+        """Whether the user's loop empties the cache after setting up (the Training says)."""
+        return self.training.flush_before_first_step
+
     def build_model(self, *, emulate_kernels: bool = False) -> nn.Module:
         """The user's model, on the current default device (meta under the simulation).
         What else the model function made on that device and keeps (an EMA copy of the
