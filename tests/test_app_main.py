@@ -235,7 +235,8 @@ def test_the_real_engine_through_the_worker_thread_and_fragment() -> None:
     run_until(at, lambda at: bool(at.metric))
     assert not at.exception
     assert metrics(at)["Optimal batch size"] == "64"
-    assert at.info[0].value.startswith("Every batch up to 64 fits")
+    # (on a torch past the rules' verified releases, a note on them comes first)
+    assert any(i.value.startswith("Every batch up to 64 fits") for i in at.info)
 
 
 def test_another_model_starts_from_its_own_task() -> None:

@@ -67,7 +67,7 @@ def test_a_shipped_count_is_the_built_models_count(key, task):
     assert PARAMETERS[(key, task)] == models.count_parameters(entry, task)
 
 
-def test_a_model_outside_the_catalog_is_counted_by_building_it(tmp_path):
+def test_a_model_outside_the_catalog_is_counted_by_building_it(tmp_path, any_config_path):
     config = json.loads((models.CONFIG_DIR / "tiny-bert.json").read_text())
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))

@@ -7,6 +7,8 @@ import pytest
 
 import memorymark
 from memorymark import Session, Settings, engine
+from memorymark.cuda_rules import versions
+from memorymark.environment import torch_version
 
 
 def test_the_docstring_examples_run():
@@ -37,7 +39,8 @@ def test_report_carries_the_plan_and_the_torch_that_ran():
     session = Session(Settings(model="tiny-bert", seq_len=32, max_batch=64, target_batch=96))
     report = session.analyze()
     assert report.plan is not None and report.plan.effective_batch == 96
-    assert report.torch_version and report.unverified_rules == ()
+    assert report.torch_version == torch_version()
+    assert report.unverified_rules == versions.unverified_rules()  # () on the rules' releases
 
 
 def test_bad_settings_fail_before_anything_is_built():

@@ -141,7 +141,10 @@ def test_ema_weights_made_in_the_model_function_are_weights_in_the_peak(kind, ex
     assert m.fits
     assert m.breakdown.parameters == plain.breakdown.parameters + extra
     assert m.peak_bytes == plain.peak_bytes + extra
-    assert m.required_bytes > plain.required_bytes
+    # the allocator replay holds them from before step 1 (blocks round up to 512 bytes); the
+    # reserved segments may have room for them already, so reserved only may not shrink
+    assert m.predicted_allocated_bytes >= plain.predicted_allocated_bytes + extra
+    assert m.required_bytes >= plain.required_bytes
     # the user's EMA is now a fake tensor of the simulation, updated by the step
     assert all(type(p).__name__ == "FakeTensor" for p in held["ema"].parameters())
 

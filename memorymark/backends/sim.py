@@ -87,22 +87,31 @@ def fake_in_place(
         with fake_mode:
             flat = torch.empty(members[0].untyped_storage().nbytes(), dtype=torch.uint8)
         for t in members:
-            with fake_mode:
-                # `set_` onto the one storage: not `as_strided`, whose output fake mode holds
-                # a weak reference to, which `swap_tensors` refuses.
-                fake = torch.empty(0, dtype=t.dtype)
-                fake.set_(flat.untyped_storage(), t.storage_offset(), t.shape, t.stride())
-            fake.requires_grad_(t.requires_grad)
-            if isinstance(t, nn.Parameter):
-                # As `nn.Parameter(fake)` marks a tensor subclass (torch/nn/parameter.py),
-                # without the detached copy fake mode would hold a weak reference to.
-                fake._is_param = True
-            try:
-                torch.utils.swap_tensors(t, fake)
-            except RuntimeError:
-                continue
-            swapped.append(t)
+            # A second try: on torch 2.14.1 the first fake a group makes can carry a weak
+            # reference of fake mode's own, which `swap_tensors` refuses; the next does not.
+            for _ in range(2):
+                if _swap_for_fake(t, flat, fake_mode):
+                    swapped.append(t)
+                    break
     return tuple(swapped)
+
+
+def _swap_for_fake(t: torch.Tensor, flat: torch.Tensor, fake_mode: FakeTensorMode) -> bool:
+    with fake_mode:
+        # `set_` onto the one storage: not `as_strided`, whose output fake mode holds a weak
+        # reference to, which `swap_tensors` refuses.
+        fake = torch.empty(0, dtype=t.dtype)
+        fake.set_(flat.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+    fake.requires_grad_(t.requires_grad)
+    if isinstance(t, nn.Parameter):
+        # As `nn.Parameter(fake)` marks a tensor subclass (torch/nn/parameter.py), without the
+        # detached copy fake mode would hold a weak reference to.
+        fake._is_param = True
+    try:
+        torch.utils.swap_tensors(t, fake)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _unpacked_sequences(original: object, position_ids: torch.Tensor) -> None:
