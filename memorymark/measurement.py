@@ -261,9 +261,13 @@ class Measurement:
 
     @property
     def cuda_reserved_bytes(self) -> int | None:
-        """Peak reserved bytes: predicted when simulated, measured on CUDA, else unknown."""
-        if self.predicted_reserved_bytes is not None:
-            return self.predicted_reserved_bytes
+        """Peak reserved bytes over the loop (the figure the fit verdict reads): predicted when
+        simulated, measured on CUDA, else unknown. Step 1's own prediction is a fallback only:
+        in a training loop step 1 runs before the optimizer's state exists, so beside the peak
+        (taken with that state) it read less than the peak itself."""
+        for held in (self.loop_reserved_bytes, self.predicted_reserved_bytes):
+            if held is not None:
+                return held
         return self.reserved_bytes
 
     def to_dict(self) -> dict[str, Any]:

@@ -14,7 +14,11 @@ def test_each_fix_says_how_far_off_it_is():
     base = simulated_step(settings, gpus.custom_gpu(1))
     assert answer.required_bytes == base.required_bytes
     fixes = {f.label: f for f in answer.fixes}
-    assert {"gradient checkpointing", "LoRA rank 16", "all three together"} <= set(fixes)
+    together = "gradient checkpointing + bf16-true + LoRA rank 16 together"
+    assert {"gradient checkpointing", "LoRA rank 16", together} <= set(fixes)
+    assert fixes[together].settings == replace(
+        settings, grad_checkpointing=True, precision="bf16-true", lora_rank=16
+    )
     lora = fixes["LoRA rank 16"]
     # No gradients or optimizer state for frozen weights (reserved bytes of a model this small
     # are one 2 MiB allocator segment either way, so compare live bytes).
@@ -127,3 +131,13 @@ def test_a_change_that_needs_no_less_is_not_offered(monkeypatch):
     monkeypatch.setattr(fixes, "_variants", lambda s, gpu: [("no change", s)])
     answer = fixes.what_would_fit(settings)
     assert all(fix.label != "no change" for fix in answer.fixes)
+
+
+def test_the_combined_fix_names_only_what_it_changes_and_is_left_out_when_one_thing_does():
+    # Already in bf16-true with LoRA: only checkpointing is left, listed on its own already.
+    settings = Settings(
+        model="tiny-bert", seq_len=128, gpu_memory_gib=1, precision="bf16-true", lora_rank=8
+    )
+    labels = [f.label for f in what_would_fit(settings).fixes]
+    assert "gradient checkpointing" in labels
+    assert not [label for label in labels if label.endswith("together")]

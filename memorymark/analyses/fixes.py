@@ -64,6 +64,20 @@ def simulated_step(settings: Settings, gpu: gpus.GPU, batch_size: int = 1) -> Me
         return backend.measure(batch_size)
 
 
+def _together(s: Settings, combined: Settings) -> str | None:
+    """The title of the fix that makes several of the changes above at once, naming them
+    ("gradient checkpointing + bf16-true + LoRA rank 16 together"); None when fewer than two
+    change, as that fix is then one already listed."""
+    parts = []
+    if combined.grad_checkpointing != s.grad_checkpointing:
+        parts.append("gradient checkpointing")
+    if combined.precision != s.precision:
+        parts.append(combined.precision)
+    if combined.lora_rank != s.lora_rank:
+        parts.append(f"LoRA rank {combined.lora_rank}")
+    return f"{' + '.join(parts)} together" if len(parts) >= 2 else None
+
+
 def _variants(s: Settings, gpu: gpus.GPU) -> list[tuple[str, Settings]]:
     out = []
     if not s.grad_checkpointing:
@@ -79,8 +93,9 @@ def _variants(s: Settings, gpu: gpus.GPU) -> list[tuple[str, Settings]]:
     combined = replace(
         s, grad_checkpointing=True, precision=precision, lora_rank=s.lora_rank or LORA_RANK
     )
-    if combined != s:
-        out.append(("all three together", combined))
+    together = _together(s, combined)
+    if together is not None:
+        out.append((together, combined))
     qlora = _qlora(s, gpu)
     if qlora is not None and qlora != s:
         out.append((QLORA, qlora))
