@@ -283,8 +283,7 @@ class Report:
         maximum = self.max_fit
         if maximum is None:
             return None
-        held = maximum.required_bytes if maximum.required_bytes is not None else maximum.peak_bytes
-        figure = f"{gib(held):.2f} GiB reserved"
+        figure = f"{gib(_held(maximum)):.2f} GiB reserved"
         if maximum.fits:
             return f"keeps the margin free: {figure}"
         if maximum.alloc_retries:

@@ -223,7 +223,10 @@ def test_when_no_count_trains_the_model_qlora_is_sharded_over_the_fewest(monkeyp
     monkeypatch.setattr(hardware, "cheapest_gpu", lambda *a, **k: None)
     a10 = gpus.find_gpu("a10")
     settings = Settings(model="tiny-llama", gpu="a10")
-    out = fixes._other_hardware(settings, a10, states=10 * GIB, parameters=10**9)
+    stages = fixes._several_gpus_stages(
+        settings, a10, 10 * GIB, 10**9, fixes._step, fixes.counted_states
+    )
+    out = [fix for _, fix in stages if fix is not None]
     sharded = [f for f in out if f.label.startswith("QLoRA")]
     assert [f.fits for f in out if f not in sharded] == [False, False]  # as is, checkpointed
     assert len(sharded) == 1 and sharded[0].fits and sharded[0].gpus == 4

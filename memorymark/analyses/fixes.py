@@ -241,9 +241,9 @@ class WaysOutSearch:
     def _all_stages(self) -> Iterator[Stage]:
         s, gpu = self.settings, self.gpu
         limit = selection.fit_policy(s, gpu).limit_bytes
-        base = self._batch_1 if self._batch_1 is not None else None
-        base = base if base is not None and base.required_bytes is not None else None
-        base = base or self._step(s, gpu)
+        base = self._batch_1
+        if base is None or base.required_bytes is None:
+            base = self._step(s, gpu)
         self.required_bytes = hardware.required(base)
         changes = []
         for label, variant in self._changes:
@@ -306,21 +306,6 @@ def _several_gpus_plan(settings: Settings, gpu: gpus.GPU) -> list[str]:
     if qlora is not None and qlora != settings:
         plan.append(QLORA_SEVERAL)
     return plan
-
-
-def _other_hardware(
-    settings: Settings,
-    gpu: gpus.GPU,
-    states: int,
-    parameters: int,
-    step: hardware.Step | None = None,
-) -> list[Fix]:
-    """Every way out by hardware for the settings as they are (a bigger GPU, then
-    `_several_gpus_stages`), run to its end."""
-    step = step or _step
-    stages = _several_gpus_stages(settings, gpu, states, parameters, step, counted_states)
-    found = [_bigger_gpu(settings, gpu, step, states), *(fix for _, fix in stages)]
-    return [fix for fix in found if fix is not None]
 
 
 def _several_gpus_stages(

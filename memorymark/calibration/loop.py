@@ -268,7 +268,7 @@ def simulated_loop(
     finished = [s for s in per_step if not s.oom]
     if bounded.out_of_memory:
         # What the loop would need, replayed with no limit (what the search reads too).
-        allocated, reserved = measurement.predicted_allocated_bytes, _loop_reserved(measurement)
+        allocated, reserved = measurement.predicted_allocated_bytes, measurement.cuda_reserved_bytes
     else:
         allocated = max(s.allocated_bytes or 0 for s in finished)
         reserved = max(s.reserved_bytes or 0 for s in finished)
@@ -303,12 +303,6 @@ def replayed_steps(bounded: allocator.Prediction, steps: int) -> tuple[StepPeaks
         last = out[-1]
         out.append(StepPeaks(len(out) + 1, last.allocated_bytes, last.reserved_bytes, 0, False))
     return tuple(out)
-
-
-def _loop_reserved(measurement: Measurement) -> int | None:
-    if measurement.loop_reserved_bytes is not None:
-        return measurement.loop_reserved_bytes
-    return measurement.cuda_reserved_bytes
 
 
 def _untraced(measurement: Measurement, steps: int, start: allocator.LoopStart) -> Loop:

@@ -13,13 +13,12 @@ Must not know how a report is shown; imports no torch.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from memorymark.models import config_checks
+from memorymark.models import config_checks, sources
 
 RECORD_KEY = "config_file"
 """The record's entry for the copy: {"path": the file the run named, "data": its contents}."""
@@ -80,12 +79,7 @@ def _readable_here(model: str) -> bool:
 
 
 def _write(data: dict[str, Any], stem: str, folder: Path) -> Path:
-    """The copy as a file: one folder per content, so reopening twice writes it once, and named
-    as the app names an upload (`<stem>-<digest>/config.json`)."""
-    text = json.dumps(data, indent=2)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
-    stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in stem)[:40] or "config"
-    target = folder / f"{stem}-{digest}" / "config.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text)
-    return target
+    """The copy as a file, saved as the app saves an upload (`sources.save_config`: one
+    folder per content, so reopening twice writes it once)."""
+    text = json.dumps(data, indent=2).encode()
+    return sources.save_config(stem, text, folder) / sources.UPLOAD_FILE

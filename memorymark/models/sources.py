@@ -20,6 +20,7 @@ resolves and describes models; it never measures anything.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import re
@@ -77,6 +78,18 @@ UPLOAD_DIR = Path(tempfile.gettempdir()) / "memorymark-uploads"
 """Where the app writes an uploaded config.json (one folder per upload) and `upload:` reads it;
 the same folder in the server and its worker processes, which share a temporary directory."""
 UPLOAD_FILE = "config.json"
+
+
+def save_config(stem: str, data: bytes, root: Path | None = None) -> Path:
+    """Write a config.json's bytes under `root` (else UPLOAD_DIR), in a folder named after
+    `stem` and a digest of the bytes, and return that folder: one per content, so the same
+    bytes land once, and its name is an `upload:NAME` (ASCII letters, digits, `_` and `-`)."""
+    digest = hashlib.sha256(data).hexdigest()[:10]
+    safe = re.sub(r"[^A-Za-z0-9_]+", "-", stem, flags=re.ASCII)[:40].strip("-")
+    folder = (root or UPLOAD_DIR) / f"{safe or 'config'}-{digest}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / UPLOAD_FILE).write_bytes(data)
+    return folder
 
 
 class ModelSourceError(ValueError):

@@ -17,7 +17,7 @@ and a fake backward started 8 threads (2.14.1+cu130, measured here); on a machin
 real CUDA guard reports it. Leaving the decision to each worker is right on every build: a
 worker that measures on a real GPU gets its device threads, a simulated one whatever its build
 reports. A forward pass and an optimizer step start no thread (checked by
-tests/test_worker_pool.py on the torch the suite runs on). Any failure is ignored: a cold worker
+tests/test_worker_warmup.py on the torch the suite runs on). Any failure is ignored: a cold worker
 is slower, not wrong. Must not be imported by the server process itself.
 """
 

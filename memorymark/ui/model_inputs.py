@@ -9,8 +9,6 @@ server. Must not know how a sweep runs or how results are drawn.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
-import re
 from pathlib import Path
 from typing import Any
 
@@ -91,13 +89,7 @@ def save_upload(name: str, data: bytes, root: Path | None = None) -> str:
     upload folder) and return its `upload:NAME` spec: one folder per content, named after the
     upload, so the same upload gives the same spec and cached result. The spec names no server
     path, so the text box, links and messages show none."""
-    root = root or sources.UPLOAD_DIR
-    digest = hashlib.sha256(data).hexdigest()[:10]
-    stem = re.sub(r"[^A-Za-z0-9_]+", "-", Path(name).stem, flags=re.ASCII)[:40].strip("-")
-    folder = root / f"{stem or 'config'}-{digest}"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / sources.UPLOAD_FILE).write_bytes(data)
-    return f"upload:{folder.name}"
+    return f"upload:{sources.save_config(Path(name).stem, data, root).name}"
 
 
 def _on_upload() -> None:
