@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -150,7 +150,7 @@ class Session:
         with self.open_backend().session() as backend:
             return backend.resident_bytes()
 
-    def stream(self) -> Iterator[Measurement]:
+    def stream(self) -> Generator[Measurement, None, None]:
         """Yield each measurement of the sweep the moment it exists; the backend is released at
         the end, however the consumer stops (use `contextlib.closing` to stop early).
 

@@ -21,6 +21,7 @@ anything is measured or shown.
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import importlib.metadata
 import platform
 import subprocess
@@ -171,8 +172,8 @@ def driver_version(nvml: Any = None) -> str:
     `nvmlShutdown`. `nvml` replaces the pynvml module in tests.
     """
     try:
-        if nvml is None:
-            import pynvml as nvml  # optional: not a dependency of MemoryMark
+        if nvml is None:  # optional: not a dependency of MemoryMark
+            nvml = importlib.import_module("pynvml")
         nvml.nvmlInit()
         try:
             version = nvml.nvmlSystemGetDriverVersion()

@@ -190,9 +190,10 @@ class CachingAllocator:
         blocks = [entry[2] for cached in self._cached.values() for entry in cached]
         blocks += self._live_blocks()
         heads = sorted((b for b in blocks if b.prev is None), key=lambda b: b.addr)
-        segments = []
+        segments: list[tuple[tuple[int, bool], ...]] = []
         for head in heads:
-            segment, block = [], head
+            segment: list[tuple[int, bool]] = []
+            block: _Block | None = head
             while block is not None:
                 segment.append((block.size, block.free))
                 block = block.next
@@ -358,16 +359,19 @@ def replay(
     live: dict[int, _Block] = {}
     allocator.live = live
     loop = step if between is None else _joined(step, between)
-    lazy = start.lazy_state and state_from is not None and optimizer_at is not None
-    state = _state_made(setup, state_from, step, optimizer_at) if lazy else ()
+    # Where the state moves from (the setup) and to (step 1): both indices, or it stays put.
+    moved = None
+    if start.lazy_state and state_from is not None and optimizer_at is not None:
+        moved = (state_from, optimizer_at)
+    state = _state_made(setup, moved[0], step, moved[1]) if moved else ()
     retries: list[int] = []
     reserved: list[int] = []
     allocated: list[int] = []
     first_reserved: int | None = None
     peak_allocated = peak_reserved = before = 0
     try:
-        if lazy:
-            _run_setup_without_state(allocator, live, setup, state_from)
+        if moved:
+            _run_setup_without_state(allocator, live, setup, moved[0])
         else:
             _run(allocator, live, *setup)
         if start.flush:
@@ -379,8 +383,8 @@ def replay(
             allocator.reset_peak()
             before = allocator.alloc_retries
             retries.append(0)
-            if n == 0 and lazy:
-                _run_making_state(allocator, live, loop, optimizer_at, state)
+            if n == 0 and moved:
+                _run_making_state(allocator, live, loop, moved[1], state)
             else:
                 _run(allocator, live, *(loop if n == 0 else _repeated(loop, n)))
             retries[-1] = allocator.alloc_retries - before

@@ -102,21 +102,22 @@ class _Arrays:
 
 def _arrays(record: StepRecord) -> _Arrays:
     first = record.events_first_seq
-    kinds, targets, sizes = [], [], []
+    rows: list[tuple[int, int, int]] = []  # per event: its kind, the event it frees, its bytes
     for event in record.events:
         if event is None:
-            kinds.append(_EMPTY), targets.append(0), sizes.append(0)
+            rows.append((_EMPTY, 0, 0))
         elif event >= 0:
-            kinds.append(_ALLOC), targets.append(0), sizes.append(event)
+            rows.append((_ALLOC, 0, event))
         elif ~event >= first:
-            kinds.append(_FREE_OWN), targets.append(~event - first), sizes.append(0)
+            rows.append((_FREE_OWN, ~event - first, 0))
         else:
-            kinds.append(_FREE_OLDER), targets.append(~event), sizes.append(0)
+            rows.append((_FREE_OLDER, ~event, 0))
+    table = np.array(rows, dtype=np.int64).reshape(-1, 3)
     work = record.work or []
     return _Arrays(
-        kinds=np.array(kinds, dtype=np.int8),
-        targets=np.array(targets, dtype=np.int64),
-        sizes=np.array(sizes, dtype=np.int64),
+        kinds=table[:, 0].astype(np.int8),
+        targets=table[:, 1].copy(),
+        sizes=table[:, 2].copy(),
         timeline=np.array(record.timeline, dtype=np.int64),
         categories=np.array(record.categories, dtype=np.int64).reshape(-1, len(Category)),
         flops=np.array([w[0] for w in work], dtype=np.int64),

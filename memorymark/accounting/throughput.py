@@ -126,20 +126,21 @@ def _flops(formula: Callable[..., int], args: tuple, kwargs: dict, out: Any) -> 
     shaped_args = tuple(map(_shape, args))
     shaped = {k: _shape(v) for k, v in kwargs.items()}
     out_shape = _shape(out)
-    key: tuple[Any, ...] | None = (inner, _frozen((shaped_args, tuple(shaped.items()), out_shape)))
+    key = (inner, _frozen((shaped_args, tuple(shaped.items()), out_shape)))
+    keep = True
     try:
         return _kept_flops[key]
     except KeyError:
         pass
     except TypeError:
-        key = None  # an argument that cannot be a key: count it every time
+        keep = False  # an argument that cannot be a key: count it every time
     try:
         flops = int(inner(*shaped_args, out_shape=out_shape, **shaped))
     except AssertionError:
         # Before 2.13 the attention formulas assert as many key/value heads as query heads;
         # grouped-query attention broadcasts them, which is how 2.13's formulas count it.
         flops = int(inner(*_heads_expanded(shaped_args), out_shape=out_shape, **shaped))
-    if key is not None:
+    if keep:
         if len(_kept_flops) >= _FLOPS_KEPT:
             _kept_flops.clear()
         _kept_flops[key] = flops

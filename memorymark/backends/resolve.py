@@ -146,20 +146,19 @@ def simulated_backend(
     rank sees it), judged by `policy`, running `step` (the catalog's for `settings` unless
     given)."""
     step = step or CatalogStep(settings)
-    limits = {
-        "policy": policy,
-        "thread_workspace": gpus.thread_workspace(gpu.compute_capability, versions.release()),
-    }
+    workspace = gpus.thread_workspace(gpu.compute_capability, versions.release())
+    backend: Backend
     if name == "cpu" and settings.dist != "none":
-        backend: Backend = _ranked(CpuBackend, settings, "cpu")(step, **limits)
+        ranked = _ranked(CpuBackend, settings, "cpu")
+        backend = ranked(step, policy=policy, thread_workspace=workspace)
     elif name == "sim" and settings.dist != "none":
         from memorymark.backends.dist_sim import DistSimBackend  # torch.distributed loads only here
 
-        backend = DistSimBackend(step, gpu=gpu, **limits)
+        backend = DistSimBackend(step, gpu=gpu, policy=policy, thread_workspace=workspace)
     elif name == "sim":  # kernels chosen as on this GPU's compute capability
-        backend = SimBackend(step, gpu=gpu, **limits)
+        backend = SimBackend(step, gpu=gpu, policy=policy, thread_workspace=workspace)
     else:
-        backend = CpuBackend(step, **limits)
+        backend = CpuBackend(step, policy=policy, thread_workspace=workspace)
     # The step's time is estimated for the GPU simulated, not this machine's CPU.
     backend.roofline = throughput.Roofline.for_gpu(gpu, tf32=settings.tf32)
     return backend

@@ -24,7 +24,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -63,8 +63,8 @@ def to_fake(module: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
 
     for sub in module.modules():
         for name, param in sub._parameters.items():
-            if param is not None:
-                sub._parameters[name] = fake_like(param)
+            if param is not None:  # a Parameter's stand-in is a Parameter
+                sub._parameters[name] = cast(nn.Parameter, fake_like(param))
         for name, buffer in sub._buffers.items():
             if buffer is not None:
                 sub._buffers[name] = fake_like(buffer)
@@ -125,8 +125,8 @@ def _step_without_readback(
     original: object,
     scaler: torch.amp.GradScaler,
     optimizer: torch.optim.Optimizer,
-    *args: object,
-    **kwargs: object,
+    *args: Any,
+    **kwargs: Any,
 ) -> object:
     # GradScaler.step reads the inf/NaN flag back to the host (`.item()`); a fake tensor has no
     # value. Simulate the step that found none, the one that runs the optimizer and allocates:
@@ -332,7 +332,7 @@ class SimBackend(Backend):
             segment, work = self._optimizer_record
             if (work is None) == (counter is None):
                 tracker.splice(segment)
-                if counter is not None and work is not None:
+                if isinstance(counter, WorkCounter) and work is not None:
                     add_work(counter, work)
                 return
             # Recorded without a throughput estimate and now asked for one (a roofline set
@@ -348,9 +348,9 @@ class SimBackend(Backend):
             completed = True
         finally:
             tracker.work_counter = counter
-            segment = tracker.finish_segment(completed=completed)
-        if segment is not None and (counter is None or recorder is not None):
-            self._optimizer_record = segment, recorder.ops if recorder else None
+            recorded = tracker.finish_segment(completed=completed)
+        if recorded is not None and (counter is None or recorder is not None):
+            self._optimizer_record = recorded, recorder.ops if recorder else None
 
     # -- the symbolic sweep's replays (memorymark/accounting/symbolic.py) ---------------------
     def keep_records(self) -> Replays:

@@ -121,7 +121,7 @@ class RankedBackend:
         return sharding.build_optimizer(self.training_step.settings, model, self._device_mesh)
 
     @contextlib.contextmanager
-    def _step_context(self) -> Iterator[object]:
+    def _step_context(self) -> Iterator[None]:
         from memorymark.backends.dist_sim import fsdp_reported_to
 
         with super()._step_context(), fsdp_reported_to(self._tracker):  # type: ignore[misc]

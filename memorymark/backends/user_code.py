@@ -168,8 +168,7 @@ class ReadingFakeMode(FakeTensorMode):
         location, library = user_location(frame), library_location(frame)
         if library == location:  # no frame of the user's own: the library's line alone
             library = None
-        key = (location, library)
-        if location is not None and key not in self.reads:
+        if location is not None and (key := (location, library)) not in self.reads:
             found = ValueRead(*location, _source(location))
             if library is not None:
                 found = replace(

@@ -107,7 +107,7 @@ def repredict(
         for ev in evidence:
             began = time.perf_counter()
             try:
-                if _runs_as(ev) != key:
+                if _runs_as(ev) != key or backend is None:
                     if backend is not None:
                         backend.release()
                     backend, key = None, _runs_as(ev)
@@ -145,6 +145,8 @@ def _backend(ev: Evidence) -> Backend:
 def _compared(ev: Evidence, loop: Loop, seconds: float) -> Reprediction:
     """The replay's peaks over the steps the measured bytes cover."""
     first = loop.steps[: ev.byte_steps]
+    allocated: int | None
+    reserved: int | None
     if first and not any(s.oom for s in first):
         allocated = max(s.allocated_bytes or 0 for s in first)
         reserved = max(s.reserved_bytes or 0 for s in first)
@@ -155,7 +157,8 @@ def _compared(ev: Evidence, loop: Loop, seconds: float) -> Reprediction:
 
 def near_capacity(results: Iterable[Reprediction]) -> tuple[list[Reprediction], list[Reprediction]]:
     """(boundary rows, rows far below capacity), each in the order given."""
-    boundary, far = [], []
+    boundary: list[Reprediction] = []
+    far: list[Reprediction] = []
     for r in results:
         (boundary if r.near_capacity else far).append(r)
     return boundary, far

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace, settings: Settings | None) -> int:
         with _user_output(training):
             session = Session(settings, training=training)
             m = session.measure(args.batch_size)
-        note = setup_note(training and training.set_up_for, session.gpu.name)
+        note = setup_note(training.set_up_for if training else None, session.gpu.name)
         if args.json:
             render.print_json({**m.to_dict(), **({"setup_note": note} if note else {})})
         else:

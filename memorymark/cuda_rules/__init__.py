@@ -123,7 +123,7 @@ def applied(capability: Capability) -> Iterator[None]:
     lookup (for flash_attention_2), and CUDA's autocast lists; other threads keep PyTorch's own
     behaviour. Re-entrant.
     """
-    previous = _sdpa.set_capability(tuple(capability))
+    previous = _sdpa.set_capability((capability[0], capability[1]))
     flash_attn2 = _flash_attn2.patch()
     try:
         with contextlib.ExitStack() as stack:

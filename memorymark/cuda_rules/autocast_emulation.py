@@ -192,6 +192,8 @@ def _kernel(name: str, policy: str) -> Callable[..., Any] | None:
     if overload is None:
         return None
     target = _overload(APPEND_TARGET[name]) if policy == APPEND_DTYPE else overload
+    if target is None:  # a release without the overload an append policy calls
+        return None
     schema = overload._schema.arguments
     op = _Op(
         overload, target, tuple(a.name for a in schema), tuple(a.default_value for a in schema)
@@ -240,7 +242,7 @@ def _cached_cast(dtype: torch.dtype, value: Any) -> Any:
         and torch.is_autocast_cache_enabled()
         and not torch.is_inference_mode_enabled()
     )
-    if not cacheable:
+    if not cacheable or cache is None:  # (the second: for the type checker)
         return value.to(dtype)
     hit = cache.get(id(value))
     if hit is not None and hit[0]() is value:

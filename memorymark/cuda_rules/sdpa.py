@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +51,7 @@ def set_capability(capability: Capability) -> Capability | None:
 
 
 def _sdpa(
-    original: object,
+    original: Callable[..., torch.Tensor],
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,

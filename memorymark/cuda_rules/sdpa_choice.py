@@ -76,7 +76,7 @@ class SdpaCall:
             k_shape=tuple(key.shape),
             v_shape=tuple(value.shape),
             strides=tuple(tuple(t.stride()) for t in qkv),
-            offsets=tuple(t.storage_offset() for t in qkv),
+            offsets=tuple(int(t.storage_offset()) for t in qkv),
             mask_shape=None if attn_mask is None else tuple(attn_mask.shape),
             mask_stride_last=1 if attn_mask is None else attn_mask.stride(-1),
             mask_requires_grad=attn_mask is not None and attn_mask.requires_grad,
@@ -132,7 +132,7 @@ def _flash_backward_supported(call: SdpaCall, capability: Capability) -> bool:
 
 def can_use_efficient(call: SdpaCall, capability: Capability) -> bool:
     """`can_use_mem_efficient_attention`: fp32 too, masks allowed, sm50-sm121."""
-    dtypes = (torch.float16, torch.float32, torch.bfloat16)
+    dtypes: tuple[torch.dtype, ...] = (torch.float16, torch.float32, torch.bfloat16)
     if capability[0] < 8:
         dtypes = (torch.float16, torch.float32)
     return (

@@ -294,7 +294,8 @@ class History:
     ) -> list[RunSummary]:
         """Saved runs, newest first: `model` matches part of the model's name, `gpu` a GPU's
         name or catalog alias (case-insensitive)."""
-        where, args = [], []
+        where: list[str] = []
+        args: list[object] = []
         if model:
             where.append("model LIKE ? ESCAPE '\\' COLLATE NOCASE")
             args.append(
@@ -369,13 +370,14 @@ class History:
 
 def _run_row(report: Report, source: str, data: dict[str, Any] | None) -> dict[str, Any]:
     """The `runs` row of a report: the columns lists and filters read, then the JSON saved."""
-    if report.stamp is None:  # built by hand, not by a Session: stamped as saved
-        made = make_stamp(
+    env = report.stamp
+    if env is None:  # built by hand, not by a Session: stamped as saved
+        env = make_stamp(
             backend=report.backend, device=report.gpu.name, memory_source=report.memory_source
         )
-        report = dataclasses.replace(report, stamp=made)
+        report = dataclasses.replace(report, stamp=env)
         data = None  # a dict built before the stamp lacks it
-    s, env = report.settings, report.stamp
+    s = report.settings
     optimal, maximum = report.optimal, report.max_fit
     return {
         "created_utc": env.finished_utc,

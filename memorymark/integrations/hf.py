@@ -21,7 +21,7 @@ import copy
 import dataclasses
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
@@ -163,7 +163,7 @@ def _check_trainer(trainer: Any) -> None:
 def _model_copy(trainer: transformers.Trainer) -> nn.Module:
     """The Trainer's model, copied on the current device, with its arguments' activation
     checkpointing and mixed precision."""
-    model = copy_module(trainer.model)
+    model = copy_module(_model_of(trainer))
     args = trainer.args
     # `activation_checkpointing` is transformers 5's name; `gradient_checkpointing` the alias
     # older releases have alone.
@@ -175,12 +175,18 @@ def _model_copy(trainer: transformers.Trainer) -> nn.Module:
     return model
 
 
-def _enable_checkpointing(model: nn.Module, args: transformers.TrainingArguments) -> None:
+def _model_of(trainer: transformers.Trainer) -> nn.Module:
+    # A Trainer without a model (model_init) is refused before any copy is made.
+    return cast(nn.Module, trainer.model)
+
+
+def _enable_checkpointing(model: Any, args: transformers.TrainingArguments) -> None:
     """As Trainer.train() does (transformers 5.24): `every_n_layers` and `offload` are
     taken out of the kwargs, the rest go to torch's checkpoint; no kwargs means the model's
     default, `use_reentrant=False`."""
-    kwargs = getattr(args, "activation_checkpointing_kwargs", None)
-    kwargs = dict(kwargs or args.gradient_checkpointing_kwargs or {})
+    given = getattr(args, "activation_checkpointing_kwargs", None)
+    # (TrainingArguments parses a JSON string into a dict in __post_init__)
+    kwargs: dict[str, Any] = dict(given or cast(dict, args.gradient_checkpointing_kwargs) or {})
     every_n_layers = kwargs.pop("every_n_layers", 1)
     offload = kwargs.pop("offload", False)
     if hasattr(model, "activation_checkpointing_enable"):
@@ -204,7 +210,7 @@ def _autocast_forward(model: nn.Module, dtype: torch.dtype) -> None:
             outputs = forward(*args, **kwargs)
         return convert_to_fp32(outputs)
 
-    model.forward = forward_in_autocast  # type: ignore[method-assign]
+    model.forward = forward_in_autocast
 
 
 # -- the optimizer: the Trainer's own recipe, applied to the copy --------------------------------
@@ -214,7 +220,7 @@ def _optimizer(trainer: transformers.Trainer, model: nn.Module) -> Any:
     override included (the `optim` argument through `get_optimizer_cls_and_kwargs`, weight
     decay off for biases and norms by `get_decay_parameter_names`)."""
     if trainer.optimizer is not None:
-        return _rebuild(trainer.optimizer, trainer.model, model)
+        return _rebuild(trainer.optimizer, _model_of(trainer), model)
     # create_optimizer stores what it builds on `self`: a shallow copy of the Trainer takes
     # that store, so the user's Trainer keeps no optimizer over the copy's parameters.
     view = copy.copy(trainer)

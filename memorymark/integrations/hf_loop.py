@@ -9,7 +9,7 @@ counted, which batch sizes are tried, or where the batch comes from.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
@@ -36,7 +36,8 @@ def step(trainer: transformers.Trainer, accumulation: int) -> Callable[[Any, Any
         items = _items_in_batch(trainer, batch, accumulation)
         for _ in range(micro_batches):
             inputs = dict(batch) if isinstance(batch, Mapping) else batch
-            loss = trainer.compute_loss(model, inputs, num_items_in_batch=items)
+            # Without return_outputs, compute_loss returns the loss alone.
+            loss = cast(torch.Tensor, trainer.compute_loss(model, inputs, num_items_in_batch=items))
             if flushes_every_step:
                 # Trainer.training_step empties the cache after the loss, before backward,
                 # every `torch_empty_cache_steps` steps (`clear_device_cache`).

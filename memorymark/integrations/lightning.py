@@ -172,13 +172,13 @@ class MemoryMarkBatchSizeFinder(pl.Callback):
                 "MemoryMarkBatchSizeFinder cannot resize dataloaders passed to fit(): build them "
                 "in the module's or a datamodule's train_dataloader() from the batch size"
             )
-        lightning_batches.holders(pl_module, trainer.datamodule, self.batch_arg_name)
+        lightning_batches.holders(pl_module, _datamodule(trainer), self.batch_arg_name)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Sizes the step and sets the batch size, then has the fit loop load its data anew."""
         training = as_training(
             pl_module,
-            trainer.datamodule,
+            _datamodule(trainer),
             self.batch_arg_name,
             precision=trainer.precision,
             gradient_clip_val=trainer.gradient_clip_val,
@@ -187,7 +187,7 @@ class MemoryMarkBatchSizeFinder(pl.Callback):
         )
         result = _size(
             pl_module,
-            trainer.datamodule,
+            _datamodule(trainer),
             self.batch_arg_name,
             training,
             self.gpu,
@@ -246,4 +246,9 @@ def _check_module(module: Any) -> None:
 
 def _trainer_datamodule(module: pl.LightningModule) -> Any:
     trainer = module._trainer  # the attribute: the `trainer` property raises when detached
-    return None if trainer is None else trainer.datamodule
+    return None if trainer is None else _datamodule(trainer)
+
+
+def _datamodule(trainer: pl.Trainer) -> Any:
+    # Set by fit() (its data connector), not declared on the Trainer class.
+    return getattr(trainer, "datamodule", None)

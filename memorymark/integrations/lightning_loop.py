@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import lightning.pytorch as pl
 import torch
@@ -138,7 +138,7 @@ def _no_log(*args: Any, **kwargs: Any) -> None:
     """`self.log()` and `self.log_dict()` while sizing: nothing is logged."""
 
 
-def attach(copy: nn.Module, context: StepContext) -> nn.Module:
+def attach(copy: Any, context: StepContext) -> nn.Module:
     """The copy, set up as Trainer.fit sets a module up, attached to a stand-in Trainer."""
     if is_overridden("configure_model", copy):
         copy.configure_model()  # Lightning calls it on every fit: it must be idempotent
@@ -149,7 +149,7 @@ def attach(copy: nn.Module, context: StepContext) -> nn.Module:
     copy._memorymark_trainer = stand_in
     for part in copy.modules():
         if isinstance(part, pl.LightningModule):
-            part.log = part.log_dict = _no_log  # logging a torchmetrics Metric needs a Trainer
+            part.log = part.log_dict = _no_log  # type: ignore[method-assign]  # (logging a torchmetrics Metric needs a Trainer)
     return copy
 
 
@@ -163,13 +163,14 @@ def configure_optimizers(copy: pl.LightningModule) -> list[torch.optim.Optimizer
             f"{type(copy).__name__}.configure_optimizers() returned None: a step without an "
             "optimizer is not what training runs; return the optimizer"
         )
-    optimizers, schedulers, monitor = _configure_optimizers(configured)
+    # Lightning's parser is typed narrower than the shapes configure_optimizers may return.
+    optimizers, schedulers, monitor = _configure_optimizers(cast(Any, configured))
     if copy.automatic_optimization and len(optimizers) > 1:
         raise ValueError(
             f"{type(copy).__name__} has {len(optimizers)} optimizers with automatic "
             "optimization, which Lightning refuses: set self.automatic_optimization = False"
         )
-    stand_in = copy._memorymark_trainer
+    stand_in: Any = copy._memorymark_trainer
     stand_in.optimizers = list(optimizers)
     stand_in.lr_scheduler_configs = (
         _configure_schedulers_automatic_opt(schedulers, monitor)
@@ -254,7 +255,7 @@ def automatic_step(
         )
         return loss
 
-    copy.optimizer_step(0, 0, _ClosureFirst(optimizer), closure)
+    copy.optimizer_step(0, 0, cast(Any, _ClosureFirst(optimizer)), closure)
 
 
 def manual_step(

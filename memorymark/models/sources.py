@@ -140,16 +140,16 @@ def resolve(spec: str) -> model_entry.ModelEntry:
         return from_upload(name)
     if prefix == "hf":
         return from_hub(name)
-    if prefix in ("timm", "torchvision"):
-        return model_entry.ModelEntry(
-            key=spec,
-            display_name=f"{name} ({prefix})",
-            config_file="",
-            tasks=(model_entry.IMAGE_CLASSIFICATION,),
-            default_task=model_entry.IMAGE_CLASSIFICATION,
-            num_labels=1000,
-            source=prefix,
-        )
+    # timm or torchvision: check_spec accepts no other prefix.
+    return model_entry.ModelEntry(
+        key=spec,
+        display_name=f"{name} ({prefix})",
+        config_file="",
+        tasks=(model_entry.IMAGE_CLASSIFICATION,),
+        default_task=model_entry.IMAGE_CLASSIFICATION,
+        num_labels=1000,
+        source=prefix,
+    )
 
 
 @cache

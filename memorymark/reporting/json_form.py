@@ -59,7 +59,7 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "memory_source": r.memory_source,
         "loop_start": r.loop_start,
         "max_batch_size": maximum.batch_size if maximum else None,
-        "max_reserved_gb": _gib_or_none(maximum and maximum.required_bytes),
+        "max_reserved_gb": _gib_or_none(maximum.required_bytes if maximum else None),
         "usable_gb": gib(r.gpu.usable_bytes),
         **_memory_dict(r),
         **_throughput_dict(r),
@@ -139,9 +139,11 @@ def _memory_dict(r: Report) -> dict[str, Any]:
     optimal, current = r.optimal, r.current
     current_fit = current if current is not None and current.runs else None
     return {
-        "optimal_allocated_gb": _gib_or_none(optimal and optimal.cuda_allocated_bytes),
-        "optimal_reserved_gb": _gib_or_none(optimal and optimal.cuda_reserved_bytes),
-        "current_reserved_gb": _gib_or_none(current_fit and current_fit.cuda_reserved_bytes),
+        "optimal_allocated_gb": _gib_or_none(optimal.cuda_allocated_bytes if optimal else None),
+        "optimal_reserved_gb": _gib_or_none(optimal.cuda_reserved_bytes if optimal else None),
+        "current_reserved_gb": _gib_or_none(
+            current_fit.cuda_reserved_bytes if current_fit else None
+        ),
         "limit_gb": gib(r.limit_bytes),
         "margin_gb": gib(r.margin_bytes),
         "headroom_gb": _gib_or_none(r.headroom_bytes),

@@ -12,7 +12,7 @@ or devices: a backend is anything with `measure(batch_size)` and `release()`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -58,7 +58,7 @@ def sweep(
     *,
     also: tuple[int, ...] = (),
     limits: SweepLimits | None = None,
-) -> Iterator[Measurement]:
+) -> Generator[Measurement, None, None]:
     """Yield one Measurement per batch size tried, in the order tried.
 
     `also` lists batch sizes the report needs measured too (the user's current batch); they are

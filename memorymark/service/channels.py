@@ -14,6 +14,7 @@ import multiprocessing
 import pickle
 import queue
 import threading
+from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 
@@ -30,6 +31,7 @@ class PipeChannel:
     """To a local worker process: one pipe, written by the worker, read by the submitter."""
 
     def __init__(self) -> None:
+        self.reader: Connection | None  # None in the worker, which only writes
         self.reader, self.writer = multiprocessing.Pipe(duplex=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -48,7 +50,9 @@ class PipeChannel:
         """Nothing to do: the pool kills the process."""
 
     def drain(self) -> list[tuple[str, Any]]:
-        out = []
+        out: list[tuple[str, Any]] = []
+        if self.reader is None:
+            return out
         try:
             while self.reader.poll():
                 out.append(self.reader.recv())
@@ -57,7 +61,8 @@ class PipeChannel:
         return out
 
     def close(self) -> None:
-        self.reader.close()
+        if self.reader is not None:
+            self.reader.close()
         self.writer.close()
 
 

@@ -350,8 +350,8 @@ class SweepJob:
             self._take(kind, payload)
         if self.future.cancelled():
             self.state = "cancelled"
-        elif self.future.exception() is not None:
-            self.state, self.error = "failed", _worker_error(self.future.exception())
+        elif (exc := self.future.exception()) is not None:
+            self.state, self.error = "failed", _worker_error(exc)
         else:
             outcome: SweepOutcome = self.future.result()
             if outcome.cancelled:
@@ -378,18 +378,18 @@ class SweepJob:
         self.future.cancel()
         for kind, payload in self.channel.drain():
             self._take(kind, payload)
-        self.report = self._report_so_far(limit, fixing)
+        self.report = self._report_so_far(limit, fixing, self.gpu)
         self.state = "done"
         self._end()
 
-    def _report_so_far(self, limit: float, fixing: bool) -> Report:
+    def _report_so_far(self, limit: float, fixing: bool, gpu: GPU) -> Report:
         """The report of a worker killed at `limit`: in the sweep, a partial one; in the search
         for ways out, the whole sweep (it finished: no batch fits) with the ways out found."""
         started = self.running_since or self.started
         report = Report(
             settings=self.settings,
             costs=Costs(),
-            gpu=self.gpu,
+            gpu=gpu,
             backend=self.backend_name or "sim",
             measurements=tuple(self.measurements),
             elapsed_seconds=(self.fixing_since or time.perf_counter()) - started,

@@ -23,7 +23,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from multiprocessing.context import ForkServerContext, SpawnContext
+from typing import Any, cast
 
 WORKER_NAME = "memorymark-worker"
 """Every process this pool starts carries this name (how `_without_main` knows its own)."""
@@ -128,7 +129,7 @@ class _Job:
     watcher: threading.Thread | None = field(default=None, repr=False)
 
 
-def _without_main(prepare: Callable[[str | None], dict[str, Any]]) -> Callable[..., Any]:
+def _without_main(prepare: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
     """`multiprocessing.spawn.get_preparation_data`, less the main module for this pool's
     processes. A child process re-runs the parent's `__main__` to find functions defined there
     (spawn and forkserver alike: `spawn.prepare`); a job's function lives in memorymark, never in
@@ -182,7 +183,8 @@ class WorkerPool(cf.Executor):
         _start_without_main()
         methods = multiprocessing.get_all_start_methods()
         method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
-        self._ctx = multiprocessing.get_context(method)
+        # (get_context types a name it cannot see as the base class, which starts no process)
+        self._ctx = cast("SpawnContext | ForkServerContext", multiprocessing.get_context(method))
         if method == "forkserver":
             if preload:
                 self._ctx.set_forkserver_preload(list(preload))

@@ -43,6 +43,8 @@ def default_targets_for(model_type: str | None) -> list[str] | None:
     projections): peft's own table, then ours; None when neither has one."""
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
 
+    if model_type is None:
+        return None
     targets = TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type)
     targets = targets or _EXTRA_LORA_TARGETS.get(model_type)
     return list(targets) if targets else None
@@ -126,14 +128,18 @@ def enable_checkpointing(model: nn.Module) -> None:
     # Non-reentrant, as PyTorch recommends: it needs no input that requires grad (LoRA).
     kwargs = {"use_reentrant": False}
     supported = getattr(model, "supports_gradient_checkpointing", True)
-    if supported and hasattr(model, "activation_checkpointing_enable"):  # transformers 5
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    # Each library's own switch, found by name (an nn.Module's attributes type as tensors).
+    switch_5 = getattr(model, "activation_checkpointing_enable", None)  # transformers 5
+    switch_4 = getattr(model, "gradient_checkpointing_enable", None)  # transformers 4
+    switch_timm = getattr(model, "set_grad_checkpointing", None)
+    if supported and switch_5 is not None:
+        switch_5(activation_checkpointing_kwargs=kwargs)
         return
-    if supported and hasattr(model, "gradient_checkpointing_enable"):  # transformers 4
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if supported and switch_4 is not None:
+        switch_4(gradient_checkpointing_kwargs=kwargs)
         return
-    if hasattr(model, "set_grad_checkpointing"):
-        model.set_grad_checkpointing(True)
+    if switch_timm is not None:
+        switch_timm(True)
         return
     raise ValueError(
         f"{type(model).__name__} does not support gradient checkpointing; "

@@ -278,8 +278,10 @@ class CatalogStep:
         """A causal LM's decoder (transformers' `get_decoder()`): what follows it is the logits."""
         if self.task != models.CAUSAL_LM:
             return None
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+        get_base = getattr(model, "get_base_model", None)  # peft's wrapper
+        base = get_base() if get_base is not None else model
+        get_decoder = getattr(base, "get_decoder", None)
+        decoder = get_decoder() if get_decoder is not None else None
         return decoder if isinstance(decoder, nn.Module) and decoder is not base else None
 
     def _optimizer_phase(
@@ -290,7 +292,7 @@ class CatalogStep:
     ) -> None:
         # Reads parameters, gradients and optimizer state only: nothing the batch size shapes.
         if self.settings.max_grad_norm is not None:
-            self._clip(model, optimizer, scaler)
+            self._clip(model, optimizer, scaler, self.settings.max_grad_norm)
         if scaler is None:
             optimizer.step()
         else:
@@ -305,6 +307,7 @@ class CatalogStep:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         scaler: torch.amp.GradScaler | None,
+        max_norm: float,
     ) -> None:
         # HF Trainer and the AMP docs unscale before clipping, so the norm is of true gradients.
         if scaler is not None:
@@ -312,7 +315,7 @@ class CatalogStep:
         params = [p for p in model.parameters() if p.grad is not None]
         # foreach=True: clip_grad_norm_'s own default on CUDA (torch/nn/utils/clip_grad.py picks
         # foreach when `_has_foreach_support`, which fake CPU tensors would not get).
-        nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm, foreach=True)
+        nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
 
     def _forward(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> Any:
         if self.entry.source not in ("timm", "torchvision"):

@@ -130,6 +130,7 @@ def chunked_loss(
             flat.float(), chunk_labels, ignore_index=IGNORE_INDEX, reduction="sum"
         )
         total = loss if total is None else total + loss
+    assert total is not None, "chunks >= 1 gives one loss at least"
     return total / total_elements
 
 
@@ -138,8 +139,8 @@ def use_fused_loss(model: nn.Module, *, liger: bool, chunks: int) -> None:
     linear cross-entropy (`liger`) or in `chunks` chunks, as `lce_forward` / torchtune do:
     no logits are returned while training with labels. ValueError if the model has no decoder
     (`get_decoder()`) under an output layer."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    decoder = _called(model, "get_decoder")
+    head = _called(model, "get_output_embeddings")
     if decoder is model or not isinstance(decoder, nn.Module) or not isinstance(head, nn.Linear):
         raise ValueError(
             f"{type(model).__name__} has no decoder under a linear output layer: the fused "
@@ -165,3 +166,9 @@ def use_fused_loss(model: nn.Module, *, liger: bool, chunks: int) -> None:
         return CausalLMOutputWithPast(loss=loss, logits=None)
 
     model.forward = types.MethodType(forward, model)
+
+
+def _called(model: nn.Module, method: str) -> object:
+    """`model.method()` where the model has that method (transformers' models do), else None."""
+    bound = getattr(model, method, None)
+    return bound() if callable(bound) else None

@@ -93,7 +93,8 @@ def _rms_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Ten
     return _RMSNorm.apply(hidden_states, self.weight)
 
 
-def _gated_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _gated_mlp_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+    # `self` is a transformers gated MLP (gate_proj, up_proj, down_proj), bound by name.
     return self.down_proj(_GatedMul.apply(self.gate_proj(x), self.up_proj(x)))
 
 

@@ -18,6 +18,7 @@ This module knows nothing about measurement, except those accommodations.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
@@ -45,7 +46,7 @@ _BNB_OPTIMIZERS = {
 def _bnb_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     bnb_optim = quantization.bitsandbytes_module().optim
     class_name, kwargs = _BNB_OPTIMIZERS[name]
-    base = getattr(bnb_optim, class_name)
+    base: Any = getattr(bnb_optim, class_name)  # a class bitsandbytes names
 
     class _OnAnyDevice(base):
         def get_state_buffer(self, p: torch.Tensor, dtype: torch.dtype = torch.float32):

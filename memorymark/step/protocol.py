@@ -61,10 +61,16 @@ class TrainingStep(Protocol):
     paging, distribution): the backends read them to account for what the step cannot tell.
     """
 
-    settings: Settings
-    user_code: bool
-    """True when the step runs code MemoryMark did not write (`memorymark.Training`): the
-    backends then answer its value reads and map its `cuda` devices onto theirs."""
+    @property
+    def settings(self) -> Settings:
+        """The choices the step follows."""
+        ...
+
+    @property
+    def user_code(self) -> bool:
+        """True when the step runs code MemoryMark did not write (`memorymark.Training`): the
+        backends then answer its value reads and map its `cuda` devices onto theirs."""
+        ...
 
     def build_model(self, *, emulate_kernels: bool = False) -> nn.Module:
         """The model with random weights on the current default device. `emulate_kernels`

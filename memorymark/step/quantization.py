@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import torch
@@ -135,7 +135,10 @@ def _classes() -> tuple[type, type]:
     import torch
     from torch import nn
 
-    class QuantizedLinear4bit(bnb.nn.Linear4bit):
+    linear_4bit: Any = bnb.nn.Linear4bit  # a class of a module imported at run time
+    linear_8bit: Any = bnb.nn.Linear8bitLt
+
+    class QuantizedLinear4bit(linear_4bit):
         """bitsandbytes' Linear4bit whose QuantState tensors are buffers (see module doc)."""
 
         def __init__(self, linear: nn.Module, quant_type: str, nested: bool, compute) -> None:
@@ -195,10 +198,11 @@ def _classes() -> tuple[type, type]:
         def _describe_weight(self) -> None:
             # What Params4bit carries and bitsandbytes and peft's LoRA layer read off it; set
             # again at each forward, since the simulation swaps the parameter for a fake one.
-            self.weight.quant_state = self.packed_state()
-            self.weight.compress_statistics = self._nested
-            self.weight.quant_type = self._quant_type
-            self.weight.blocksize = BLOCKSIZE_4BIT
+            weight: Any = self.weight  # Params4bit's attributes, set on the fake stand-in
+            weight.quant_state = self.packed_state()
+            weight.compress_statistics = self._nested
+            weight.quant_type = self._quant_type
+            weight.blocksize = BLOCKSIZE_4BIT
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             self._describe_weight()
@@ -209,7 +213,7 @@ def _classes() -> tuple[type, type]:
             del scratch
             return out
 
-    class QuantizedLinear8bitLt(bnb.nn.Linear8bitLt):
+    class QuantizedLinear8bitLt(linear_8bit):
         """bitsandbytes' Linear8bitLt whose row scales (SCB) are a buffer (see module doc)."""
 
         def __init__(self, linear: nn.Module) -> None:
@@ -261,7 +265,7 @@ def gemm_scratch(
 def _out_by_in(layer: nn.Module) -> torch.Tensor:
     # GPT-2's Conv1D stores its weight (in, out); transformers' bnb integration quantizes it
     # transposed, as nn.Linear's (out, in).
-    weight = layer.weight.detach()
+    weight = cast(torch.Tensor, layer.weight).detach()
     return weight.t().contiguous() if type(layer).__name__ == "Conv1D" else weight
 
 
@@ -277,7 +281,9 @@ def _kept_in_full_precision(model: nn.Module) -> set[str]:
     try:
         from transformers.quantizers.base import get_keys_to_not_convert
     except ImportError:  # older layout
-        from transformers.integrations import get_keys_to_not_convert
+        from transformers.integrations import (  # type: ignore[attr-defined,no-redef]
+            get_keys_to_not_convert,
+        )
     # The quantizer also leaves the model's `_keep_in_fp32_modules` (T5's `wo`) unconverted
     # (transformers/quantizers/base.py `get_modules_to_not_convert`).
     kept = getattr(model, "_keep_in_fp32_modules", None) or []
@@ -335,7 +341,7 @@ def quantized_bytes(model: nn.Module) -> int:
     total = 0
     for module in model.modules():
         if classes and isinstance(module, classes):
-            for t in [module.weight, *module.buffers(recurse=False)]:
+            for t in [cast(torch.Tensor, module.weight), *module.buffers(recurse=False)]:
                 storage = t.untyped_storage()
                 if id(storage) not in seen:
                     seen.add(id(storage))

@@ -36,7 +36,7 @@ CATEGORY_COLOURS = {
 # Before two batches have fitted there is no slope to extrapolate: show this many batches.
 INITIAL_X_MAX = 64
 # Title on top, legend under the plot: a long legend above it would run into the title.
-LAYOUT = dict(
+LAYOUT: dict[str, Any] = dict(
     margin=dict(l=10, r=10, t=40, b=10),
     legend=dict(orientation="h", yanchor="top", y=-0.22, x=0),
 )

@@ -58,9 +58,9 @@ def metric_cards(report: Report) -> list[tuple[str, str, str, str | None]]:
     return [
         ("Optimal batch size", str(optimal.batch_size) if optimal else "none",
          f"The largest batch that trains on {gpu.name} ({src}) and leaves the margin free",
-         f"max {maximum.batch_size} with no margin" if above else None),
+         f"max {maximum.batch_size} with no margin" if maximum and above else None),
         (f"Memory at batch {report.settings.current_batch} ({src})",
-         gib_text(current.peak_bytes) if ran else "OOM",
+         gib_text(current.peak_bytes) if current and ran else "OOM",
          f"Peak of a full training step; {gpu.usable_gib:.2f} GiB usable"
          + _needs(report), None),
         (f"Memory at the optimal batch ({src})",

@@ -248,8 +248,8 @@ def finished_sweep(report: Report, job: SweepJob | None, *, saved_utc: str | Non
     that its time is the first run's)."""
     ran_here = job is not None and job.report is report
     n, took = len(report.measurements), report.elapsed_seconds
-    swept_here = ran_here and len(job.probe_seconds) == n
-    secs = job.probe_seconds if swept_here else None
+    secs = job.probe_seconds if job and ran_here and len(job.probe_seconds) == n else None
+    swept_here = secs is not None
     best = f"optimal batch {report.optimal.batch_size}" if report.optimal else "no batch fits"
     probes = plural(n, "probe")
     footer = f"done: {best} ({probes}, {took:.1f} s)"
