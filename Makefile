@@ -49,9 +49,10 @@ test-hosted: $(HOSTED_VENV)/.installed  ## the hosted torch's tests (worker pool
 	$(HOSTED_VENV)/bin/python -c 'import torch; print("torch", torch.__version__)'
 	$(HOSTED_VENV)/bin/python -m pytest -p no:cacheprovider $(HOSTED_TESTS)
 
-lint: $(VENV)/.dev-installed
+lint: $(VENV)/.dev-installed  ## ruff, and mypy over the package (pyproject.toml's [tool.mypy])
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 bench: $(VENV)/.dev-installed  ## prints the figures the README and closing notes quote
 	PYTHONPATH=. $(BIN)/python benchmarks/sweep_cost.py
