@@ -31,19 +31,18 @@ from typing import TYPE_CHECKING, Any
 from memorymark import gpus, models
 from memorymark.analyses import compare, scale_out
 from memorymark.analyses.compare import GpuFit
-from memorymark.analyses.fixes import FitAnswer, WaysOutSearch
+from memorymark.analyses.fixes import WaysOutSearch
 from memorymark.analyses.proof import PROTOCOLS, BackwardProof, ProtocolResult, protocol_settings
 from memorymark.analyses.scale_out import ScaleOutRow
 from memorymark.backends import selection
-from memorymark.distributed import gpu_count
-from memorymark.distributed.gpu_count import GpuSearch, with_gpus
 from memorymark.environment import stamp, torch_version
 from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement, is_measured, memory_source
 from memorymark.report import Report
-from memorymark.search import estimate
+from memorymark.search import estimate, gpu_count
 from memorymark.search.eval_batch import EvalAnswer, EvalMeasurer
+from memorymark.search.gpu_count import GpuSearch, with_gpus
 from memorymark.search.plan import TrainingPlan, plan_for_target
 from memorymark.search.seq_len import SeqLenAnswer, SeqLenMeasurer, search_cap
 from memorymark.search.strategies import STRATEGIES, FastStrategy, Strategy
@@ -52,6 +51,7 @@ from memorymark.search.symbolic import SymbolicStrategy
 from memorymark.settings import Costs, Settings, check_model
 from memorymark.step import training as user_training
 from memorymark.step.training import Training
+from memorymark.ways_out import FitAnswer
 
 FIXES_STAGE = "nothing fits: simulating what would (checkpointing, bf16, LoRA, a bigger GPU)"
 """What `Session.report` says before it simulates the ways out (its `on_stage`)."""

@@ -16,6 +16,7 @@ TOP_LEVEL = {
     "measurement",
     "report",
     "units",
+    "ways_out",
 }
 
 

@@ -8,7 +8,6 @@ import pytest
 from memorymark import Session, gpus
 from memorymark.analyses import hardware
 from memorymark.analyses.fixes import what_would_fit
-from memorymark.analyses.ways_out import SAMPLES_PER_RUN, Fix
 from memorymark.cli import render
 from memorymark.measurement import Breakdown, Measurement
 from memorymark.report import Report
@@ -16,6 +15,7 @@ from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.markdown import report_markdown
 from memorymark.settings import Costs, Settings
 from memorymark.units import GIB
+from memorymark.ways_out import SAMPLES_PER_RUN, Fix
 
 
 def _step(required_gib: float, activations_gib: float = 0.0) -> Measurement:

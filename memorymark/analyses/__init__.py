@@ -1,7 +1,8 @@
 """Analyses: questions answered by running the engine more than once.
 
 Owns what would make a model fit when nothing does (`fixes`, with the hardware ways out in
-`hardware`, the states' lower bound in `states` and the records in `ways_out`), one model across
+`hardware` and the states' lower bound in `states`; the records they fill, `Fix` and `FitAnswer`,
+live beside the report in memorymark/ways_out.py), one model across
 the GPU catalog (`compare`), the backward-pass proof (`proof`), and scaling out over GPU counts
 (`scale_out`).
 

@@ -18,7 +18,7 @@ its stage ends (the app and the CLI show them as they come), within a time budge
 (memorymark/analyses/budget.py): past it the search stops between two pieces of work, and
 `not_finished` names the stages it did not finish. This module composes settings and the
 simulated backend; it never touches a real device, and imports the engine only when it
-simulates; the records (`Fix`, `FitAnswer`) live in memorymark/analyses/ways_out.py.
+simulates; the records (`Fix`, `FitAnswer`) live in memorymark/ways_out.py.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from memorymark import gpus
 from memorymark.analyses import hardware
 from memorymark.analyses.budget import OutOfTime, TimeBudget
 from memorymark.analyses.states import counted_states, state_bytes
-from memorymark.analyses.ways_out import FitAnswer, Fix
 from memorymark.backends import selection
 from memorymark.measurement import Measurement
 from memorymark.settings import Settings
+from memorymark.ways_out import FitAnswer, Fix
 
 __all__ = [
     "FitAnswer",

@@ -5,7 +5,7 @@ memory, the largest per-GPU batch, the global batch, and the step's time and cos
 (compute from the simulated step's FLOPs and bytes on the GPU's roofline, communication from
 the bytes the strategy moves over the catalog's NVLink/PCIe and network bandwidths, assumed
 to overlap with compute as FSDP2's prefetching and DDP's bucketing aim for). The smallest
-count that trains is memorymark/distributed/gpu_count.py's search.
+count that trains is memorymark/search/gpu_count.py's search.
 
 Reaches the engine through `Session` only; imports no torch, so the app's pages can import it.
 Must not know how anything is displayed.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memorymark.distributed import topology
-from memorymark.distributed.gpu_count import with_gpus
+from memorymark.search.gpu_count import with_gpus
 from memorymark.settings import Settings
 from memorymark.units import gib
 
