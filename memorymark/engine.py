@@ -43,9 +43,10 @@ from memorymark.report import Report
 from memorymark.search import estimate, gpu_count
 from memorymark.search.eval_batch import EvalAnswer, EvalMeasurer
 from memorymark.search.gpu_count import GpuSearch, with_gpus
+from memorymark.search.pick import pick_strategy
 from memorymark.search.plan import TrainingPlan, plan_for_target
 from memorymark.search.seq_len import SeqLenAnswer, SeqLenMeasurer, search_cap
-from memorymark.search.strategies import STRATEGIES, FastStrategy, Strategy
+from memorymark.search.strategies import FastStrategy, Strategy
 from memorymark.search.sweep import SweepLimits, best_fit, sweep
 from memorymark.search.symbolic import SymbolicStrategy
 from memorymark.settings import Costs, Settings, check_model
@@ -177,22 +178,18 @@ class Session:
         """The settings' strategy over `measurer`'s axis; the symbolic one replays where the
         measurer keeps records of its traced steps (a simulation), else it is the fast one and
         says why (`search_fallback`)."""
-        limits = {
-            "step": step,
-            "max_batch": max_batch,
-            "capacity_bytes": self.policy.capacity_bytes,
-            "limit_bytes": self.policy.limit_bytes,
-        }
-        if self.settings.strategy != "symbolic":
-            return STRATEGIES[self.settings.strategy](**limits)
-        keeps = hasattr(measurer, "keep_records")
-        strategy = SymbolicStrategy(
-            replayer=measurer.keep_records() if keeps else None,
+        strategy = pick_strategy(
+            self.settings.strategy,
+            measurer,
+            step=step,
+            max_batch=max_batch,
+            capacity_bytes=self.policy.capacity_bytes,
+            limit_bytes=self.policy.limit_bytes,
             degree=degree,
             why_not=f"the {self.backend_name} backend traces every probe: nothing to replay",
-            **limits,
         )
-        self._symbolic = strategy
+        if isinstance(strategy, SymbolicStrategy):
+            self._symbolic = strategy
         return strategy
 
     @property

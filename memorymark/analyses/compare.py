@@ -20,7 +20,7 @@ from memorymark import gpus
 from memorymark.accounting.symbolic import Replays
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
-from memorymark.search.strategies import FastStrategy
+from memorymark.search.pick import pick_strategy
 from memorymark.search.sweep import best_fit, sweep
 from memorymark.search.symbolic import SymbolicStrategy
 from memorymark.settings import Costs, Settings
@@ -146,21 +146,18 @@ class _Searches:
         s, cc = self.settings, gpu.compute_capability
         resolution = resolve(s, gpu=gpu)
         backend, policy = resolution.open_backend(), resolution.policy
-        limits: dict[str, Any] = {
-            "step": s.step,
-            "max_batch": s.max_batch,
-            "capacity_bytes": policy.capacity_bytes,
-            "limit_bytes": policy.limit_bytes,
-            "traces": self.traces.get(cc),
-            "find_max": False,
-        }
-        if not self.symbolic or not hasattr(backend, "keep_records"):
-            strategy: FastStrategy = FastStrategy(**limits)
-        elif cc in self.replays:
-            known = self.replays[cc].measured_by(backend.measurement_of)
-            strategy = SymbolicStrategy(replayer=known, confirmed=True, **limits)
-        else:
-            strategy = SymbolicStrategy(replayer=backend.keep_records(), **limits)
+        known = self.replays.get(cc)
+        strategy = pick_strategy(
+            "symbolic" if self.symbolic else "fast",
+            backend,
+            step=s.step,
+            max_batch=s.max_batch,
+            capacity_bytes=policy.capacity_bytes,
+            limit_bytes=policy.limit_bytes,
+            confirmed=known.measured_by(backend.measurement_of) if known else None,
+            traces=self.traces.get(cc),
+            find_max=False,
+        )
         probes = list(sweep(backend, strategy))
         if strategy.traces is not None:
             self.traces.setdefault(cc, strategy.traces)
