@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from memorymark import gpus, models
 from memorymark.analyses import compare, scale_out
+from memorymark.analyses.bench import Bench
 from memorymark.analyses.compare import GpuFit
 from memorymark.analyses.fixes import WaysOutSearch
 from memorymark.analyses.proof import PROTOCOLS, BackwardProof, ProtocolResult, protocol_settings
@@ -138,6 +139,12 @@ class Session:
     def open_backend(self, settings: Settings | None = None) -> Backend:
         """A fresh backend for `settings` (this session's by default) on this session's GPU."""
         return self._resolution.open_backend(settings)
+
+    @property
+    def bench(self) -> Bench:
+        """The door the analyses come in through (memorymark/analyses/bench.py): steps of
+        any settings on any GPU, resolved as this session was, through its CUDA module."""
+        return _Bench(self._cuda)
 
     # -- one batch, a sweep, its report -----------------------------------------------------------
     def measure(self, batch_size: int) -> Measurement:
@@ -398,6 +405,7 @@ class Session:
             self._ways_out = WaysOutSearch(
                 self.settings,
                 batch_1,
+                bench=self.bench,
                 time_limit_seconds=self.settings.ways_out_time_limit_seconds,
             )
         return self._ways_out
@@ -484,10 +492,7 @@ class Session:
         params = models.parameter_count(self._catalog_entry("scaling out"), s.resolved_task)
         price = (costs or Costs()).usd_per_hour or self.gpu.usd_per_hour
 
-        def analyze(settings: Settings) -> Report:
-            return Session(settings, cuda=self._cuda).analyze(fixes=False, plan=False)
-
-        return scale_out.scale_out(s, analyze, counts, params, samples_per_run, price)
+        return scale_out.scale_out(s, self.bench, counts, params, samples_per_run, price)
 
     # -- across GPUs and protocols ---------------------------------------------------------------
     def compare(
@@ -497,7 +502,7 @@ class Session:
         session's GPU, and every measurement it took."""
         self._catalog_entry("comparing GPUs")
         return compare.compare_gpus(
-            self.settings, costs, catalog or gpus.CATALOG, reference=self.gpu
+            self.settings, costs, catalog or gpus.CATALOG, reference=self.gpu, bench=self.bench
         )
 
     def proof(self, batch_size: int, *, sweeps: bool = False) -> Iterator[ProtocolResult]:
@@ -526,6 +531,43 @@ class Session:
         return BackwardProof(
             batch_size=batch_size, results=tuple(self.proof(batch_size, sweeps=sweeps))
         )
+
+
+class _Bench:
+    """The analyses' door (memorymark/analyses/bench.py), as a Session resolves: backends
+    for any settings on any GPU through one CUDA device module (`torch.cuda` unless a test
+    passes a fake), the states counted on the meta device, and whole sweeps as Sessions."""
+
+    def __init__(self, cuda: Any) -> None:
+        self._cuda = cuda
+
+    def backend(self, settings: Settings, gpu: GPU) -> Backend:
+        """A fresh backend for `settings` answering for `gpu` as one of their ranks sees it."""
+        from memorymark.backends import resolve  # torch loads here
+
+        return resolve.resolve(settings, self._cuda, gpu).open_backend()
+
+    def measure(self, settings: Settings, gpu: GPU, batch_size: int = 1) -> Measurement:
+        """One step of `settings` at `batch_size` on `gpu`, on a backend of its own."""
+        backend = self.backend(settings, gpu)
+        with backend.session():
+            return backend.measure(batch_size)
+
+    def simulated_gpu(self, settings: Settings) -> GPU:
+        """The whole GPU a simulation of `settings` answers for."""
+        from memorymark.backends import resolve
+
+        return resolve.resolve_gpu(settings, "sim", self._cuda)
+
+    def counted_states(self, settings: Settings) -> tuple[int, int]:
+        """(bytes of the model's states, its parameter count), counted on the meta device."""
+        from memorymark.backends import states
+
+        return states.counted_states(settings)
+
+    def analyze(self, settings: Settings) -> Report:
+        """A whole sweep of `settings` in a Session of its own, with no ways out or plan."""
+        return Session(settings, cuda=self._cuda).analyze(fixes=False, plan=False)
 
 
 def _check_set_up_for(training: Training, gpu: GPU) -> None:

@@ -3,7 +3,7 @@ of the chosen kind that train it sharded with FSDP.
 
 Each answer is a simulated batch-1 step on the very GPU (or GPU count) it names, so the peak a
 way out states is what applying its settings measures. Counted states (the lower bound of
-memorymark/analyses/states.py) skip a GPU, or a GPU count, they already overflow, without a
+memorymark/backends/states.py) skip a GPU, or a GPU count, they already overflow, without a
 step: under FSDP each rank holds at least 1/N of them (every parameter, gradient and optimizer
 state is sharded). GPU counts are tried in the order a cluster offers them
 (memorymark/distributed/topology.py) from the first the states allow, a few at most, then
