@@ -10,6 +10,8 @@ is taken, models, devices, or how anything is shown.
 
 from __future__ import annotations
 
+from typing import Any
+
 from memorymark.measurement import Measurement
 from memorymark.search.strategies import STRATEGIES, Strategy
 from memorymark.search.symbolic import Replayer, SymbolicStrategy
@@ -35,24 +37,33 @@ def pick_strategy(
     records, `confirmed` a replayer whose step was confirmed elsewhere (nothing traced then).
     `traces` (two borrowed steps) and `find_max` (False: stop at the recommended batch) are the
     fast strategy's, and so the symbolic one's; left out, each strategy's default."""
-    limits: dict[str, object] = {
-        "step": step,
-        "max_batch": max_batch,
-        "capacity_bytes": capacity_bytes,
-        "limit_bytes": limit_bytes,
-    }
+    # The fast strategy's own options, passed only when given (the linear one takes none).
+    fast: dict[str, Any] = {}
     if traces is not None:
-        limits["traces"] = traces
+        fast["traces"] = traces
     if find_max is not None:
-        limits["find_max"] = find_max
+        fast["find_max"] = find_max
     if name != "symbolic":
-        return STRATEGIES[name](**limits)  # type: ignore[arg-type]
-    if confirmed is not None:
-        return SymbolicStrategy(replayer=confirmed, confirmed=True, degree=degree, **limits)
+        return STRATEGIES[name](
+            step=step,
+            max_batch=max_batch,
+            capacity_bytes=capacity_bytes,
+            limit_bytes=limit_bytes,
+            **fast,
+        )
+    # A step confirmed elsewhere is replayed alone; else this measurer's records, if it keeps any.
+    replayer = confirmed
     keep_records = getattr(measurer, "keep_records", None)
+    if replayer is None and keep_records is not None:
+        replayer = keep_records()
     return SymbolicStrategy(
-        replayer=keep_records() if keep_records is not None else None,
+        replayer=replayer,
+        confirmed=confirmed is not None,
         degree=degree,
         why_not=why_not,
-        **limits,
+        step=step,
+        max_batch=max_batch,
+        capacity_bytes=capacity_bytes,
+        limit_bytes=limit_bytes,
+        **fast,
     )
