@@ -30,28 +30,30 @@ from typing import TYPE_CHECKING, Any
 
 from memorymark import gpus, models
 from memorymark.analyses import compare, scale_out
+from memorymark.analyses.bench import Bench
 from memorymark.analyses.compare import GpuFit
-from memorymark.analyses.fixes import FitAnswer, WaysOutSearch
+from memorymark.analyses.fixes import WaysOutSearch
 from memorymark.analyses.proof import PROTOCOLS, BackwardProof, ProtocolResult, protocol_settings
 from memorymark.analyses.scale_out import ScaleOutRow
 from memorymark.backends import selection
-from memorymark.distributed import gpu_count
-from memorymark.distributed.gpu_count import GpuSearch, with_gpus
 from memorymark.environment import stamp, torch_version
 from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement, is_measured, memory_source
 from memorymark.report import Report
-from memorymark.search import estimate
+from memorymark.search import estimate, gpu_count
 from memorymark.search.eval_batch import EvalAnswer, EvalMeasurer
+from memorymark.search.gpu_count import GpuSearch, with_gpus
+from memorymark.search.pick import pick_strategy
 from memorymark.search.plan import TrainingPlan, plan_for_target
 from memorymark.search.seq_len import SeqLenAnswer, SeqLenMeasurer, search_cap
-from memorymark.search.strategies import STRATEGIES, FastStrategy, Strategy
+from memorymark.search.strategies import FastStrategy, Strategy
 from memorymark.search.sweep import SweepLimits, best_fit, sweep
 from memorymark.search.symbolic import SymbolicStrategy
 from memorymark.settings import Costs, Settings, check_model
 from memorymark.step import training as user_training
 from memorymark.step.training import Training
+from memorymark.ways_out import FitAnswer
 
 FIXES_STAGE = "nothing fits: simulating what would (checkpointing, bf16, LoRA, a bigger GPU)"
 """What `Session.report` says before it simulates the ways out (its `on_stage`)."""
@@ -138,6 +140,12 @@ class Session:
         """A fresh backend for `settings` (this session's by default) on this session's GPU."""
         return self._resolution.open_backend(settings)
 
+    @property
+    def bench(self) -> Bench:
+        """The door the analyses come in through (memorymark/analyses/bench.py): steps of
+        any settings on any GPU, resolved as this session was, through its CUDA module."""
+        return _Bench(self._cuda)
+
     # -- one batch, a sweep, its report -----------------------------------------------------------
     def measure(self, batch_size: int) -> Measurement:
         """One step (the whole loop, with accumulation) at `batch_size`."""
@@ -177,22 +185,18 @@ class Session:
         """The settings' strategy over `measurer`'s axis; the symbolic one replays where the
         measurer keeps records of its traced steps (a simulation), else it is the fast one and
         says why (`search_fallback`)."""
-        limits = {
-            "step": step,
-            "max_batch": max_batch,
-            "capacity_bytes": self.policy.capacity_bytes,
-            "limit_bytes": self.policy.limit_bytes,
-        }
-        if self.settings.strategy != "symbolic":
-            return STRATEGIES[self.settings.strategy](**limits)
-        keeps = hasattr(measurer, "keep_records")
-        strategy = SymbolicStrategy(
-            replayer=measurer.keep_records() if keeps else None,
+        strategy = pick_strategy(
+            self.settings.strategy,
+            measurer,
+            step=step,
+            max_batch=max_batch,
+            capacity_bytes=self.policy.capacity_bytes,
+            limit_bytes=self.policy.limit_bytes,
             degree=degree,
             why_not=f"the {self.backend_name} backend traces every probe: nothing to replay",
-            **limits,
         )
-        self._symbolic = strategy
+        if isinstance(strategy, SymbolicStrategy):
+            self._symbolic = strategy
         return strategy
 
     @property
@@ -401,6 +405,7 @@ class Session:
             self._ways_out = WaysOutSearch(
                 self.settings,
                 batch_1,
+                bench=self.bench,
                 time_limit_seconds=self.settings.ways_out_time_limit_seconds,
             )
         return self._ways_out
@@ -487,10 +492,7 @@ class Session:
         params = models.parameter_count(self._catalog_entry("scaling out"), s.resolved_task)
         price = (costs or Costs()).usd_per_hour or self.gpu.usd_per_hour
 
-        def analyze(settings: Settings) -> Report:
-            return Session(settings, cuda=self._cuda).analyze(fixes=False, plan=False)
-
-        return scale_out.scale_out(s, analyze, counts, params, samples_per_run, price)
+        return scale_out.scale_out(s, self.bench, counts, params, samples_per_run, price)
 
     # -- across GPUs and protocols ---------------------------------------------------------------
     def compare(
@@ -500,7 +502,7 @@ class Session:
         session's GPU, and every measurement it took."""
         self._catalog_entry("comparing GPUs")
         return compare.compare_gpus(
-            self.settings, costs, catalog or gpus.CATALOG, reference=self.gpu
+            self.settings, costs, catalog or gpus.CATALOG, reference=self.gpu, bench=self.bench
         )
 
     def proof(self, batch_size: int, *, sweeps: bool = False) -> Iterator[ProtocolResult]:
@@ -529,6 +531,43 @@ class Session:
         return BackwardProof(
             batch_size=batch_size, results=tuple(self.proof(batch_size, sweeps=sweeps))
         )
+
+
+class _Bench:
+    """The analyses' door (memorymark/analyses/bench.py), as a Session resolves: backends
+    for any settings on any GPU through one CUDA device module (`torch.cuda` unless a test
+    passes a fake), the states counted on the meta device, and whole sweeps as Sessions."""
+
+    def __init__(self, cuda: Any) -> None:
+        self._cuda = cuda
+
+    def backend(self, settings: Settings, gpu: GPU) -> Backend:
+        """A fresh backend for `settings` answering for `gpu` as one of their ranks sees it."""
+        from memorymark.backends import resolve  # torch loads here
+
+        return resolve.resolve(settings, self._cuda, gpu).open_backend()
+
+    def measure(self, settings: Settings, gpu: GPU, batch_size: int = 1) -> Measurement:
+        """One step of `settings` at `batch_size` on `gpu`, on a backend of its own."""
+        backend = self.backend(settings, gpu)
+        with backend.session():
+            return backend.measure(batch_size)
+
+    def simulated_gpu(self, settings: Settings) -> GPU:
+        """The whole GPU a simulation of `settings` answers for."""
+        from memorymark.backends import resolve
+
+        return resolve.resolve_gpu(settings, "sim", self._cuda)
+
+    def counted_states(self, settings: Settings) -> tuple[int, int]:
+        """(bytes of the model's states, its parameter count), counted on the meta device."""
+        from memorymark.backends import states
+
+        return states.counted_states(settings)
+
+    def analyze(self, settings: Settings) -> Report:
+        """A whole sweep of `settings` in a Session of its own, with no ways out or plan."""
+        return Session(settings, cuda=self._cuda).analyze(fixes=False, plan=False)
 
 
 def _check_set_up_for(training: Training, gpu: GPU) -> None:

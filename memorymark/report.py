@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from memorymark.accounting.allocator import LOOP_STARTS
-from memorymark.analyses.ways_out import Fix
 from memorymark.environment import Stamp
 from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
@@ -30,9 +29,10 @@ from memorymark.search.plan import TrainingPlan
 from memorymark.search.sweep import best_fit
 from memorymark.settings import Costs, Settings
 from memorymark.units import gib, plural
+from memorymark.ways_out import Fix
 
 if TYPE_CHECKING:
-    from memorymark.analyses.scale_out import GpuSearch
+    from memorymark.search.gpu_count import GpuSearch
 
 # "Where larger batches stop paying off": the smallest batch within 5% of the best throughput.
 KNEE_FRACTION = 0.95

@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterator
 from streamlit.testing.v1 import AppTest
 
 from memorymark import gpus
-from memorymark.analyses.fixes import Fix
 from memorymark.measurement import Breakdown, Measurement
 from memorymark.report import Report
 from memorymark.search.plan import TrainingPlan, plan_for_target
 from memorymark.settings import Costs, Settings
 from memorymark.ui import sweep_runner
 from memorymark.units import GIB
+from memorymark.ways_out import Fix
 
 APP = "../app.py"  # AppTest resolves paths against the test file
 TIMEOUT = 60  # the first run imports torch and transformers

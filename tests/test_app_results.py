@@ -11,11 +11,11 @@ import pytest
 from app_helpers import A10, app, chart, metrics, run_until, shown, trace
 
 from memorymark import gpus, models
-from memorymark.analyses.fixes import Fix
 from memorymark.models import sources
 from memorymark.settings import Settings
 from memorymark.ui.state_keys import SETTING_FIELDS
 from memorymark.units import GIB, gib
+from memorymark.ways_out import Fix
 
 pytestmark = pytest.mark.usefixtures("fresh_caches")
 

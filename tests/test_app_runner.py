@@ -15,7 +15,6 @@ import pytest
 from app_helpers import GATE_SECONDS, FakeWaysOut
 
 from memorymark import gpus, limits
-from memorymark.analyses.ways_out import Fix
 from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.service import jobs
@@ -24,6 +23,7 @@ from memorymark.service.jobs import SweepJob, SweepRequest
 from memorymark.settings import Costs, Settings
 from memorymark.ui import sweep_runner
 from memorymark.ui.sweep_runner import ResultCache, sweep_progress
+from memorymark.ways_out import Fix
 
 A10 = gpus.find_gpu("A10")
 SIM = Settings(model="tiny-bert", gpu="A10", backend="sim")

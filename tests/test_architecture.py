@@ -1,5 +1,6 @@
-"""The house: a small public top level, packages that follow the data flow, no import cycle,
-one meaning per class name, and each package saying what it owns and what it must not know."""
+"""The house: a small public top level, packages that follow the data flow, no import cycle
+(type-only imports included), no arrow from a lower floor to a higher one, one meaning per class
+name, and each package saying what it owns and what it must not know."""
 
 import ast
 from collections import Counter
@@ -16,7 +17,56 @@ TOP_LEVEL = {
     "measurement",
     "report",
     "units",
+    "ways_out",
 }
+
+# The floors of the house, lowest first, as today's imports have them (a unit is a package, or
+# a module of the top level). A module imports from its own unit or from a lower floor only:
+# never from its own floor (units on one floor know nothing of each other) nor from above. The
+# order follows docs/development.md's layout, where the imports allow it; where they say
+# otherwise, the comment says why.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    # Leaves: bytes to GiB, the ceilings on what a user may ask, the environment stamp.
+    ("units", "limits", "environment"),
+    # Plain records and catalogs; `distributed` is the topology arithmetic (strategies, the
+    # counts a cluster offers, NCCL's memory) that settings validate against, so it sits here,
+    # below settings, not beside the GPU-count search (search/gpu_count.py).
+    ("measurement", "gpus", "models", "distributed"),
+    # What a user chose, validated against the catalogs and the topology.
+    ("settings",),
+    # Read settings and measurements only: the fit rule, the ways-out records the report
+    # carries, the tracker and allocator.
+    ("fit", "ways_out", "accounting"),
+    # Below the step that runs under its rules (the step asks which apply, not the reverse).
+    ("cuda_rules",),
+    # The training step, built from settings, its optimizer state tracked by accounting.
+    ("step",),
+    # One step at a batch size, and which batch sizes to try: neither knows the other.
+    ("backends", "search"),
+    # Arithmetic over a sweep's measurements (search's `best_fit`, the plan, the eval answer).
+    ("report",),
+    # Questions that run the engine many times (through the door a Session hands them), and the
+    # forms a finished report takes.
+    ("analyses", "reporting"),
+    # The front door, and the saved reports (which read reporting's record).
+    ("engine", "history"),
+    # Each comes in through the front door: calibration runs, the app's jobs, the public API.
+    ("calibration", "service", "__init__"),
+    # The consumers.
+    ("cli", "ui", "integrations"),
+    ("__main__",),
+)
+
+UPWARD_ALLOWED = {
+    ("memorymark.cuda_rules.bnb_gemm", "memorymark.step.quantization"): (
+        "the documented patch: bitsandbytes' 4-bit matmul rule patches the layers quantization "
+        "builds"
+    ),
+    ("memorymark.step.target", "memorymark.backends.target_gpu"): (
+        "`memorymark.target_gpu`'s torch-free front loads its implementation inside the call"
+    ),
+}
+"""(importer, imported) arrows that go up a floor on purpose, each with its reason."""
 
 
 def _module_name(path: Path) -> str:
@@ -28,23 +78,12 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _type_checking_nodes(tree: ast.Module) -> set[int]:
-    """ids of the import nodes under `if TYPE_CHECKING:` (types only: no import at run time)."""
-    skipped: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
-    return skipped
-
-
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """Every memorymark module `name` imports at run time, function-level imports included."""
+    """Every memorymark module `name` imports, function-level and type-only (`TYPE_CHECKING`)
+    imports included: a type-only import is an arrow too, and a stale one goes unnoticed."""
     tree = ast.parse(path.read_text())
-    skipped = _type_checking_nodes(tree)
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name in modules)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
@@ -77,6 +116,28 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _unit(module: str) -> str:
+    """The package a module belongs to, or its own name at the top level."""
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def _upward(graph: dict[str, set[str]], floors: tuple[tuple[str, ...], ...]) -> list[str]:
+    """Each arrow from a unit to one on its own floor or above, as "importer -> imported"."""
+    floor = {unit: i for i, units in enumerate(floors) for unit in units}
+    return [
+        f"{importer} -> {imported}"
+        for importer, targets in sorted(graph.items())
+        for imported in sorted(targets)
+        if _unit(importer) != _unit(imported) and floor[_unit(imported)] >= floor[_unit(importer)]
+    ]
+
+
 def test_the_top_level_holds_the_public_api_only():
     top = {p.stem for p in PACKAGE.glob("*.py")}
     assert top == TOP_LEVEL
@@ -84,9 +145,41 @@ def test_the_top_level_holds_the_public_api_only():
 
 
 def test_no_import_cycle():
+    assert _cycle(_graph()) is None
+
+
+def test_type_only_imports_are_arrows_too():
     modules = _modules()
-    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
-    assert _cycle(graph) is None
+    # engine.py imports `Backend` under TYPE_CHECKING only.
+    assert "memorymark.backends.base" in _imports(
+        "memorymark.engine", modules["memorymark.engine"], modules
+    )
+
+
+def test_every_unit_has_a_floor():
+    units = {_unit(name) for name in _modules()}
+    placed = [unit for units in FLOORS for unit in units]
+    assert sorted(placed) == sorted(units)  # each once
+
+
+def test_no_arrow_goes_up_a_floor_except_the_documented_ones():
+    upward = _upward(_graph(), FLOORS)
+    allowed = [f"{a} -> {b}" for a, b in UPWARD_ALLOWED]
+    assert [arrow for arrow in upward if arrow not in allowed] == []
+    assert [arrow for arrow in allowed if arrow not in upward] == []  # none stale
+
+
+def test_the_floor_check_finds_an_arrow_up_and_one_across():
+    floors = (("low",), ("high", "side"))
+    graph = {
+        "memorymark.low.a": {"memorymark.high.b"},
+        "memorymark.high.b": {"memorymark.low.a", "memorymark.side.c"},
+        "memorymark.side.c": set(),
+    }
+    assert _upward(graph, floors) == [
+        "memorymark.high.b -> memorymark.side.c",
+        "memorymark.low.a -> memorymark.high.b",
+    ]
 
 
 def test_the_cycle_check_finds_a_cycle():

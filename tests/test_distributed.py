@@ -12,9 +12,9 @@ import torch.distributed as dist
 from memorymark import Session, Settings
 from memorymark.cli.parser import main
 from memorymark.distributed import topology
-from memorymark.distributed.gpu_count import min_gpus
 from memorymark.measurement import Measurement
 from memorymark.reporting.json_form import report_to_dict
+from memorymark.search.gpu_count import min_gpus
 from memorymark.units import MIB
 
 # A 2-layer GPT-2 whose every dimension divides by 4, so FSDP2's shards carry no padding.

@@ -2,16 +2,41 @@
 
 from dataclasses import replace
 
-from memorymark import gpus
-from memorymark.analyses.fixes import simulated_step, what_would_fit
+from memorymark import Session, gpus
+from memorymark.analyses import fixes as fixes_module
+from memorymark.analyses.bench import Bench
+from memorymark.analyses.fixes import simulated_step
+from memorymark.backends.states import state_bytes
 from memorymark.fit import FitPolicy
+from memorymark.measurement import Measurement
 from memorymark.settings import Settings
+
+
+def what_would_fit(settings, batch_1=None, *, bench=None):
+    """The ways out, through the door a Session hands the search (`bench`, else its own)."""
+    bench = bench or Session(settings).bench
+    return fixes_module.what_would_fit(settings, batch_1, bench=bench)
+
+
+class CountingBench:
+    """A session's bench that notes each step it measures: (settings, GPU name)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.real: Bench = Session(settings).bench
+        self.stepped: list[tuple[Settings, str]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
+
+    def measure(self, settings: Settings, gpu: gpus.GPU, batch_size: int = 1) -> Measurement:
+        self.stepped.append((settings, gpu.name))
+        return self.real.measure(settings, gpu, batch_size)
 
 
 def test_each_fix_says_how_far_off_it_is():
     settings = Settings(model="tiny-bert", seq_len=128, gpu_memory_gib=1, margin="49%")
     answer = what_would_fit(settings)
-    base = simulated_step(settings, gpus.custom_gpu(1))
+    base = simulated_step(Session(settings).bench, settings, gpus.custom_gpu(1))
     assert answer.required_bytes == base.required_bytes
     fixes = {f.label: f for f in answer.fixes}
     together = "gradient checkpointing + bf16-true + LoRA rank 16 together"
@@ -66,70 +91,56 @@ def test_qlora_and_8bit_adamw_are_offered_and_simulated():
     assert not qlora.lower_bound  # stepped, not bounded
     eight_bit = fixes["8-bit AdamW (bitsandbytes)"]
     assert eight_bit.settings.optimizer == "adamw-8bit"
-    assert eight_bit.peak_bytes < simulated_step(settings, gpus.custom_gpu(1)).peak_bytes
+    batch_1 = simulated_step(Session(settings).bench, settings, gpus.custom_gpu(1))
+    assert eight_bit.peak_bytes < batch_1.peak_bytes
 
 
 def test_what_the_states_alone_decide_is_not_stepped(monkeypatch):
-    from memorymark.analyses import fixes
-
     settings = Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1, margin="49%")
-    states = fixes.state_bytes(settings)
+    states = state_bytes(settings)
     # The weights, gradients and AdamW's two buffers, all alive at the optimizer step, beside
     # the model's own buffers (BERT's int64 position and token type ids, 128 each).
-    model_bytes = fixes.state_bytes(replace(settings, optimizer="none"))
+    model_bytes = state_bytes(replace(settings, optimizer="none"))
     buffers = 2 * 128 * 8
     assert states == model_bytes + 3 * (model_bytes - buffers)
-    stepped = []
-    real_step = fixes.simulated_step
-
-    def counting(variant, gpu, batch_size=1):
-        stepped.append(variant)
-        return real_step(variant, gpu, batch_size)
-
-    monkeypatch.setattr(fixes, "simulated_step", counting)
+    bench = CountingBench(settings)
     # A limit below the states: every change whose states pass it is a bound, never a step.
-    monkeypatch.setattr(fixes, "_variants", lambda s, gpu: [("checkpointing", s)])
+    monkeypatch.setattr(fixes_module, "_variants", lambda s, gpu: [("checkpointing", s)])
     tiny = gpus.custom_gpu(1)
     monkeypatch.setattr(
         "memorymark.backends.selection.fit_policy",
         lambda s, gpu: FitPolicy(capacity_bytes=states, margin_bytes=states // 2),
     )
-    answer = fixes.what_would_fit(settings)
+    answer = what_would_fit(settings, bench=bench)
     (fix, *_) = answer.fixes
     assert fix.lower_bound and fix.required_bytes == states and not fix.fits
     assert fix.to_dict()["at_least"] is True
     # Only batch 1 as configured (which no sweep handed in) on one GPU; many GPUs are stepped
     # where a rank's share of the states fits.
-    assert [s for s in stepped if s.gpu_count == 1] == [settings]
+    simulated = replace(settings, backend="sim")
+    assert [s for s, _ in bench.stepped if s.gpu_count == 1] == [simulated]
     assert tiny.usable_bytes > 0
 
 
 def test_the_sweep_s_batch_1_is_not_stepped_again(monkeypatch):
-    from memorymark.analyses import fixes
-
     settings = Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1, margin="49%")
     custom = gpus.custom_gpu(1)
-    batch_1 = fixes.simulated_step(settings, custom)
-    monkeypatch.setattr(fixes, "_variants", lambda s, gpu: [])
-    stepped = []
-    real_step = fixes.simulated_step
-
-    def counting(variant, gpu, batch_size=1):
-        stepped.append((variant, gpu.name))
-        return real_step(variant, gpu, batch_size)
-
-    monkeypatch.setattr(fixes, "simulated_step", counting)
-    assert fixes.what_would_fit(settings, batch_1).required_bytes == batch_1.required_bytes
-    assert (settings, custom.name) not in stepped  # other GPUs and counts get their own step
+    bench = CountingBench(settings)
+    batch_1 = simulated_step(bench, settings, custom)
+    simulated = replace(settings, backend="sim")
+    assert bench.stepped == [(simulated, custom.name)]
+    monkeypatch.setattr(fixes_module, "_variants", lambda s, gpu: [])
+    answer = what_would_fit(settings, batch_1, bench=bench)
+    assert answer.required_bytes == batch_1.required_bytes
+    # Other GPUs and counts get their own step; batch 1 here is not stepped again.
+    assert bench.stepped.count((simulated, custom.name)) == 1
 
 
 def test_a_change_that_needs_no_less_is_not_offered(monkeypatch):
-    from memorymark.analyses import fixes
-
     settings = Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1, margin="49%")
     # "Checkpointing" that changes nothing: the same settings under another label.
-    monkeypatch.setattr(fixes, "_variants", lambda s, gpu: [("no change", s)])
-    answer = fixes.what_would_fit(settings)
+    monkeypatch.setattr(fixes_module, "_variants", lambda s, gpu: [("no change", s)])
+    answer = what_would_fit(settings)
     assert all(fix.label != "no change" for fix in answer.fixes)
 
 

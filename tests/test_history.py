@@ -15,13 +15,13 @@ import pytest
 from app_samples import probe, sample_report
 
 from memorymark import gpus, history
-from memorymark.analyses.fixes import Fix
 from memorymark.environment import Stamp, stamp
 from memorymark.history import History, HistoryError, HistoryWarning, db_file, store
 from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.record import record_to_report, report_to_record
 from memorymark.search.plan import TrainingPlan
 from memorymark.settings import Costs, Settings
+from memorymark.ways_out import Fix
 
 
 def stamped(report, when: str = "2026-01-02T03:04:05Z"):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from memorymark.cli import render
-from memorymark.distributed.gpu_count import GpuSearch
 from memorymark.measurement import Measurement
+from memorymark.search.gpu_count import GpuSearch
 from memorymark.settings import Settings
 from memorymark.units import plural
 

@@ -317,3 +317,31 @@ def test_compare_gpus_traces_one_gpu_per_capability_and_replays_the_others():
     # The A10 (24 GB) and the A10G (23 GB) share compute capability 8.6: one is traced.
     traced = [m for m in measurements if not m.replayed]
     assert len(traced) == 6 and len(measurements) > len(traced)
+
+
+def test_one_place_picks_a_strategy_from_its_name_and_what_the_measurer_keeps():
+    from memorymark.search.pick import pick_strategy
+
+    grid = {"step": 8, "max_batch": 64, "capacity_bytes": 100, "limit_bytes": 90}
+    assert type(pick_strategy("linear", object(), **grid)) is LinearStrategy
+    fast = pick_strategy("fast", object(), find_max=False, **grid)
+    assert type(fast) is FastStrategy and not fast.find_max and fast.limit_bytes == 90
+
+    class Keeps:
+        def keep_records(self) -> str:
+            return "replayer"
+
+    kept = pick_strategy("symbolic", Keeps(), degree=2, **grid)
+    assert isinstance(kept, SymbolicStrategy)
+    assert (kept.replayer, kept.degree, kept.fallback, kept.confirmed) == (
+        "replayer",
+        2,
+        None,
+        False,
+    )
+    traced = pick_strategy("symbolic", object(), why_not="the cuda backend traces", **grid)
+    assert isinstance(traced, SymbolicStrategy)
+    assert (traced.replayer, traced.fallback) == (None, "the cuda backend traces")
+    confirmed = pick_strategy("symbolic", Keeps(), confirmed="elsewhere", **grid)  # type: ignore[arg-type]
+    assert isinstance(confirmed, SymbolicStrategy)
+    assert (confirmed.replayer, confirmed.confirmed) == ("elsewhere", True)

@@ -266,3 +266,31 @@ def test_a_sharded_dtensor_counts_its_local_shard_not_its_global_size():
         del d
     finally:
         dist.destroy_process_group()
+
+
+def test_a_pass_apart_keeps_its_own_log_and_peak_and_gives_the_step_its_own_back():
+    tracker = MemoryTracker()
+    with tracker:
+        tracker.reset_peak()
+        kept = torch.zeros(256)  # the step's 1024 bytes, still live during the pass
+
+    class Counter:
+        def __init__(self) -> None:
+            self.ops = 0
+
+        def count(self, *args: object) -> None:
+            self.ops += 1
+
+    counter = Counter()
+    tracker.work_counter = counter
+    with tracker.pass_apart() as apart, tracker:
+        assert tracker.work_counter is None  # the pass's operators are not the step's work
+        out = torch.zeros(1024) + 1  # two 4096-byte storages, both live at once
+        del out
+    # The pass's log is numbered after the step's allocation (seq 0): 1 and 2, then freed.
+    assert apart.log == (1, [4096, 4096, ~1, ~2])
+    assert apart.peak_bytes == 1024 + 2 * 4096
+    assert (tracker.events_first_seq, tracker.events) == (0, [1024])
+    assert (tracker.peak_bytes, tracker.timeline) == (1024, [1024])
+    assert tracker.work_counter is counter and counter.ops == 0
+    del kept

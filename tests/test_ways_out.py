@@ -8,7 +8,6 @@ import pytest
 from memorymark import Session, gpus
 from memorymark.analyses import hardware
 from memorymark.analyses.fixes import what_would_fit
-from memorymark.analyses.ways_out import SAMPLES_PER_RUN, Fix
 from memorymark.cli import render
 from memorymark.measurement import Breakdown, Measurement
 from memorymark.report import Report
@@ -16,6 +15,7 @@ from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.markdown import report_markdown
 from memorymark.settings import Costs, Settings
 from memorymark.units import GIB
+from memorymark.ways_out import SAMPLES_PER_RUN, Fix
 
 
 def _step(required_gib: float, activations_gib: float = 0.0) -> Measurement:
@@ -198,7 +198,7 @@ def test_each_stated_peak_is_what_applying_the_way_out_measures(monkeypatch):
         lambda s, gpu: [v for v in real_variants(s, gpu) if v[0] == "LoRA rank 16"],
     )
     settings = Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1, margin="49%")
-    answer = what_would_fit(settings)
+    answer = what_would_fit(settings, bench=Session(settings).bench)
     stated = [f for f in answer.fixes if not f.lower_bound]
     assert {"LoRA rank 16", "a bigger GPU", "several GPUs (FSDP)"} <= {f.label for f in stated}
     for fix in stated:
@@ -219,12 +219,11 @@ def test_when_no_count_trains_the_model_qlora_is_sharded_over_the_fewest(monkeyp
         fits = settings.quantization == "nf4" and (settings.gpu_count or 1) >= 4
         return _step(15 if fits else 500)
 
-    monkeypatch.setattr(fixes, "_step", step)
     monkeypatch.setattr(hardware, "cheapest_gpu", lambda *a, **k: None)
     a10 = gpus.find_gpu("a10")
     settings = Settings(model="tiny-llama", gpu="a10")
     stages = fixes._several_gpus_stages(
-        settings, a10, 10 * GIB, 10**9, fixes._step, fixes.counted_states
+        settings, a10, 10 * GIB, 10**9, step, Session(settings).bench.counted_states
     )
     out = [fix for _, fix in stages if fix is not None]
     sharded = [f for f in out if f.label.startswith("QLoRA")]

@@ -6,9 +6,11 @@ Each step and state count here is a fake that moves a fake clock, so budgets are
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from memorymark import gpus
+from memorymark import Session, gpus
 from memorymark.analyses import fixes, hardware
 from memorymark.analyses.budget import OutOfTime, TimeBudget
 from memorymark.analyses.fixes import WaysOutSearch
@@ -52,36 +54,46 @@ def test_a_budget_runs_work_until_the_next_piece_would_pass_it() -> None:
     assert unlimited.spend("step", work, 1000) == 1000 and unlimited.stopped_by is None
 
 
-def _fake_work(
-    monkeypatch: pytest.MonkeyPatch, clock: Clock, seconds: float, base: Settings = TINY
-) -> list[str]:
-    """Every step and state count takes `seconds` on `clock`; batch 1 as configured needs 100
-    GiB, every other step 50 (a way out, too big for the 1 GiB GPU) and the states 0.1 GiB, so
-    every change of settings is stepped. Returns the order of the work, for the test to read."""
-    done: list[str] = []
+class FakeBench:
+    """The door a Session hands the search, with every step and state count a fake that takes
+    `seconds` on `clock`: batch 1 as configured (`base`) needs 100 GiB, every other step 50 (a
+    way out, too big for the 1 GiB GPU) and the states 0.1 GiB, so every change of settings is
+    stepped. `done` is the order of the work, for the test to read."""
 
-    def step(settings: Settings, gpu: gpus.GPU) -> Measurement:
-        clock.now += seconds
-        done.append(f"step {gpu.name} x{settings.gpu_count}")
-        need = 100 * GIB if settings == base else 50 * GIB  # a change needs half of batch 1
+    def __init__(self, clock: Clock, seconds: float, base: Settings) -> None:
+        self.clock, self.seconds = clock, seconds
+        self.base = replace(base, backend="sim")  # the ways out are simulated
+        self.done: list[str] = []
+        self.real = Session(base).bench
+
+    def simulated_gpu(self, settings: Settings) -> gpus.GPU:
+        return self.real.simulated_gpu(settings)
+
+    def measure(self, settings: Settings, gpu: gpus.GPU, batch_size: int = 1) -> Measurement:
+        self.clock.now += self.seconds
+        self.done.append(f"step {gpu.name} x{settings.gpu_count}")
+        need = 100 * GIB if settings == self.base else 50 * GIB  # a change needs half of batch 1
         return Measurement(batch_size=1, fits=False, runs=False, peak_bytes=need,
                            required_bytes=need - 1, backend="sim", measured=False)  # fmt: skip
 
-    def count(settings: Settings) -> tuple[int, int]:
-        clock.now += seconds
-        done.append("count")
+    def counted_states(self, settings: Settings) -> tuple[int, int]:
+        self.clock.now += self.seconds
+        self.done.append("count")
         return GIB // 10, 10**6
 
-    monkeypatch.setattr(fixes, "_step", step)
-    monkeypatch.setattr(fixes, "counted_states", count)
+
+def _fake_work(
+    monkeypatch: pytest.MonkeyPatch, clock: Clock, seconds: float, base: Settings = TINY
+) -> FakeBench:
+    """A `FakeBench`, with the many-GPU stages found empty without a step."""
     monkeypatch.setattr(hardware, "fewest_gpus", lambda *a, **k: None)  # one stage, no step
-    return done
+    return FakeBench(clock, seconds, base)
 
 
 def test_each_way_out_comes_the_moment_its_stage_ends_in_the_planned_order(monkeypatch) -> None:
     clock = Clock()
-    _fake_work(monkeypatch, clock, seconds=1.0)
-    search = WaysOutSearch(TINY, clock=clock)
+    bench = _fake_work(monkeypatch, clock, seconds=1.0)
+    search = WaysOutSearch(TINY, bench=bench, clock=clock)
     assert search.planned[:3] == (
         "gradient checkpointing",
         "bf16-true weights and optimizer",
@@ -109,10 +121,11 @@ def test_each_way_out_comes_the_moment_its_stage_ends_in_the_planned_order(monke
 
 def test_a_search_past_its_budget_keeps_what_it_found_and_names_the_rest(monkeypatch) -> None:
     clock = Clock()
-    done = _fake_work(monkeypatch, clock, seconds=10.0)
+    bench = _fake_work(monkeypatch, clock, seconds=10.0)
+    done = bench.done
     # batch 1 as configured (10 s), then checkpointing: its count (20 s) and step (30 s);
     # LoRA's count would start at 30 s and, at 10 s a count, pass 35 s: the search stops there.
-    search = WaysOutSearch(TINY, time_limit_seconds=35, clock=clock)
+    search = WaysOutSearch(TINY, bench=bench, time_limit_seconds=35, clock=clock)
     answer = search.answer()
     gpu = search.gpu.name
     assert done == [f"step {gpu} x1", "count", f"step {gpu} x1"]
@@ -126,8 +139,8 @@ def test_a_search_past_its_budget_keeps_what_it_found_and_names_the_rest(monkeyp
 
 def test_a_budget_spent_before_batch_1_is_known_finds_nothing_and_says_so(monkeypatch) -> None:
     clock = Clock()
-    _fake_work(monkeypatch, clock, seconds=10.0)
-    search = WaysOutSearch(TINY, time_limit_seconds=5, clock=clock)
+    bench = _fake_work(monkeypatch, clock, seconds=10.0)
+    search = WaysOutSearch(TINY, bench=bench, time_limit_seconds=5, clock=clock)
     search.budget.check()  # the clock starts
     clock.now = 6.0  # the search's own set-up took the budget
     answer = search.answer()
@@ -195,14 +208,14 @@ def test_the_cli_prints_each_way_out_as_found_and_the_stop(monkeypatch, capsys) 
             "--max-batch", "8", "--no-save", "--ways-out-time-limit", "35"]  # fmt: skip
     asked = Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1, margin="615MiB", max_batch=8,
                      ways_out_time_limit_seconds=35)  # fmt: skip
-    _fake_work(monkeypatch, clock, seconds=10.0, base=asked)
+    fake = _fake_work(monkeypatch, clock, seconds=10.0, base=asked)
     real = fixes.WaysOutSearch
 
-    def on_fake_clock(settings, batch_1, *, time_limit_seconds):
+    def on_fake_clock(settings, batch_1, *, bench, time_limit_seconds):
         assert settings == asked
         # Batch 1 as configured from the fake step too (not the sweep's real one), so the fake
         # changes need less than it.
-        return real(settings, None, time_limit_seconds=time_limit_seconds, clock=clock)
+        return real(settings, None, bench=fake, time_limit_seconds=time_limit_seconds, clock=clock)
 
     monkeypatch.setattr("memorymark.engine.WaysOutSearch", on_fake_clock)
     code = main(argv)

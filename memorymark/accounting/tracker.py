@@ -173,6 +173,17 @@ def simulated_oom(
     )
 
 
+@dataclass(slots=True)
+class PassApart:
+    """What a pass logged apart from its step left (`MemoryTracker.pass_apart`), filled in when
+    the pass ends."""
+
+    log: tuple[int, list[int]] = (0, [])
+    """(first seq, events) of the pass: its allocations and frees, numbered after the step's."""
+    peak_bytes: int = 0
+    """The live peak during the pass, what the step left live included."""
+
+
 class MemoryTracker(TorchDispatchMode):
     """Live and peak storage bytes by category, with an optional budget that raises an OOM."""
 
@@ -282,6 +293,28 @@ class MemoryTracker(TorchDispatchMode):
         self.events_first_seq = self._next_seq
         self.optimizer_at = None
         self._workspace_due = {False, True} if self.thread_workspace else set()
+
+    @contextlib.contextmanager
+    def pass_apart(self) -> Iterator[PassApart]:
+        """Log a pass apart from the step just tracked (a loop's evaluation pass between
+        training steps): inside, a fresh event log numbered from the next allocation, and no
+        work counter (not the step's work); after, the step's event log, peak and work counter
+        are back and the pass's timeline is dropped, and the record yielded holds the pass's own
+        log and live peak (the step's live bytes included)."""
+        step_log = self.events_first_seq, self.events
+        ops, step_peak, live_before = len(self.timeline), self.peak_bytes, self.live_bytes
+        counter, self.work_counter = self.work_counter, None
+        self.events = []
+        self.events_first_seq = self._next_seq
+        apart = PassApart()
+        try:
+            yield apart
+        finally:
+            apart.log = self.events_first_seq, self.events
+            self.events_first_seq, self.events = step_log
+            apart.peak_bytes = max([live_before, *self.timeline[ops:]])
+            del self.timeline[ops:]
+            self.peak_bytes, self.work_counter = step_peak, counter
 
     def mark_state(self) -> None:
         """Priming the optimizer's state begins now: what setting up logs from here on is what

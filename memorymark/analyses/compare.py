@@ -8,7 +8,8 @@ that capability is judged against its own capacity: with the symbolic strategy, 
 step confirmed there (memorymark/search/symbolic.py; a GPU replayed never builds its model), else
 by the fast strategy's search handed the borrowed traces, about two probes per GPU. The user's
 current batch on their GPU, the baseline of every speed, is replayed too where it can be. This
-module composes the engine; it knows nothing about how a step is measured.
+module composes the engine through its door (memorymark/analyses/bench.py); it knows nothing
+about how a step is built or measured.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from typing import Any
 
 from memorymark import gpus
 from memorymark.accounting.symbolic import Replays
+from memorymark.analyses.bench import Bench
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement
-from memorymark.search.strategies import FastStrategy
+from memorymark.search.pick import pick_strategy
 from memorymark.search.sweep import best_fit, sweep
 from memorymark.search.symbolic import SymbolicStrategy
 from memorymark.settings import Costs, Settings
@@ -92,14 +94,15 @@ def compare_gpus(
     catalog: tuple[GPU, ...] = gpus.CATALOG,
     *,
     reference: GPU,
+    bench: Bench,
 ) -> tuple[list[GpuFit], list[Measurement]]:
     """Each catalog GPU's max batch for `settings`, and every measurement it took; run times
     are scaled against `reference`, the GPU the user chose (their hours-per-run are for it).
-    Called through `engine.Session.compare`."""
+    Called through `engine.Session.compare`, which hands it `bench`."""
     costs = costs or Costs()
     # Every GPU of the catalog is simulated (a CPU run keeps its real CPU kernels).
     settings = replace(settings, backend="cpu" if settings.backend == "cpu" else "sim")
-    searches = _Searches(settings)
+    searches = _Searches(settings, bench)
     measured: list[Measurement] = []
     rows = []
     # A GPU that cannot run the precision (bf16 before Ampere) has no answer to give.
@@ -133,34 +136,30 @@ class _Searches:
     step, once traced and confirmed on one of them (every other one's answer is then replayed,
     its model never built); or, for the fast and linear strategies, two traces."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, bench: Bench) -> None:
         self.settings = settings
+        self.bench = bench
         self.symbolic = settings.strategy == "symbolic"
         self.traces: dict[tuple[int, int], tuple[Measurement, Measurement]] = {}
         self.replays: dict[tuple[int, int], Replays] = {}
 
     def search(self, gpu: GPU) -> list[Measurement]:
         """The probes (traced or replayed) of the search for `gpu`'s recommended batch."""
-        from memorymark.backends.resolve import resolve  # torch: only when comparing
-
         s, cc = self.settings, gpu.compute_capability
-        resolution = resolve(s, gpu=gpu)
-        backend, policy = resolution.open_backend(), resolution.policy
-        limits: dict[str, Any] = {
-            "step": s.step,
-            "max_batch": s.max_batch,
-            "capacity_bytes": policy.capacity_bytes,
-            "limit_bytes": policy.limit_bytes,
-            "traces": self.traces.get(cc),
-            "find_max": False,
-        }
-        if not self.symbolic or not hasattr(backend, "keep_records"):
-            strategy: FastStrategy = FastStrategy(**limits)
-        elif cc in self.replays:
-            known = self.replays[cc].measured_by(backend.measurement_of)
-            strategy = SymbolicStrategy(replayer=known, confirmed=True, **limits)
-        else:
-            strategy = SymbolicStrategy(replayer=backend.keep_records(), **limits)
+        backend = self.bench.backend(s, gpu)
+        policy = backend.policy
+        known = self.replays.get(cc)
+        strategy = pick_strategy(
+            "symbolic" if self.symbolic else "fast",
+            backend,
+            step=s.step,
+            max_batch=s.max_batch,
+            capacity_bytes=policy.capacity_bytes,
+            limit_bytes=policy.limit_bytes,
+            confirmed=known.measured_by(backend.measurement_of) if known else None,
+            traces=self.traces.get(cc),
+            find_max=False,
+        )
         probes = list(sweep(backend, strategy))
         if strategy.traces is not None:
             self.traces.setdefault(cc, strategy.traces)
@@ -170,9 +169,7 @@ class _Searches:
 
     def one(self, gpu: GPU, batch_size: int) -> Measurement:
         """`batch_size` on `gpu`: replayed where its capability's step is known, else traced."""
-        from memorymark.backends.resolve import resolve
-
-        backend = resolve(self.settings, gpu=gpu).open_backend()
+        backend = self.bench.backend(self.settings, gpu)
         known = self.replays.get(gpu.compute_capability)
         replayed = known.measured_by(backend.measurement_of).replay(batch_size) if known else None
         if replayed is not None:

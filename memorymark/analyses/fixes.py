@@ -9,16 +9,17 @@ trains batch 1, when no change fits here the change that comes closest on the ch
 GPU that trains it, and the fewest GPUs of the chosen kind under FSDP (last: for a large model
 their steps are most of the search's time). What the states alone
 decide is not stepped: the weights, gradients and optimizer state all live at the optimizer
-step, so when their bytes (memorymark/analyses/states.py) already pass a limit, the change is
+step, so when their bytes (memorymark/backends/states.py) already pass a limit, the change is
 reported as needing at least that. Every peak a way out states otherwise is its own simulated
-step, with the settings it applies, on the GPU it names.
+step, with the settings it applies, on the GPU it names. Every step, state count and GPU comes
+through the engine's door (memorymark/analyses/bench.py), which the Session hands the search.
 
 `WaysOutSearch` runs these as stages, one per candidate, and hands each way out over the moment
 its stage ends (the app and the CLI show them as they come), within a time budget of its own
 (memorymark/analyses/budget.py): past it the search stops between two pieces of work, and
-`not_finished` names the stages it did not finish. This module composes settings and the
-simulated backend; it never touches a real device, and imports the engine only when it
-simulates; the records (`Fix`, `FitAnswer`) live in memorymark/analyses/ways_out.py.
+`not_finished` names the stages it did not finish. This module composes settings; it never
+builds a backend or a step, and never touches a real device; the records (`Fix`, `FitAnswer`)
+live in memorymark/ways_out.py.
 """
 
 from __future__ import annotations
@@ -29,19 +30,18 @@ from dataclasses import replace
 
 from memorymark import gpus
 from memorymark.analyses import hardware
+from memorymark.analyses.bench import Bench
 from memorymark.analyses.budget import OutOfTime, TimeBudget
-from memorymark.analyses.states import counted_states, state_bytes
-from memorymark.analyses.ways_out import FitAnswer, Fix
 from memorymark.backends import selection
 from memorymark.measurement import Measurement
 from memorymark.settings import Settings
+from memorymark.ways_out import FitAnswer, Fix
 
 __all__ = [
     "FitAnswer",
     "Fix",
     "WaysOutSearch",
     "simulated_step",
-    "state_bytes",
     "what_would_fit",
 ]
 
@@ -54,14 +54,12 @@ Stage = tuple[str, Fix | None]
 """One stage of the search as it ends: its label, and the way out it found (None: none)."""
 
 
-def simulated_step(settings: Settings, gpu: gpus.GPU, batch_size: int = 1) -> Measurement:
+def simulated_step(
+    bench: Bench, settings: Settings, gpu: gpus.GPU, batch_size: int = 1
+) -> Measurement:
     """One simulated step at `batch_size` for `gpu`: past its capacity, the step still traces
     to its end and reports what it would need (`required_bytes`)."""
-    from memorymark.backends.resolve import resolve
-
-    backend = resolve(replace(settings, backend="sim"), gpu=gpu).open_backend()
-    with backend.session():
-        return backend.measure(batch_size)
+    return bench.measure(replace(settings, backend="sim"), gpu, batch_size)
 
 
 def _together(s: Settings, combined: Settings) -> str | None:
@@ -142,7 +140,11 @@ def _simulable(backend: str) -> str:
 
 
 def what_would_fit(
-    settings: Settings, batch_1: Measurement | None = None, time_limit_seconds: float | None = None
+    settings: Settings,
+    batch_1: Measurement | None = None,
+    time_limit_seconds: float | None = None,
+    *,
+    bench: Bench,
 ) -> FitAnswer:
     """Batch 1 as configured, each candidate change, then other hardware: the cheapest bigger
     catalog GPU, when no change fits here the cheapest bigger GPU for the change that comes
@@ -150,8 +152,10 @@ def what_would_fit(
     no limit), past which the answer has what was found and names what was not finished.
 
     `batch_1` is the sweep's own simulated step at batch 1 as configured, when it took one: it
-    is not stepped again."""
-    return WaysOutSearch(settings, batch_1, time_limit_seconds=time_limit_seconds).answer()
+    is not stepped again. Every step and state count is `bench`'s."""
+    return WaysOutSearch(
+        settings, batch_1, bench=bench, time_limit_seconds=time_limit_seconds
+    ).answer()
 
 
 class WaysOutSearch:
@@ -161,7 +165,7 @@ class WaysOutSearch:
     Its stages are planned when it is made (`planned`: the changes of settings, then a bigger
     GPU, the closest change on one, several GPUs and what follows from them); past
     `time_limit_seconds` it stops before the next state count or step (`stopped_by`), and
-    `not_finished` names every planned stage that did not end. `batch_1` as for
+    `not_finished` names every planned stage that did not end. `batch_1` and `bench` as for
     `what_would_fit`; `clock` is a test's fake clock."""
 
     def __init__(
@@ -169,13 +173,13 @@ class WaysOutSearch:
         settings: Settings,
         batch_1: Measurement | None = None,
         *,
+        bench: Bench,
         time_limit_seconds: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        from memorymark.backends.resolve import resolve_gpu  # torch: only when nothing fits
-
         self.settings = settings
-        self.gpu = resolve_gpu(settings, "sim")
+        self.bench = bench
+        self.gpu = bench.simulated_gpu(settings)
         self.budget = TimeBudget(time_limit_seconds=time_limit_seconds, clock=clock)
         self._batch_1 = batch_1 if batch_1 is not None and not batch_1.measured else None
         self._changes = _variants(settings, self.gpu)
@@ -282,19 +286,16 @@ class WaysOutSearch:
         return _fix(label, variant, self.gpu, self._step(variant, self.gpu), limit)
 
     def _step(self, settings: Settings, gpu: gpus.GPU) -> Measurement:
-        """A simulated batch-1 step, within the budget (`_step` looked up at each call: tests
-        count the steps)."""
-        return self.budget.spend("step", lambda s, g: _step(s, g), settings, gpu)
+        """A simulated batch-1 step, within the budget."""
+        return self.budget.spend("step", simulated_step, self.bench, settings, gpu)
 
     def _count(self, settings: Settings) -> tuple[int, int]:
-        """`counted_states`, once per settings (a 70B model takes 10-20 s), within the budget."""
+        """The bench's `counted_states`, once per settings (a 70B model takes 10-20 s), within
+        the budget."""
         if settings not in self._counted:
-            self._counted[settings] = self.budget.spend("count", counted_states, settings)
+            count = self.bench.counted_states
+            self._counted[settings] = self.budget.spend("count", count, settings)
         return self._counted[settings]
-
-
-def _step(settings: Settings, gpu: gpus.GPU) -> Measurement:
-    return simulated_step(settings, gpu)  # looked up at each call: tests count the steps
 
 
 def _several_gpus_plan(settings: Settings, gpu: gpus.GPU) -> list[str]:

@@ -3,11 +3,11 @@ of the chosen kind that train it sharded with FSDP.
 
 Each answer is a simulated batch-1 step on the very GPU (or GPU count) it names, so the peak a
 way out states is what applying its settings measures. Counted states (the lower bound of
-memorymark/analyses/states.py) skip a GPU, or a GPU count, they already overflow, without a
+memorymark/backends/states.py) skip a GPU, or a GPU count, they already overflow, without a
 step: under FSDP each rank holds at least 1/N of them (every parameter, gradient and optimizer
 state is sharded). GPU counts are tried in the order a cluster offers them
 (memorymark/distributed/topology.py) from the first the states allow, a few at most, then
-memorymark/distributed/gpu_count.py's search takes the counts a fit through those steps says
+memorymark/search/gpu_count.py's search takes the counts a fit through those steps says
 may hold it; a step whose activations and logits alone pass the limit ends the search (they
 are not sharded: no count helps); every count is judged as every
 way out is: reserved bytes within usable memory (less NCCL's buffers) less the margin. Time is
@@ -24,12 +24,13 @@ from dataclasses import replace
 
 from memorymark import gpus
 from memorymark.analyses.scale_out import row_from_report
-from memorymark.analyses.ways_out import SAMPLES_PER_RUN, Fix
 from memorymark.backends import selection
-from memorymark.distributed import gpu_count, topology
+from memorymark.distributed import topology
 from memorymark.measurement import Measurement
 from memorymark.report import Report
+from memorymark.search import gpu_count
 from memorymark.settings import Costs, Settings
+from memorymark.ways_out import SAMPLES_PER_RUN, Fix
 
 Step = Callable[[Settings, gpus.GPU], Measurement]
 """One simulated batch-1 step of the settings on a whole GPU (its ranks are the settings')."""

@@ -5,24 +5,26 @@ memory, the largest per-GPU batch, the global batch, and the step's time and cos
 (compute from the simulated step's FLOPs and bytes on the GPU's roofline, communication from
 the bytes the strategy moves over the catalog's NVLink/PCIe and network bandwidths, assumed
 to overlap with compute as FSDP2's prefetching and DDP's bucketing aim for). The smallest
-count that trains is memorymark/distributed/gpu_count.py's search.
+count that trains is memorymark/search/gpu_count.py's search.
 
-Reaches the engine through `Session` only; imports no torch, so the app's pages can import it.
+Reaches the engine through its door (memorymark/analyses/bench.py) only; imports no torch, so
+the app's pages can import it.
 Must not know how anything is displayed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memorymark.distributed import topology
-from memorymark.distributed.gpu_count import with_gpus
+from memorymark.search.gpu_count import with_gpus
 from memorymark.settings import Settings
 from memorymark.units import gib
 
 if TYPE_CHECKING:
+    from memorymark.analyses.bench import Bench
     from memorymark.measurement import Measurement
     from memorymark.report import Report
 
@@ -137,13 +139,13 @@ def _bytes(settings: Settings, *, compute: bool) -> int:
 
 def scale_out(
     settings: Settings,
-    analyze: Callable[[Settings], Report],
+    bench: Bench,
     counts: tuple[int, ...],
     param_count: int,
     samples_per_run: float,
     usd_per_hour: float,
 ) -> Iterator[ScaleOutRow]:
-    """One row per GPU count, as each count's sweep (`analyze(settings)`) finishes."""
+    """One row per GPU count, as each count's sweep (`bench.analyze(settings)`) finishes."""
     for n in counts:
-        report = analyze(with_gpus(settings, n))
+        report = bench.analyze(with_gpus(settings, n))
         yield row_from_report(report, param_count, samples_per_run, usd_per_hour)

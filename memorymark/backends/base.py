@@ -264,15 +264,9 @@ class Backend:
         tracker's timeline, peak and event log are the step's again afterwards."""
         self._synchronize()
         step_device_peak = self._device_peak()
-        step_log = tracker.events_first_seq, tracker.events
-        ops, step_peak, live_before = len(tracker.timeline), tracker.peak_bytes, tracker.live_bytes
         breakdown = tracker.peak_breakdown()
-        counter, tracker.work_counter = tracker.work_counter, None  # not the step's work
-        # A fresh log, numbered from the next allocation.
-        tracker.events = []
-        tracker.events_first_seq = tracker.next_seq
-        self._reset_device_peak()
-        try:
+        with tracker.pass_apart() as apart:
+            self._reset_device_peak()
             self.training_step.run_eval(self._model, eval_batch, self.device, self._on_phase)
             if self.training_step.settings.eval_accumulation is not None:
                 # Trainer empties the cache each time it moves the kept predictions to the
@@ -280,13 +274,9 @@ class Backend:
                 tracker.events.append(allocator.EMPTY_CACHE)
                 self._empty_cache()
             self._synchronize()
-        finally:
-            log = tracker.events_first_seq, tracker.events
-            tracker.events_first_seq, tracker.events = step_log
-            eval_peak = max([live_before, *tracker.timeline[ops:]])
-            del tracker.timeline[ops:]
-            tracker.peak_bytes, tracker.work_counter = step_peak, counter
-        return _EvalPass(log, eval_peak, breakdown, step_device_peak, self._device_peak())
+        return _EvalPass(
+            apart.log, apart.peak_bytes, breakdown, step_device_peak, self._device_peak()
+        )
 
     def resident_bytes(self) -> dict[str, int]:
         """Bytes by category held before the first step: the model (spread over ranks when

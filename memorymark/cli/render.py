@@ -15,19 +15,19 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from memorymark.analyses.proof import FAIL_BELOW, PASS_FROM
-from memorymark.analyses.ways_out import Fix
 from memorymark.measurement import Measurement, ValueRead, memory_source
 from memorymark.report import Report
 from memorymark.reporting import exports
 from memorymark.settings import Settings
 from memorymark.step import paging
 from memorymark.units import gib, plural
+from memorymark.ways_out import Fix
 
 if TYPE_CHECKING:
     from memorymark.analyses.proof import BackwardProof
     from memorymark.calibration.record import CalibrationRow
-    from memorymark.distributed.gpu_count import GpuSearch
     from memorymark.gpus import GPU
+    from memorymark.search.gpu_count import GpuSearch
 
 
 def print_json(data: Any) -> None:

@@ -1,5 +1,8 @@
-"""Distributed: many GPUs in numbers: strategies, GPU counts, NCCL's memory, traffic.
+"""Distributed: many GPUs in numbers: strategies, the GPU counts a cluster offers, NCCL's
+memory, traffic.
 
-Owns the topology arithmetic every many-GPU path shares. Must not know: torch, how a rank is
-simulated or measured (memorymark/backends/), or how anything is shown.
+Owns the topology arithmetic every many-GPU path shares (settings validate against it, so it sits
+below them). Must not know: torch, settings, how a rank is simulated or measured
+(memorymark/backends/), how a GPU count is searched (memorymark/search/gpu_count.py), or how
+anything is shown.
 """

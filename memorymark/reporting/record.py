@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from memorymark.analyses.fixes import Fix
 from memorymark.environment import Stamp
 from memorymark.gpus import GPU
 from memorymark.limits import one_line
@@ -24,6 +23,7 @@ from memorymark.report import Report
 from memorymark.search.eval_batch import EvalAnswer
 from memorymark.search.plan import TrainingPlan
 from memorymark.settings import Costs, Settings, check_model
+from memorymark.ways_out import Fix
 
 RECORD_VERSION = 1
 """Bumped when a record's layout changes in a way `record_to_report` must know about."""

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memorymark.analyses.ways_out import Fix
 from memorymark.engine import Session
 from memorymark.gpus import GPU
 from memorymark.limits import one_line
@@ -32,6 +31,7 @@ from memorymark.service.channels import Channel
 from memorymark.service.server_config import CEILING_FIELDS
 from memorymark.service.worker_pool import lift_memory_limit
 from memorymark.settings import Costs, Settings
+from memorymark.ways_out import Fix
 
 RUNNING_STATES = ("queued", "starting", "waiting", "running", "fixing", "reporting")
 # A worker still in one probe this long after its time limit is killed (a probe cannot be

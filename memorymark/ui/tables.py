@@ -12,13 +12,13 @@ from typing import Any
 
 from memorymark.analyses.compare import GpuFit
 from memorymark.analyses.proof import BackwardProof, ProtocolResult
-from memorymark.analyses.ways_out import Fix
 from memorymark.measurement import Measurement, memory_source
 from memorymark.report import Report
 from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.markdown import escape
 from memorymark.search.seq_len import SeqLenAnswer
 from memorymark.units import gib, gib_text
+from memorymark.ways_out import Fix
 
 
 def rescale_hours(rows: Sequence[GpuFit], hours_per_run: float) -> list[GpuFit]:

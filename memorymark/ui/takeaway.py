@@ -12,12 +12,12 @@ from collections.abc import Callable, Sequence
 
 import streamlit as st
 
-from memorymark.analyses.ways_out import Fix
 from memorymark.report import Report
 from memorymark.reporting.markdown import escape
 from memorymark.reporting.snippets import snippet
 from memorymark.search.plan import TrainingPlan
 from memorymark.ui import sidebar, tables
+from memorymark.ways_out import Fix
 
 DIALECTS = (("Hugging Face", "hf"), ("Lightning", "lightning"), ("PyTorch", "torch"))
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import streamlit as st
 
-from memorymark.analyses.ways_out import Fix
 from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
 from memorymark.measurement import Measurement, is_measured
@@ -25,6 +24,7 @@ from memorymark.ui import charts, probe_log, sidebar, sweep_runner, takeaway, th
 from memorymark.ui.literal import literal
 from memorymark.ui.sweep_runner import SweepJob, sweep_progress
 from memorymark.units import plural
+from memorymark.ways_out import Fix
 
 POLL_SECONDS = 0.5
 FIGURES_KEY = "mm_sweep_figures"

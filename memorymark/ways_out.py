@@ -4,8 +4,9 @@ A way out is a change of settings, another GPU, or more GPUs, with the simulated
 that judged it (or, marked `lower_bound`, the counted states that already pass its limit), the
 limit it was judged against, and for one that fits its estimated throughput and so its price:
 GPUs x price per GPU-hour, and the estimated cost of a run of `SAMPLES_PER_RUN` samples. The
-report holds these records, so this module imports no torch. Must not know how a way out is
-found (memorymark/analyses/fixes.py, hardware.py) or shown.
+report holds these records, so they live beside it (memorymark/report.py imports them, the
+analyses that find them import both): this module imports no torch. Must not know how a way out
+is found (memorymark/analyses/fixes.py, hardware.py) or shown.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The weights and buffers, and for the parameters that train their gradients and t
 state, are all alive at the optimizer step, whatever the batch, so their bytes bound every step's
 peak from below. They are counted on the meta device: nothing is allocated or run (a 70B model still
 takes 10-20 s here, to build its modules). The ways out (memorymark/analyses/fixes.py) use the
-bound to skip a step that cannot fit.
+bound, through the engine's door (memorymark/analyses/bench.py), to skip a step that cannot fit.
 
 What the bound leaves out, so a step needs more: activations (with checkpointing, each layer's
 input and one layer recomputed at a time), the logits and the loss (Llama-3.1-70B's QLoRA step
@@ -12,7 +12,7 @@ on an A10, simulated: 2.11 GiB of logits, 0.38 GiB of activations), autograd's t
 CUDA rules' workspaces, and the caching allocator's rounding and cached free blocks (a step's
 required bytes are reserved, not live: 0.48 GiB more there).
 
-Must not know how a step is measured or shown.
+Must not know which batch sizes are tried, what the bound is used for, or how it is shown.
 """
 
 from __future__ import annotations
