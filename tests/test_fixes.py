@@ -16,15 +16,15 @@ def test_each_fix_says_how_far_off_it_is():
     fixes = {f.label: f for f in answer.fixes}
     together = "gradient checkpointing + bf16-true + LoRA rank 16 together"
     assert {"gradient checkpointing", "LoRA rank 16", together} <= set(fixes)
-    assert fixes[together].settings == replace(
-        settings, grad_checkpointing=True, precision="bf16-true", lora_rank=16
+    assert fixes[together].settings == settings.replace(
+        grad_checkpointing=True, precision="bf16-true", lora_rank=16
     )
     lora = fixes["LoRA rank 16"]
     # No gradients or optimizer state for frozen weights (reserved bytes of a model this small
     # are one 2 MiB allocator segment either way, so compare live bytes).
     assert lora.peak_bytes < base.peak_bytes
     assert lora.required_bytes >= lora.peak_bytes
-    assert lora.settings.lora_rank == 16
+    assert lora.settings.workload.lora_rank == 16
     assert all(f.limit_bytes > 0 for f in fixes.values())
 
 
@@ -40,7 +40,7 @@ def test_the_bigger_gpu_is_the_cheapest_catalog_gpu_that_fits(monkeypatch):
     answer = what_would_fit(Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1))
     bigger = [f for f in answer.fixes if f.label == "a bigger GPU"]
     assert [f.gpu.name for f in bigger] == ["L4"]
-    assert bigger[0].fits and bigger[0].settings.gpu == "L4"
+    assert bigger[0].fits and bigger[0].settings.hardware.gpu == "L4"
     assert bigger[0].title == "a bigger GPU: L4"  # the GPU named once
 
 
@@ -51,7 +51,9 @@ def test_no_bf16_fix_is_offered_on_a_gpu_without_bf16():
     s = Settings(model="tiny-bert", gpu="t4")
     labels = [label for label, _ in _variants(s, gpus.find_gpu("t4"))]
     assert "bf16-true weights and optimizer" not in labels
-    assert all(not v.precision.startswith("bf16") for _, v in _variants(s, gpus.find_gpu("t4")))
+    assert all(
+        not v.workload.precision.startswith("bf16") for _, v in _variants(s, gpus.find_gpu("t4"))
+    )
     assert "bf16-true weights and optimizer" in [
         label for label, _ in _variants(s, gpus.find_gpu("a10"))
     ]
@@ -61,11 +63,14 @@ def test_qlora_and_8bit_adamw_are_offered_and_simulated():
     settings = Settings(model="tiny-bert", seq_len=128, gpu_memory_gib=1, margin="49%")
     fixes = {f.label: f for f in what_would_fit(settings).fixes}
     qlora = fixes["QLoRA: NF4 + LoRA + checkpointing"]
-    assert (qlora.settings.quantization, qlora.settings.double_quant) == ("nf4", True)
-    assert qlora.settings.lora_rank == 16 and qlora.settings.grad_checkpointing
+    assert (qlora.settings.workload.quantization, qlora.settings.workload.double_quant) == (
+        "nf4",
+        True,
+    )
+    assert qlora.settings.workload.lora_rank == 16 and qlora.settings.workload.grad_checkpointing
     assert not qlora.lower_bound  # stepped, not bounded
     eight_bit = fixes["8-bit AdamW (bitsandbytes)"]
-    assert eight_bit.settings.optimizer == "adamw-8bit"
+    assert eight_bit.settings.workload.optimizer == "adamw-8bit"
     assert eight_bit.peak_bytes < simulated_step(settings, gpus.custom_gpu(1)).peak_bytes
 
 
@@ -76,7 +81,7 @@ def test_what_the_states_alone_decide_is_not_stepped(monkeypatch):
     states = fixes.state_bytes(settings)
     # The weights, gradients and AdamW's two buffers, all alive at the optimizer step, beside
     # the model's own buffers (BERT's int64 position and token type ids, 128 each).
-    model_bytes = fixes.state_bytes(replace(settings, optimizer="none"))
+    model_bytes = fixes.state_bytes(settings.replace(optimizer="none"))
     buffers = 2 * 128 * 8
     assert states == model_bytes + 3 * (model_bytes - buffers)
     stepped = []
@@ -100,7 +105,7 @@ def test_what_the_states_alone_decide_is_not_stepped(monkeypatch):
     assert fix.to_dict()["at_least"] is True
     # Only batch 1 as configured (which no sweep handed in) on one GPU; many GPUs are stepped
     # where a rank's share of the states fits.
-    assert [s for s in stepped if s.gpu_count == 1] == [settings]
+    assert [s for s in stepped if s.hardware.gpu_count == 1] == [settings]
     assert tiny.usable_bytes > 0
 
 

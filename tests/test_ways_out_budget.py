@@ -62,7 +62,7 @@ def _fake_work(
 
     def step(settings: Settings, gpu: gpus.GPU) -> Measurement:
         clock.now += seconds
-        done.append(f"step {gpu.name} x{settings.gpu_count}")
+        done.append(f"step {gpu.name} x{settings.hardware.gpu_count}")
         need = 100 * GIB if settings == base else 50 * GIB  # a change needs half of batch 1
         return Measurement(batch_size=1, fits=False, runs=False, peak_bytes=need,
                            required_bytes=need - 1, backend="sim", measured=False)  # fmt: skip

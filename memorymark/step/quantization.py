@@ -265,7 +265,7 @@ def gemm_scratch(
 def _out_by_in(layer: nn.Module) -> torch.Tensor:
     # GPT-2's Conv1D stores its weight (in, out); transformers' bnb integration quantizes it
     # transposed, as nn.Linear's (out, in).
-    weight = cast(torch.Tensor, layer.weight).detach()
+    weight = cast("torch.Tensor", layer.weight).detach()
     return weight.t().contiguous() if type(layer).__name__ == "Conv1D" else weight
 
 
@@ -341,7 +341,7 @@ def quantized_bytes(model: nn.Module) -> int:
     total = 0
     for module in model.modules():
         if classes and isinstance(module, classes):
-            for t in [cast(torch.Tensor, module.weight), *module.buffers(recurse=False)]:
+            for t in [cast("torch.Tensor", module.weight), *module.buffers(recurse=False)]:
                 storage = t.untyped_storage()
                 if id(storage) not in seen:
                     seen.add(id(storage))
