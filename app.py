@@ -35,7 +35,7 @@ def analyze_page() -> None:
     requested = sidebar.analysis_requested()  # a fix applied with one click
     if settings is None:
         return
-    if settings.find == "seq-len":
+    if settings.search.find == "seq-len":
         st.info("Searching for the longest sequence: the Longest sequence page runs that search.")
         st.page_link(PAGES_DIR / "4_Longest_sequence.py", label="Longest sequence")
         return

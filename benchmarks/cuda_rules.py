@@ -48,8 +48,8 @@ def kernels_chosen() -> collections.Counter[str]:
 def peak_gib(settings: Settings, batch: int, *, cuda_rules: bool) -> tuple[float, float]:
     """(peak, activations at the peak) of one simulated step, in GiB."""
     # The named GPU's kernels, with room for any step, so every step reports its breakdown.
-    gpu = replace(find_gpu(settings.gpu), total_bytes=2**50)
-    backend = Session(replace(settings, backend="sim"), gpu=gpu).open_backend()
+    gpu = replace(find_gpu(settings.hardware.gpu), total_bytes=2**50)
+    backend = Session(settings.replace(backend="sim"), gpu=gpu).open_backend()
     backend.cuda_rules = cuda_rules  # off: CPU's kernels, for the comparison
     with backend.session():
         m = backend.measure(batch)

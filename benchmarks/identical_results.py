@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-from dataclasses import fields, replace
+from dataclasses import fields
 
 from memorymark import Session, Settings
 from memorymark.measurement import Measurement
@@ -139,17 +139,17 @@ def report(name: str, settings: Settings) -> None:
     print(f"== {name} sweep: optimal={answer.optimal and answer.optimal.batch_size}")
     for m in session.measurements:
         print(f"  {measurement_line(m)}")
-    if settings.dist != "none":
+    if settings.hardware.dist != "none":
         return  # a sharded step is measured by its sweep; fixed probes add nothing there
     for reuse in (True, False):
-        backend = session.open_backend(replace(settings, current_batch=1))
+        backend = session.open_backend(settings.replace(current_batch=1))
         backend.reuse_optimizer_step = reuse
         with backend.session():
             for batch in FIXED_BATCHES:
                 m = backend.measure(batch)
                 tracker = backend._tracker
                 events = (tracker.events_first_seq, tracker.events) if tracker else None
-                if events is not None and settings.precision in AUTOCAST:
+                if events is not None and settings.workload.precision in AUTOCAST:
                     events = sorted(events[1])
                 print(f"  fixed reuse={reuse} events={digest(events)} {measurement_line(m)}")
 

@@ -431,10 +431,13 @@ _SHOWN = ("precision", "optimizer", "grad_accum", "grad_checkpointing")
 def describe(settings: dict[str, Any]) -> str:
     """Precision, optimizer, accumulation and checkpointing: what varies between rows, short."""
     s = Settings(**settings)
-    parts = [s.precision, "none (no state)" if s.optimizer == "none" else s.optimizer]
-    if s.grad_accum > 1:
-        parts.append(f"accum {s.grad_accum}")
-    if s.grad_checkpointing:
+    parts = [
+        s.workload.precision,
+        "none (no state)" if s.workload.optimizer == "none" else s.workload.optimizer,
+    ]
+    if s.workload.grad_accum > 1:
+        parts.append(f"accum {s.workload.grad_accum}")
+    if s.workload.grad_checkpointing:
         parts.append("ckpt")
     return ", ".join(parts)
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -49,10 +48,10 @@ def steady_state(
     device_gpu = detect_cuda_gpu(cuda)
     target = emulate or device_gpu
     real = real or (
-        lambda s, gpu: Session(replace(s, backend="cuda"), gpu=gpu, cuda=cuda).open_backend()
+        lambda s, gpu: Session(s.replace(backend="cuda"), gpu=gpu, cuda=cuda).open_backend()
     )
     sim_gpu = as_run(device_gpu, target.usable_bytes, target.name)
-    simulated = Session(replace(settings, backend="sim"), gpu=sim_gpu)
+    simulated = Session(settings.replace(backend="sim"), gpu=sim_gpu)
     with capped(cuda, emulate, device_gpu), simulated.open_backend().session() as sim:
         for batch in batch_sizes:
             with real(settings, target).session() as device:
@@ -73,8 +72,8 @@ def record(
     one whose capacity judged it, each measured step beside each predicted one (`real`,
     `predicted`), and each loop's verdict and peaks over the steps that finished."""
     return {
-        "model": settings.model,
-        "precision": settings.precision,
+        "model": settings.workload.model,
+        "precision": settings.workload.precision,
         "device_gpu": device_gpu.name,
         "torch_version": torch_version(),
         "gpu": target.name,

@@ -160,7 +160,7 @@ def main() -> None:
         for gpu in args.gpus:
             s = Settings(model=model, gpu=gpu, backend="sim")
             for strategy in args.strategies:
-                settings = replace(s, strategy=strategy)
+                settings = s.replace(strategy=strategy)
                 sweep(settings)  # untimed: the first sweep pays one-off costs
                 traced, best, largest, fallback = sweep(settings)
                 cost = raw.median_ratio(lambda settings=settings: sweep(settings), args.repeats)
@@ -189,8 +189,8 @@ def main() -> None:
                 # A linear sweep per GPU or count would take an hour. The untimed warm-up pays
                 # what the first analysis in a process pays once (FSDP at each GPU count).
                 s = Settings(model=model, gpu=args.gpus[0], backend="sim")
-                s = replace(s, strategy="fast" if strategy == "warm-up" else strategy)
-                fsdp = replace(s, dist="fsdp", gpus="1")
+                s = s.replace(strategy="fast" if strategy == "warm-up" else strategy)
+                fsdp = s.replace(dist="fsdp", gpus="1")
                 figures = {
                     "compare": raw.ratio(lambda s=s: Session(s).compare()),
                     "scale out 1-32": raw.ratio(
@@ -213,7 +213,7 @@ def main() -> None:
         for gpu in args.gpus:
             settings = Settings(model=model, gpu=gpu, backend="sim", step=1, strategy="fast")
             probes, best, _, _ = sweep(settings)
-            searched = len(probes) - (settings.current_batch not in probes[:-1])
+            searched = len(probes) - (settings.search.current_batch not in probes[:-1])
             print(f"  {model:<7} {gpu:<5} {searched} + {len(probes) - searched} -> {best}: "
                   f"{probes}", flush=True)  # fmt: skip
 

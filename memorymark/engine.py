@@ -105,10 +105,10 @@ class Session:
         self.gpu: GPU = self._resolution.gpu
         """The GPU every figure answers for: detected on this machine, or from the catalog;
         on many GPUs, one rank's view of it (NCCL's buffers taken out of usable memory)."""
-        self.gpu.check_precision(settings.precision)
+        self.gpu.check_precision(settings.workload.precision)
         if training is not None:
             _check_set_up_for(training, self.gpu)
-        self.gpu.check_attention(settings.attention)
+        self.gpu.check_attention(settings.workload.attention)
         self.policy: FitPolicy = self._resolution.policy
         """Capacity and margin: what every verdict of this session is judged against."""
         self.gpu_search: GpuSearch | None = None
@@ -167,13 +167,15 @@ class Session:
         (ValueError) before the first probe."""
         s = self.settings
         self.check_time_limit()
-        if s.gpu_count is None:
+        if s.hardware.gpu_count is None:
             raise ValueError("--gpus auto: find the count first (Session.with_min_gpus)")
         backend = self.open_backend()
-        strategy = self._strategy(backend, step=s.step, max_batch=s.max_batch)
-        limits = SweepLimits(time_limit_seconds=s.time_limit_seconds, max_probes=s.max_probes)
+        strategy = self._strategy(backend, step=s.search.step, max_batch=s.search.max_batch)
+        limits = SweepLimits(
+            time_limit_seconds=s.search.time_limit_seconds, max_probes=s.search.max_probes
+        )
         start = time.perf_counter()
-        probes = sweep(backend, strategy, also=(s.current_batch,), limits=limits)
+        probes = sweep(backend, strategy, also=(s.search.current_batch,), limits=limits)
         with contextlib.closing(probes):
             for measurement in probes:
                 self.measurements.append(measurement)
@@ -186,7 +188,7 @@ class Session:
         measurer keeps records of its traced steps (a simulation), else it is the fast one and
         says why (`search_fallback`)."""
         strategy = pick_strategy(
-            self.settings.strategy,
+            self.settings.search.strategy,
             measurer,
             step=step,
             max_batch=max_batch,
@@ -232,13 +234,16 @@ class Session:
     # -- the other axis: the longest sequence at a fixed batch ------------------------------------
     def stream_seq_len(self) -> Iterator[tuple[int, Measurement]]:
         """Yield (sequence length, measurement) for each length a sequence-length search tries
-        at batch `settings.current_batch`, on one backend whose model and optimizer state stay
-        resident; the grid is `settings.seq_step` tokens up to the model's positions."""
+        at batch `settings.search.current_batch`, on one backend whose model and optimizer
+        state stay resident; the grid is `settings.search.seq_step` tokens up to the model's
+        positions."""
         s = self.settings
         cap = search_cap(s, self._catalog_entry("a sequence-length search").max_positions)
-        measurer = SeqLenMeasurer(self.open_backend(), s, s.current_batch)
+        measurer = SeqLenMeasurer(self.open_backend(), s, s.search.current_batch)
         # Attention scores grow with the square of the length: polynomials of degree 2.
-        strategy = self._strategy(measurer, step=min(s.seq_step, cap), max_batch=cap, degree=2)
+        strategy = self._strategy(
+            measurer, step=min(s.search.seq_step, cap), max_batch=cap, degree=2
+        )
         start = time.perf_counter()
         with contextlib.closing(sweep(measurer, strategy)) as probes:
             for relabelled in probes:
@@ -252,7 +257,7 @@ class Session:
         s = self.settings
         return SeqLenAnswer(
             settings=s,
-            batch_size=s.current_batch,
+            batch_size=s.search.current_batch,
             probes=tuple(self.seq_len_probes),
             search_cap=search_cap(s, self._catalog_entry("--find seq-len").max_positions),
             gpu_name=self.gpu.name,
@@ -312,7 +317,11 @@ class Session:
         if plan and report.optimal is not None:
             planned, probes = self._plan(report.optimal.batch_size, report.global_batch, say)
             report = replace(report, plan=planned, plan_probes=probes)
-        if self.settings.eval_batch is not None and self.stopped_by is None and self.measurements:
+        if (
+            self.settings.workload.eval_batch is not None
+            and self.stopped_by is None
+            and self.measurements
+        ):
             report = replace(report, evaluation=self.evaluation(report.optimal, say))
         if fixes and report.optimal is None and self.needs_ways_out:
             if self._ways_out is None:
@@ -331,7 +340,7 @@ class Session:
     def needs_ways_out(self) -> bool:
         """True when the sweep finished and no batch it searched fits: `report` then looks for
         the ways out (a training job's own code has no settings to change)."""
-        searched = [m for m in self.measurements if m.batch_size <= self.settings.max_batch]
+        searched = [m for m in self.measurements if m.batch_size <= self.settings.search.max_batch]
         finished = self.stopped_by is None and bool(self.measurements)
         return finished and best_fit(searched) is None and self.training is None
 
@@ -340,7 +349,7 @@ class Session:
     ) -> Report:
         """Run the whole sweep and return its report (for scripts that need no live progress);
         `fixes` and `plan` as for `report`. `--gpus auto` first finds the GPU count."""
-        if self.settings.gpu_count is None:
+        if self.settings.hardware.gpu_count is None:
             return self.with_min_gpus().analyze(costs, fixes=fixes, plan=plan)
         for _ in self.stream():
             pass
@@ -356,7 +365,7 @@ class Session:
         session and training batch), within what the sweep's limits leave. `on_stage` as for
         `report`."""
         s = self.settings
-        assert s.eval_batch is not None
+        assert s.workload.eval_batch is not None
         at = optimal.batch_size if optimal is not None else 1
         if at not in self._evals:
             if on_stage is not None:
@@ -364,11 +373,11 @@ class Session:
             asked = optimal or next((m for m in self.measurements if m.batch_size == at), None)
             measurer = EvalMeasurer(self.open_backend(), s, at)
             if asked is None:
-                asked = measurer.measure(s.eval_batch)
-                asked = measurer.probes.pop(s.eval_batch)
+                asked = measurer.measure(s.workload.eval_batch)
+                asked = measurer.probes.pop(s.workload.eval_batch)
             strategy = FastStrategy(
-                step=min(s.step, s.max_batch),
-                max_batch=s.max_batch,
+                step=min(s.search.step, s.search.max_batch),
+                max_batch=s.search.max_batch,
                 capacity_bytes=self.policy.capacity_bytes,
                 limit_bytes=self.policy.limit_bytes,
                 find_max=False,
@@ -377,8 +386,8 @@ class Session:
             for _ in sweep(measurer, strategy, limits=limits):
                 pass
             self._evals[at] = EvalAnswer(
-                batch=s.eval_batch,
-                accumulation=s.eval_accumulation,
+                batch=s.workload.eval_batch,
+                accumulation=s.workload.eval_accumulation,
                 at_batch=at,
                 measurement=asked,
                 probes=tuple(measurer.probes.items()),
@@ -389,8 +398,8 @@ class Session:
     def _remaining_limits(self) -> SweepLimits:
         """What the settings' time and probe limits leave after the sweep."""
         s = self.settings
-        seconds = s.time_limit_seconds
-        probes = s.max_probes
+        seconds = s.search.time_limit_seconds
+        probes = s.search.max_probes
         return SweepLimits(
             time_limit_seconds=None if seconds is None else max(seconds - self.elapsed_seconds, 0),
             max_probes=None if probes is None else max(probes - len(self.measurements), 0),
@@ -406,7 +415,7 @@ class Session:
                 self.settings,
                 batch_1,
                 bench=self.bench,
-                time_limit_seconds=self.settings.ways_out_time_limit_seconds,
+                time_limit_seconds=self.settings.search.ways_out_time_limit_seconds,
             )
         return self._ways_out
 
@@ -421,7 +430,7 @@ class Session:
         """The plan for `target` (once per target): divisors of it are checked with
         accumulation on a backend of their own, since the sweep's steps did not accumulate
         (`say` hears it first)."""
-        accumulating = self.settings.grad_accum
+        accumulating = self.settings.workload.grad_accum
         if target is None or self.training is not None:
             # A training job accumulates in its own step, which no setting can change: its
             # plan is the batch it was measured at.
@@ -433,7 +442,7 @@ class Session:
             probes: list[Measurement] = []
             # Any accumulation past one peaks alike: every gradient alive through the next
             # micro-batch, so two micro-batches stand for them all.
-            backend = self.open_backend(replace(self.settings, grad_accum=2))
+            backend = self.open_backend(self.settings.replace(grad_accum=2))
 
             def fits_accumulating(micro_batch: int) -> bool:
                 if not probes:  # said once, before the first step runs
@@ -459,7 +468,7 @@ class Session:
         """The smallest GPU count (of `counts`, a cluster's by default: 1-8, then whole 8-GPU
         nodes up to 1024) on which batch 1 trains under these settings' strategy."""
         self._catalog_entry("--gpus auto")
-        if self.settings.dist == "none":
+        if self.settings.hardware.dist == "none":
             raise ValueError("--gpus auto needs a distributed strategy (--dist)")
 
         gpu = self.gpu
@@ -486,10 +495,12 @@ class Session:
     ) -> Iterator[ScaleOutRow]:
         """Each GPU count's sweep as a row (per-rank memory, per-GPU batch, estimated time and
         cost of a run of `samples_per_run` samples), as it finishes."""
-        if self.settings.dist == "none":
+        if self.settings.hardware.dist == "none":
             raise ValueError("scaling out needs a distributed strategy (--dist)")
         s = self.settings
-        params = models.parameter_count(self._catalog_entry("scaling out"), s.resolved_task)
+        params = models.parameter_count(
+            self._catalog_entry("scaling out"), s.workload.resolved_task
+        )
         price = (costs or Costs()).usd_per_hour or self.gpu.usd_per_hour
 
         return scale_out.scale_out(s, self.bench, counts, params, samples_per_run, price)
@@ -514,7 +525,7 @@ class Session:
             m = Session(variant, cuda=self._cuda).measure(batch_size)
             max_batch = None
             if sweeps:
-                session = Session(replace(variant, current_batch=batch_size), cuda=self._cuda)
+                session = Session(variant.replace(current_batch=batch_size), cuda=self._cuda)
                 best = session.analyze(fixes=False, plan=False).optimal
                 max_batch = best.batch_size if best else 0
             yield ProtocolResult(

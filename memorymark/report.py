@@ -164,7 +164,7 @@ class Report:
     @property
     def model_name(self) -> str:
         """What was sized: the user's training, or the settings' catalog model."""
-        return self.training or self.settings.model
+        return self.training or self.settings.workload.model
 
     @property
     def value_reads(self) -> tuple[ValueRead, ...]:
@@ -208,7 +208,7 @@ class Report:
     @property
     def gpus(self) -> int:
         """GPUs the step is spread over (1 without a distributed strategy)."""
-        return self.settings.gpu_count or 1
+        return self.settings.hardware.gpu_count or 1
 
     @property
     def global_batch_per_step(self) -> int | None:
@@ -216,7 +216,7 @@ class Report:
         optimal = self.optimal
         if optimal is None:
             return None
-        return optimal.batch_size * self.gpus * self.settings.grad_accum
+        return optimal.batch_size * self.gpus * self.settings.workload.grad_accum
 
     @property
     def rules_note(self) -> str | None:
@@ -260,7 +260,7 @@ class Report:
     def current(self) -> Measurement | None:
         """The measurement at the user's current batch size, if it was taken."""
         for m in self.measurements:
-            if m.batch_size == self.settings.current_batch:
+            if m.batch_size == self.settings.search.current_batch:
                 return m
         return None
 
@@ -268,7 +268,7 @@ class Report:
     def searched(self) -> list[Measurement]:
         """The measurements the answer may come from: none past `max_batch` (the current batch,
         measured for its waste or its needs, may lie beyond it)."""
-        return [m for m in self.measurements if m.batch_size <= self.settings.max_batch]
+        return [m for m in self.measurements if m.batch_size <= self.settings.search.max_batch]
 
     @property
     def max_fit(self) -> Measurement | None:
@@ -289,7 +289,7 @@ class Report:
         if maximum.alloc_retries:
             return f"runs only after a cache flush (an allocation retry): {figure}"
         return (
-            f"runs, but inside the {self.settings.margin} margin: {figure}, above the "
+            f"runs, but inside the {self.settings.search.margin} margin: {figure}, above the "
             f"{gib(self.limit_bytes):.2f} GiB limit"
         )
 
@@ -299,7 +299,7 @@ class Report:
         current = self.current
         if current is not None:
             return bool(current.runs)
-        limit = self.settings.current_batch
+        limit = self.settings.search.current_batch
         return all(m.runs or m.batch_size > limit for m in self.measurements)
 
     @property
@@ -311,11 +311,11 @@ class Report:
     def global_batch(self) -> int | None:
         """The global batch the plan must reach: the target asked for, else the current batch
         when it does not run (the plan keeps it with accumulation), else None."""
-        if self.settings.target_batch is not None:
-            return self.settings.target_batch
+        if self.settings.search.target_batch is not None:
+            return self.settings.search.target_batch
         # The current global batch: each optimizer step sees current_batch x grad_accum.
         s = self.settings
-        return None if self.current_fits else s.current_batch * s.grad_accum
+        return None if self.current_fits else s.search.current_batch * s.workload.grad_accum
 
     @property
     def waste_bytes(self) -> int | None:
@@ -366,7 +366,7 @@ class Report:
         optimal = self.optimal
         if optimal is None or not self.current_fits:
             return None
-        return round(optimal.batch_size / self.settings.current_batch, 3)
+        return round(optimal.batch_size / self.settings.search.current_batch, 3)
 
     @property
     def throughput_source(self) -> str | None:
@@ -458,16 +458,17 @@ class Report:
     def verdict(self) -> str:
         """One sentence a person reads first."""
         optimal, current, maximum = self.optimal, self.current, self.max_fit
-        b, gpu = self.settings.current_batch, self.gpu.name
+        b, gpu = self.settings.search.current_batch, self.gpu.name
         if optimal is None and maximum is not None:
             return (
                 f"No batch size on this {gpu} leaves the margin free without an allocation "
                 f"retry; batch {maximum.batch_size} {self.max_note()}."
             )
-        if optimal is None and self.settings.eval_batch is not None:
+        if optimal is None and self.settings.workload.eval_batch is not None:
             return (
                 f"No batch size trains on this {gpu} evaluating at eval batch "
-                f"{self.settings.eval_batch} between steps: even batch 1 runs out of memory."
+                f"{self.settings.workload.eval_batch} between steps: even batch 1 runs out of "
+                "memory."
             )
         if optimal is None:
             return f"No batch size trains on this {gpu}: even batch 1 runs out of memory."

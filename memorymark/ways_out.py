@@ -57,7 +57,7 @@ class Fix:
     @property
     def gpus(self) -> int:
         """How many GPUs the way out trains on."""
-        return self.settings.gpu_count or 1
+        return self.settings.hardware.gpu_count or 1
 
     @property
     def where(self) -> str:
@@ -110,7 +110,7 @@ class Fix:
             "title": self.title,
             "gpu_name": self.gpu.name,
             "gpus": self.gpus,
-            "dist": self.settings.dist,
+            "dist": self.settings.hardware.dist,
             "batch_1_memory_gb": gib(self.peak_bytes),
             "batch_1_required_gb": gib(self.required_bytes),
             "limit_gb": gib(self.limit_bytes),

@@ -6,8 +6,6 @@ A thin page: sidebar -> Settings -> `Session.compare` in a worker (cached) -> ta
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import streamlit as st
 
 from memorymark.analyses.compare import without_precision
@@ -28,7 +26,7 @@ if settings is None:
     st.stop()
 
 # Priced for a 1-hour run, then scaled: the hours slider never re-runs the probes.
-key = ("compare", replace(settings, current_batch=1))
+key = ("compare", settings.replace(current_batch=1))
 if page_runs.cached_result(key) is None and not st.button("Compare every GPU", type="primary"):
     st.info("Click **Compare every GPU** to simulate this model across the catalog.")
     st.stop()

@@ -23,7 +23,7 @@ st.caption(
 if settings is None:
     st.stop()
 
-batch = settings.current_batch
+batch = settings.search.current_batch
 key = ("proof", settings, batch)
 button = st.empty()  # gone while the proof runs: a second click would start it over
 if page_runs.cached_result(key) is None and not button.button("Run the proof", type="primary"):

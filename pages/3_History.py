@@ -77,7 +77,7 @@ for note in notes:
     st.info(literal(note))
 if len(reports) >= 2:
     overlay = [
-        (f"#{run_id} {report.settings.model} on {report.gpu.name}", report)
+        (f"#{run_id} {report.settings.workload.model} on {report.gpu.name}", report)
         for run_id, report in reports.items()
     ]
     fig = history_charts.overlay_figure(overlay)

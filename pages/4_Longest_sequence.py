@@ -7,8 +7,6 @@ and a table.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import streamlit as st
 
 from memorymark import models
@@ -28,12 +26,12 @@ st.caption(
 settings, _ = sidebar.settings_sidebar(costs=False, check_gpu=True)
 if settings is None:
     st.stop()
-if models.find_model(settings.model).input_kind != "text":
+if models.find_model(settings.workload.model).input_kind != "text":
     st.info("Choose a text model: image models have no sequence length.")
     st.stop()
 
-settings = replace(settings, find="seq-len")
-batch = settings.current_batch
+settings = settings.replace(find="seq-len")
+batch = settings.search.current_batch
 key = ("seq-len", settings)
 button = st.empty()  # gone while the search runs: a second click would start it over
 if page_runs.cached_result(key) is None and not button.button(

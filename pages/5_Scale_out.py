@@ -6,8 +6,6 @@ worker (one sweep per count, streamed, cached) -> figure and table (memorymark.u
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import streamlit as st
 
 from memorymark.service.jobs import scale_out
@@ -25,7 +23,7 @@ st.caption(
 settings, costs = sidebar.settings_sidebar(check_gpu=True)
 if settings is None:
     st.stop()
-if settings.dist == "none":
+if settings.hardware.dist == "none":
     st.info("Pick a distributed strategy under **Many GPUs** in the sidebar (fsdp, ddp, ...).")
     st.stop()
 counts = st.multiselect(
@@ -38,7 +36,7 @@ samples = st.number_input(
 if not counts:
     st.stop()
 counts = tuple(sorted(counts))
-base = replace(settings, gpus="1", nodes=None, current_batch=1)
+base = settings.replace(gpus="1", nodes=None, current_batch=1)
 key = ("scale_out", base, counts, samples, costs.usd_per_hour)
 if page_runs.cached_result(key) is None and not st.button("Scale out", type="primary"):
     st.info(f"Click **Scale out** to sweep {len(counts)} GPU counts (one sweep each).")

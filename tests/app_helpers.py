@@ -91,11 +91,13 @@ class FakeSession:
         if type(self).error is not None:
             raise type(self).error
         self.settings, self.gpu, self.measurements = settings, A10, []
-        self.backend_name = "sim" if settings.backend == "auto" else settings.backend
+        self.backend_name = (
+            "sim" if settings.hardware.backend == "auto" else settings.hardware.backend
+        )
         self.runs_for_real = self.backend_name != "sim"
 
     def _probe(self, batch: int) -> Measurement:
-        base = GIB if self.settings.grad_checkpointing else type(self).base_bytes
+        base = GIB if self.settings.workload.grad_checkpointing else type(self).base_bytes
         peak = base + batch * GIB // 10
         fits = batch < type(self).first_oom and peak <= A10.usable_bytes
         parts = Breakdown(parameters=GIB // 4, optimizer_state=GIB // 2,

@@ -4,7 +4,6 @@ training-script snippets, the fixes when nothing fits, and every setting in the 
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -99,11 +98,11 @@ def fixes_for(settings: Settings) -> tuple[Fix, ...]:
     limit = A10.usable_bytes - settings.margin_bytes(A10.usable_bytes)
     h100 = gpus.find_gpu("H100")
     return (
-        Fix(label="gradient checkpointing", settings=replace(settings, grad_checkpointing=True),
+        Fix(label="gradient checkpointing", settings=settings.replace(grad_checkpointing=True),
             gpu=A10, peak_bytes=2 * GIB, required_bytes=2 * GIB, limit_bytes=limit),
-        Fix(label="LoRA rank 16", settings=replace(settings, lora_rank=16), gpu=A10,
+        Fix(label="LoRA rank 16", settings=settings.replace(lora_rank=16), gpu=A10,
             peak_bytes=43 * GIB, required_bytes=43 * GIB, limit_bytes=limit),
-        Fix(label="a bigger GPU: H100 80GB", settings=replace(settings, gpu=h100.name), gpu=h100,
+        Fix(label="a bigger GPU: H100 80GB", settings=settings.replace(gpu=h100.name), gpu=h100,
             peak_bytes=31 * GIB, required_bytes=31 * GIB,
             limit_bytes=h100.usable_bytes),
     )  # fmt: skip
@@ -125,7 +124,7 @@ def test_nothing_fits_shows_how_far_off_each_fix_is_and_applies_one(fake) -> Non
     assert not at.exception
     assert at.checkbox(key="mm_grad_checkpointing").value is True
     assert at.query_params["grad_checkpointing"] == "true"
-    assert fake.created[-1].grad_checkpointing and len(fake.created) == 2
+    assert fake.created[-1].workload.grad_checkpointing and len(fake.created) == 2
     assert metrics(at)["Optimal batch size"] == "192"  # checkpointing made it fit
 
 
@@ -150,7 +149,7 @@ def test_each_way_out_shows_with_its_button_as_it_is_found(fake) -> None:
     run_until(at, lambda at: bool(at.metric))
     assert not at.exception
     assert at.checkbox(key="mm_grad_checkpointing").value is True
-    assert fake.created[-1].grad_checkpointing and len(fake.created) == 2
+    assert fake.created[-1].workload.grad_checkpointing and len(fake.created) == 2
     assert metrics(at)["Optimal batch size"] == "192"
 
 

@@ -51,7 +51,9 @@ class FakeSession:
 
     def __init__(self, settings: Settings) -> None:
         self.settings, self.gpu, self.measurements = settings, A10, []
-        self.backend_name = "sim" if settings.backend == "auto" else settings.backend
+        self.backend_name = (
+            "sim" if settings.hardware.backend == "auto" else settings.hardware.backend
+        )
         self.runs_for_real = self.backend_name != "sim"
 
     def stream(self) -> Iterator[Measurement]:

@@ -31,7 +31,9 @@ TINY = [
 ]
 
 
-@pytest.mark.parametrize("settings", TINY, ids=lambda s: f"{s.model}-{s.task}-{s.optimizer}")
+@pytest.mark.parametrize(
+    "settings", TINY, ids=lambda s: f"{s.workload.model}-{s.workload.task}-{s.workload.optimizer}"
+)
 def test_sim_equals_real_cpu_execution(settings):
     # The cpu backend runs CPU's kernels; the simulation reproduces them with the CUDA rules off
     # (tests/test_cuda_rules.py checks each rule on its own).
@@ -356,7 +358,7 @@ def test_compare_gives_each_gpu_the_answer_analyze_gives_it():
     small, large = gpus.custom_gpu(1.0), gpus.custom_gpu(2.0)
     rows, probes = Session(settings).compare(catalog=(small, large))
     for row, gib in zip(rows, (1.0, 2.0), strict=True):
-        expected = Session(dataclasses.replace(settings, gpu_memory_gib=gib)).analyze().optimal
+        expected = Session(settings.replace(gpu_memory_gib=gib)).analyze().optimal
         assert row.max_batch == expected.batch_size
     assert rows[0].max_batch < rows[1].max_batch
     # One pair of traces per compute capability: the second GPU reuses the first one's.

@@ -162,7 +162,7 @@ def cpu_sim(settings, gpu):
 
 def test_the_grid_has_each_combination_once_inference_style_without_an_optimizer():
     grid = settings_grid(["tiny-bert"], optimizers=["adamw", "sgd"], seq_len=16)
-    assert [(s.protocol, s.optimizer, s.margin) for s in grid] == [
+    assert [(s.workload.protocol, s.workload.optimizer, s.search.margin) for s in grid] == [
         ("full", "adamw", "0%"),
         ("inference-style", "none", "0%"),
         ("full", "sgd", "0%"),
@@ -743,7 +743,7 @@ def test_a_combination_the_model_cannot_build_is_skipped_with_its_reason():
             cuda=cuda,
             nvml=NVML,
             real=lambda settings, gpu: CappedDevice(cuda, 1000, gpu),
-            on_skip=lambda s, why: skipped.append((s.model, why)),
+            on_skip=lambda s, why: skipped.append((s.workload.model, why)),
         )
     )
     assert [r.model for r in rows] == ["tiny-bert"]
@@ -763,7 +763,7 @@ def test_the_recommended_batch_is_checked_below_the_maximum_only():
 
 
 def test_recommendations_are_checked_at_the_apps_default_margin():
-    assert Settings(model="bert").margin == RECOMMENDED_MARGIN
+    assert Settings(model="bert").search.margin == RECOMMENDED_MARGIN
 
 
 def test_the_readmes_accuracy_tables_are_the_committed_calibration_data():

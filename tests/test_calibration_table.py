@@ -96,7 +96,11 @@ def test_a_committed_row_reads_back_as_the_run_it_was(tmp_path):
         ev.label
         == "H100 80GB as A10, tiny-bert, inference-style 32-true none, seq 16, batch 2 (max fits)"
     )
-    assert (ev.settings.protocol, ev.settings.seq_len, ev.settings.margin) == (
+    assert (
+        ev.settings.workload.protocol,
+        ev.settings.workload.seq_len,
+        ev.settings.search.margin,
+    ) == (
         "inference-style",
         16,
         "2%",
@@ -126,7 +130,7 @@ def test_a_row_written_before_loops_were_measured_compares_first_steps(tmp_path)
     (ev,) = evidence(tmp_path)
     # The probe ran five steps for its verdict; its bytes were the first step's.
     assert (ev.verdict_steps, ev.byte_steps, ev.measured_steps) == (5, 1, ())
-    assert ev.settings.image_size == 32 and ev.label.endswith(", 32px, batch 2")
+    assert ev.settings.workload.image_size == 32 and ev.label.endswith(", 32px, batch 2")
 
 
 def test_a_steady_state_line_in_gib_names_its_gpu_in_the_file_name():

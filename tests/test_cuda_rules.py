@@ -1,7 +1,6 @@
 """Each CUDA rule against the behaviour PyTorch documents for it, on small shapes (issue 4)."""
 
 import threading
-from dataclasses import replace
 
 import pytest
 import torch
@@ -249,10 +248,10 @@ def test_the_simulated_gpu_decides_the_kernels():
     # tiny-bert in bf16: flash attention on an A10; on a T4 (sm75) neither flash nor
     # mem-efficient takes bf16, so the math path keeps the attention matrices.
     settings = Settings(model="tiny-bert", seq_len=64, precision="bf16-mixed", backend="sim")
-    session = Session(replace(settings, gpu="a10"))
+    session = Session(settings.replace(gpu="a10"))
     a10, gpu = session.open_backend(), session.gpu
     # a Session refuses bf16 on a T4 (no bf16 units); the kernel rule itself still holds.
-    t4 = resolve(replace(settings, gpu="t4")).open_backend()
+    t4 = resolve(settings.replace(gpu="t4")).open_backend()
     assert (
         a10.compute_capability == gpu.compute_capability == gpus.find_gpu("A10").compute_capability
     )

@@ -22,7 +22,7 @@ ONE_GPU = Settings(model="tiny-gpt2", seq_len=32, gpu="a10", backend="sim", max_
 
 
 def _on(dist_name: str, gpus: int, **kw: object) -> Settings:
-    return replace(ONE_GPU, dist=dist_name, gpus=str(gpus), **kw)
+    return ONE_GPU.replace(dist=dist_name, gpus=str(gpus), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_repeated_simulations_with_other_rank_counts_share_one_process():
 
 def _fake_measure(needs_gpus: int | None, seen: list[int], a: int = 0, b: int = 0):
     def measure(s: Settings) -> Measurement:
-        n = s.gpu_count
+        n = s.hardware.gpu_count
         seen.append(n)
         runs = needs_gpus is not None and n >= needs_gpus
         return Measurement(

@@ -58,7 +58,7 @@ def test_fewer_eval_batches_kept_on_the_gpu_lower_the_eval_peak():
 
 
 def test_run_eval_keeps_trainer_s_predictions_and_trains_again_after():
-    step = CatalogStep(replace(TINY, eval_batch=2, eval_accumulation=3))
+    step = CatalogStep(TINY.replace(eval_batch=2, eval_accumulation=3))
     model = step.build_model()
     seen = []
     original = torch.cat
@@ -78,7 +78,7 @@ def test_run_eval_keeps_trainer_s_predictions_and_trains_again_after():
 
 
 def test_the_largest_eval_batch_is_searched_at_the_recommended_batch():
-    session = Session(replace(TINY, eval_batch=64, max_batch=512))
+    session = Session(TINY.replace(eval_batch=64, max_batch=512))
     report = session.analyze(plan=False)
     answer = report.evaluation
     assert answer.at_batch == report.optimal.batch_size
@@ -88,7 +88,7 @@ def test_the_largest_eval_batch_is_searched_at_the_recommended_batch():
     probes = dict(answer.probes)
     assert probes[best].fits
     # The next eval batch of the grid was measured and does not fit.
-    assert not probes[best + TINY.step].fits
+    assert not probes[best + TINY.search.step].fits
     assert all(m.fits == (n <= best) for n, m in answer.probes)
     # The sweep's own verdicts already include the pass: the optimal loop fits with it.
     assert report.optimal.eval_peak_bytes == answer.peak_bytes
@@ -109,7 +109,7 @@ def test_the_largest_eval_batch_is_searched_at_the_recommended_batch():
 
 
 def test_no_eval_pass_no_eval_block():
-    report = Session(replace(TINY, max_batch=16)).analyze(plan=False)
+    report = Session(TINY.replace(max_batch=16)).analyze(plan=False)
     assert report.evaluation is None and report_to_dict(report)["eval"] is None
     assert all(m.eval_peak_bytes is None for m in report.measurements)
 
@@ -216,7 +216,7 @@ def test_one_eval_batch_holds_its_logits_and_their_loss_copies():
 
 
 def test_when_evaluation_is_what_does_not_fit_the_answer_says_which_eval_batch_would():
-    settings = replace(TINY, max_batch=64, eval_batch=256, eval_accumulation=6)
+    settings = TINY.replace(max_batch=64, eval_batch=256, eval_accumulation=6)
     report = Session(settings).analyze(fixes=False, plan=False)
     assert report.optimal is None
     assert "evaluating at eval batch 256 between steps" in report.verdict()

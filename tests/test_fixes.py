@@ -41,15 +41,15 @@ def test_each_fix_says_how_far_off_it_is():
     fixes = {f.label: f for f in answer.fixes}
     together = "gradient checkpointing + bf16-true + LoRA rank 16 together"
     assert {"gradient checkpointing", "LoRA rank 16", together} <= set(fixes)
-    assert fixes[together].settings == replace(
-        settings, grad_checkpointing=True, precision="bf16-true", lora_rank=16
+    assert fixes[together].settings == settings.replace(
+        grad_checkpointing=True, precision="bf16-true", lora_rank=16
     )
     lora = fixes["LoRA rank 16"]
     # No gradients or optimizer state for frozen weights (reserved bytes of a model this small
     # are one 2 MiB allocator segment either way, so compare live bytes).
     assert lora.peak_bytes < base.peak_bytes
     assert lora.required_bytes >= lora.peak_bytes
-    assert lora.settings.lora_rank == 16
+    assert lora.settings.workload.lora_rank == 16
     assert all(f.limit_bytes > 0 for f in fixes.values())
 
 
@@ -65,7 +65,7 @@ def test_the_bigger_gpu_is_the_cheapest_catalog_gpu_that_fits(monkeypatch):
     answer = what_would_fit(Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1))
     bigger = [f for f in answer.fixes if f.label == "a bigger GPU"]
     assert [f.gpu.name for f in bigger] == ["L4"]
-    assert bigger[0].fits and bigger[0].settings.gpu == "L4"
+    assert bigger[0].fits and bigger[0].settings.hardware.gpu == "L4"
     assert bigger[0].title == "a bigger GPU: L4"  # the GPU named once
 
 
@@ -76,7 +76,9 @@ def test_no_bf16_fix_is_offered_on_a_gpu_without_bf16():
     s = Settings(model="tiny-bert", gpu="t4")
     labels = [label for label, _ in _variants(s, gpus.find_gpu("t4"))]
     assert "bf16-true weights and optimizer" not in labels
-    assert all(not v.precision.startswith("bf16") for _, v in _variants(s, gpus.find_gpu("t4")))
+    assert all(
+        not v.workload.precision.startswith("bf16") for _, v in _variants(s, gpus.find_gpu("t4"))
+    )
     assert "bf16-true weights and optimizer" in [
         label for label, _ in _variants(s, gpus.find_gpu("a10"))
     ]
@@ -86,11 +88,14 @@ def test_qlora_and_8bit_adamw_are_offered_and_simulated():
     settings = Settings(model="tiny-bert", seq_len=128, gpu_memory_gib=1, margin="49%")
     fixes = {f.label: f for f in what_would_fit(settings).fixes}
     qlora = fixes["QLoRA: NF4 + LoRA + checkpointing"]
-    assert (qlora.settings.quantization, qlora.settings.double_quant) == ("nf4", True)
-    assert qlora.settings.lora_rank == 16 and qlora.settings.grad_checkpointing
+    assert (qlora.settings.workload.quantization, qlora.settings.workload.double_quant) == (
+        "nf4",
+        True,
+    )
+    assert qlora.settings.workload.lora_rank == 16 and qlora.settings.workload.grad_checkpointing
     assert not qlora.lower_bound  # stepped, not bounded
     eight_bit = fixes["8-bit AdamW (bitsandbytes)"]
-    assert eight_bit.settings.optimizer == "adamw-8bit"
+    assert eight_bit.settings.workload.optimizer == "adamw-8bit"
     batch_1 = simulated_step(Session(settings).bench, settings, gpus.custom_gpu(1))
     assert eight_bit.peak_bytes < batch_1.peak_bytes
 
@@ -100,7 +105,7 @@ def test_what_the_states_alone_decide_is_not_stepped(monkeypatch):
     states = state_bytes(settings)
     # The weights, gradients and AdamW's two buffers, all alive at the optimizer step, beside
     # the model's own buffers (BERT's int64 position and token type ids, 128 each).
-    model_bytes = state_bytes(replace(settings, optimizer="none"))
+    model_bytes = state_bytes(settings.replace(optimizer="none"))
     buffers = 2 * 128 * 8
     assert states == model_bytes + 3 * (model_bytes - buffers)
     bench = CountingBench(settings)
@@ -117,8 +122,8 @@ def test_what_the_states_alone_decide_is_not_stepped(monkeypatch):
     assert fix.to_dict()["at_least"] is True
     # Only batch 1 as configured (which no sweep handed in) on one GPU; many GPUs are stepped
     # where a rank's share of the states fits.
-    simulated = replace(settings, backend="sim")
-    assert [s for s, _ in bench.stepped if s.gpu_count == 1] == [simulated]
+    simulated = settings.replace(backend="sim")
+    assert [s for s, _ in bench.stepped if s.hardware.gpu_count == 1] == [simulated]
     assert tiny.usable_bytes > 0
 
 
@@ -127,7 +132,7 @@ def test_the_sweep_s_batch_1_is_not_stepped_again(monkeypatch):
     custom = gpus.custom_gpu(1)
     bench = CountingBench(settings)
     batch_1 = simulated_step(bench, settings, custom)
-    simulated = replace(settings, backend="sim")
+    simulated = settings.replace(backend="sim")
     assert bench.stepped == [(simulated, custom.name)]
     monkeypatch.setattr(fixes_module, "_variants", lambda s, gpu: [])
     answer = what_would_fit(settings, batch_1, bench=bench)

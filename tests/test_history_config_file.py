@@ -34,7 +34,7 @@ def reopen(run_id: int, folder: Path) -> tuple[str, str]:
     sources.from_config_file.cache_clear()  # as a new process would read the file
     with History() as h:
         report, note = h.get(run_id).reopen(folder)
-    return report.settings.model, note
+    return report.settings.workload.model, note
 
 
 @pytest.mark.usefixtures("any_config_path")

@@ -79,7 +79,7 @@ def test_a_margin_at_its_ceiling_is_accepted_and_past_it_refused():
 
 def test_a_ceiling_itself_is_accepted():
     s = Settings(model="t5-small", seq_len=limits.MAX_SEQ_LEN, max_batch=limits.MAX_BATCH)
-    assert (s.seq_len, s.max_batch) == (2**20, 2**20)
+    assert (s.workload.seq_len, s.search.max_batch) == (2**20, 2**20)
     assert Costs(usd_per_hour=1000.0, hours_per_run=8784.0).hours_per_run == 8784.0
 
 

@@ -139,7 +139,7 @@ def test_automatic_optimization_sets_the_batch_size_to_the_answer() -> None:
     optimal = result.report.optimal
     assert 16 < optimal.batch_size < SEARCH["max_batch"]
     assert module.hparams.batch_size == result.batch_size == optimal.batch_size
-    assert result.report.settings.current_batch == 8  # the module's own value, compared with
+    assert result.report.settings.search.current_batch == 8  # the module's own value, compared with
     assert result.report.training == "ConvNet"
     # The step ran on a copy (the module itself never ran), SGD's momentum counted.
     assert module.rows_trained == []

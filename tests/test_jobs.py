@@ -254,7 +254,7 @@ def test_sweeps_run_on_a_dask_cluster_through_the_same_interface(dask_cluster, m
         poll_until_done(job, timeout=30)
         assert job.state == "done", job.error
         assert [m.batch_size for m in job.measurements] == [8, 16, 24, 32, 40, 48]
-        assert job.report.optimal.batch_size == TINY.max_batch  # 40 and 48 lie past it
+        assert job.report.optimal.batch_size == TINY.search.max_batch  # 40 and 48 lie past it
     finally:
         service.shutdown()
 

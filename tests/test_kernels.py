@@ -110,9 +110,8 @@ def test_the_cli_refuses_flash_attention_2_on_a_t4_in_one_line(
 
 
 def replace_backend(settings: Settings) -> Settings:
-    from dataclasses import replace
 
-    return replace(settings, backend="sim")
+    return settings.replace(backend="sim")
 
 
 # -- Liger and the chunked loss --------------------------------------------------------------------
@@ -180,7 +179,7 @@ def test_logits_get_their_own_line_for_causal_lms_only() -> None:
 def test_the_nothing_fits_advice_offers_the_fused_loss(tiny_llama: str) -> None:
     variants = dict(fixes._variants(Settings(model=tiny_llama, backend="cpu"), _gpu("a10")))
     fused = variants["Liger kernels (fused cross-entropy, no full logits)"]
-    assert (fused.kernels, fused.backend) == ("liger", "sim")
+    assert (fused.workload.kernels, fused.hardware.backend) == ("liger", "sim")
     assert "Liger" not in " ".join(dict(fixes._variants(Settings(model="tiny-bert"), _gpu("a10"))))
 
 

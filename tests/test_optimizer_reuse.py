@@ -69,8 +69,8 @@ def test_a_spliced_optimizer_phase_gives_every_figure_running_it_gives(settings)
         for f in fields(ran):
             assert getattr(reused, f.name) == getattr(ran, f.name), f.name
         assert ran.step_flops is None or ran.step_flops > 0
-    assert full_runs == (0 if settings.optimizer == "none" else len(BATCHES))
-    if settings.precision == "32-true":
+    assert full_runs == (0 if settings.workload.optimizer == "none" else len(BATCHES))
+    if settings.workload.precision == "32-true":
         # The allocator replay reads this log. (Under autocast its cast cache frees its copies
         # in hash order, so there the order of frees between two operators varies run to run.)
         assert spliced_logs == full_logs
@@ -79,11 +79,11 @@ def test_a_spliced_optimizer_phase_gives_every_figure_running_it_gives(settings)
     # clipping around it. Adafactor replaces its RMS every step: the first probe frees what
     # priming left, so the record that repeats is the second probe's.
     state_first = (
-        settings.optimizer in ("adamw", "adamw-forloop", "adamw-fused")
-        and settings.max_grad_norm is None
-        and settings.precision != "16-mixed"
+        settings.workload.optimizer in ("adamw", "adamw-forloop", "adamw-fused")
+        and settings.workload.max_grad_norm is None
+        and settings.workload.precision != "16-mixed"
     )
-    expected = {"none": 0, "adafactor": 2}.get(settings.optimizer, 0 if state_first else 1)
+    expected = {"none": 0, "adafactor": 2}.get(settings.workload.optimizer, 0 if state_first else 1)
     assert spliced_runs == expected
 
 

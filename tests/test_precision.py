@@ -31,8 +31,8 @@ def _integer_buffer_bytes(settings):
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_bf16_true_halves_weights_and_optimizer_state_exactly(optimizer):
-    fp32 = replace(TINY_BERT, optimizer=optimizer)
-    full, half = breakdown(fp32), breakdown(replace(fp32, precision="bf16-true"))
+    fp32 = TINY_BERT.replace(optimizer=optimizer)
+    full, half = breakdown(fp32), breakdown(fp32.replace(precision="bf16-true"))
     ints = _integer_buffer_bytes(fp32)
     assert half.parameters - ints == (full.parameters - ints) / 2
     # AdamW's per-tensor step counter is an fp32 scalar whatever the weights' dtype.
@@ -57,7 +57,7 @@ def test_bf16_true_converts_every_floating_parameter_and_buffer_and_image_inputs
         Settings(model="tiny-gpt2", seq_len=32),
         Settings(model="tiny-resnet", image_size=32),
     ],
-    ids=lambda s: s.model,
+    ids=lambda s: s.workload.model,
 )
 def test_bf16_mixed_keeps_fp32_weights_and_lowers_activations(settings):
     full = breakdown(settings)
@@ -68,14 +68,14 @@ def test_bf16_mixed_keeps_fp32_weights_and_lowers_activations(settings):
 
 
 def test_16_mixed_keeps_a_grad_scaler_whose_state_counts():
-    bf16 = breakdown(replace(TINY_BERT, precision="bf16-mixed"))
-    fp16 = breakdown(replace(TINY_BERT, precision="16-mixed"))
+    bf16 = breakdown(TINY_BERT.replace(precision="bf16-mixed"))
+    fp16 = breakdown(TINY_BERT.replace(precision="16-mixed"))
     # GradScaler's scale (fp32) and growth tracker (int32), kept with the optimizer state.
     assert fp16.optimizer_state == bf16.optimizer_state + 4 + 4
 
 
 def test_16_mixed_steps_through_a_real_grad_scaler_on_real_tensors():
-    settings = replace(TINY_BERT, precision="16-mixed")
+    settings = TINY_BERT.replace(precision="16-mixed")
     cpu = CpuBackend(CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG)).measure(2)
     sim = SimBackend(
         CatalogStep(settings), policy=FitPolicy(capacity_bytes=BIG), cuda_rules=False
@@ -97,19 +97,19 @@ def test_simulation_with_cpu_rules_equals_real_cpu_execution(model, precision):
 def test_mixed_precision_with_checkpointing_recomputes_under_the_same_rules():
     settings = Settings(model="tiny-gpt2", seq_len=64, precision="bf16-mixed")
     plain = breakdown(settings, batch=8)
-    ckpt = breakdown(replace(settings, grad_checkpointing=True), batch=8)
+    ckpt = breakdown(settings.replace(grad_checkpointing=True), batch=8)
     assert ckpt.activations < plain.activations
 
 
 def test_attention_setting_picks_the_implementation():
     sdpa = CatalogStep(TINY_BERT).build_model()
-    eager = CatalogStep(replace(TINY_BERT, attention="eager")).build_model()
+    eager = CatalogStep(TINY_BERT.replace(attention="eager")).build_model()
     assert (sdpa.config._attn_implementation, eager.config._attn_implementation) == (
         "sdpa",
         "eager",
     )
     # Eager attention keeps each layer's attention matrix; CUDA's fused kernel does not.
-    settings = replace(TINY_BERT, seq_len=128)
-    assert breakdown(replace(settings, attention="eager")).activations > (
+    settings = TINY_BERT.replace(seq_len=128)
+    assert breakdown(settings.replace(attention="eager")).activations > (
         breakdown(settings).activations
     )

@@ -38,7 +38,7 @@ def test_verdict_by_ratio(ratio: float, verdict: str) -> None:
 def test_the_default_model_at_the_default_batch_passes() -> None:
     # What the proof page shows first: BERT-base at the sidebar's current batch (16), simulated.
     settings = Settings()
-    proof = Session(settings).prove_backward(settings.current_batch)
+    proof = Session(settings).prove_backward(settings.search.current_batch)
     assert proof.ratio == pytest.approx(3.33, abs=0.02)
     assert proof.verdict == "PASS"
     assert "backward measured" in proof.verdict_note

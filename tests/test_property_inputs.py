@@ -71,7 +71,7 @@ def test_settings_from_any_link_are_valid_or_one_line(params):
     except ValueError as exc:
         one_line_refusal(exc)
         return
-    assert 1 <= s.seq_len <= 2**20 and 1 <= s.max_batch <= 2**20
+    assert 1 <= s.workload.seq_len <= 2**20 and 1 <= s.search.max_batch <= 2**20
     assert Settings.from_query(s.to_query()) == s  # what was accepted round-trips
 
 

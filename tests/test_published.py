@@ -47,7 +47,7 @@ def test_each_row_cites_its_source_and_quotes_the_figure(row):
 def test_each_rows_settings_build_a_simulated_run_on_its_gpu(row):
     settings = row.to_settings()
     assert isinstance(settings, Settings)
-    assert (settings.backend, settings.gpu) == ("sim", row.gpu)
+    assert (settings.hardware.backend, settings.hardware.gpu) == ("sim", row.gpu)
     assert "backend" not in row.settings and "gpu" not in row.settings
 
 

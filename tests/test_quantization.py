@@ -262,8 +262,8 @@ def test_bad_quantization_settings_are_one_line(changes, message):
 )
 def test_trainer_optim_names_are_accepted(trainer_name, ours):
     settings = Settings(optimizer=trainer_name)
-    assert settings.optimizer == ours
-    assert settings.paged_optimizer == ours.startswith("paged")
+    assert settings.workload.optimizer == ours
+    assert settings.workload.paged_optimizer == ours.startswith("paged")
 
 
 def test_the_command_line_round_trips_quantization():

@@ -29,7 +29,9 @@ class LengthBackend:
         self.released = False
 
     def measure(self, batch_size: int) -> Measurement:
-        seq_len = self.training_step.settings.seq_len  # set by the measurer before each probe
+        seq_len = (
+            self.training_step.settings.workload.seq_len
+        )  # set by the measurer before each probe
         self.tried.append((seq_len, batch_size))
         peak = self.base + self.per_token * batch_size * seq_len
         return Measurement(

@@ -1,7 +1,5 @@
 """Settings validate once, and round-trip through dicts and URL query parameters."""
 
-from dataclasses import replace
-
 import pytest
 
 from memorymark.settings import FIELD_NAMES, Costs, Hardware, Search, Settings, Workload
@@ -9,9 +7,15 @@ from memorymark.settings import FIELD_NAMES, Costs, Hardware, Search, Settings, 
 
 def test_defaults_are_the_issue_defaults():
     s = Settings()
-    assert (s.model, s.seq_len, s.image_size, s.current_batch, s.step) == ("bert", 128, 224, 16, 8)
-    assert s.resolved_task == "sequence-classification"
-    assert Settings(model="gpt2").resolved_task == "causal-lm"
+    assert (
+        s.workload.model,
+        s.workload.seq_len,
+        s.workload.image_size,
+        s.search.current_batch,
+        s.search.step,
+    ) == ("bert", 128, 224, 16, 8)
+    assert s.workload.resolved_task == "sequence-classification"
+    assert Settings(model="gpt2").workload.resolved_task == "causal-lm"
 
 
 @pytest.mark.parametrize(
@@ -38,13 +42,13 @@ def test_bad_values_raise_one_line(kwargs, message):
 
 def test_inference_style_protocol_is_eval_logits_mean_no_optimizer():
     s = Settings().with_protocol("inference-style")
-    assert (s.mode, s.loss, s.optimizer, s.protocol) == (
+    assert (s.workload.mode, s.workload.loss, s.workload.optimizer, s.workload.protocol) == (
         "eval",
         "logits-mean",
         "none",
         "inference-style",
     )
-    assert s.with_protocol("full").protocol == "full"
+    assert s.with_protocol("full").workload.protocol == "full"
 
 
 def test_dict_round_trip_and_unknown_keys():
@@ -66,7 +70,7 @@ def test_query_round_trip_keeps_only_what_differs():
 def test_bad_query_values_name_the_field():
     with pytest.raises(ValueError, match="bad value for seq_len: 'many'"):
         Settings.from_query({"seq_len": "many"})
-    assert Settings.from_query({"forward_only": "true", "ignored": "x"}).forward_only
+    assert Settings.from_query({"forward_only": "true", "ignored": "x"}).workload.forward_only
 
 
 # Non-default values for every setting, valid together within each dict. A new field must be
@@ -138,8 +142,8 @@ def test_settings_are_sections_that_validate_themselves():
     assert (s.hardware, s.search) == (Hardware(gpu="a10"), Search(step=4))
     assert Settings(workload=Workload(model="gpt2"), hardware=Hardware(gpu="a10"), step=4) == s
     # Flat names override the sections they belong to, and read back from them.
-    assert Settings(search=Search(step=4), step=2).search.step == 2 == Settings(step=2).step
-    assert replace(s, precision="bf16-true").workload.precision == "bf16-true"
+    assert Settings(search=Search(step=4), step=2).search.step == 2 == Settings(step=2).search.step
+    assert s.replace(precision="bf16-true").workload.precision == "bf16-true"
     with pytest.raises(ValueError, match="step must be at least 1"):
         Search(step=0)
     with pytest.raises(ValueError, match="backend must be one of auto, cuda"):
@@ -169,5 +173,10 @@ def test_a_section_field_without_its_flat_view_fails_at_import(monkeypatch) -> N
 
 def test_a_flat_view_reads_its_sections_field() -> None:
     s = Settings(model="gpt2", precision="bf16-mixed", gpus="1", margin="1GiB")
-    assert (s.model, s.precision, s.gpus, s.margin) == ("gpt2", "bf16-mixed", "1", "1GiB")
-    assert s.precision is s.workload.precision and s.margin is s.search.margin
+    assert (s.workload.model, s.workload.precision, s.hardware.gpus, s.search.margin) == (
+        "gpt2",
+        "bf16-mixed",
+        "1",
+        "1GiB",
+    )
+    assert s.workload.precision is s.workload.precision and s.search.margin is s.search.margin

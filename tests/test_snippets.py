@@ -131,7 +131,7 @@ def test_no_lora_no_peft(fmt):
 def test_the_snippets_lora_model_is_the_one_memorymark_measured(settings):
     code = snippet("torch", settings, PLAN)
     lora_config = run(statement(code, "lora_config"), LoraConfig=LoraConfig)["lora_config"]
-    assert lora_config.r == settings.lora_rank
+    assert lora_config.r == settings.workload.lora_rank
     pasted = get_peft_model(CatalogStep(replace(settings, lora_rank=0)).build_model(), lora_config)
     measured = CatalogStep(settings).build_model()
     fields = ("target_modules", "lora_alpha", "lora_dropout", "task_type", "fan_in_fan_out")
@@ -207,7 +207,7 @@ def test_hf_training_arguments_build_for_real(settings, expected, monkeypatch, t
     args = run(statement(code, "args"), TrainingArguments=transformers.TrainingArguments)["args"]
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (128, 2)
     assert {name: getattr(args, name) for name in expected} == expected
-    if settings.grad_checkpointing:
+    if settings.workload.grad_checkpointing:
         assert args.gradient_checkpointing_kwargs == {"use_reentrant": False}  # as measured
 
 

@@ -121,22 +121,34 @@ def test_the_ceilings_bring_a_sweep_down_and_keep_the_cpu_backend_off() -> None:
     asked = Settings.from_query({"time_limit_seconds": "86400", "max_probes": "100000",
                                  "max_batch": "1048576"})  # fmt: skip
     applied, notes = server.apply(asked)
-    assert (applied.time_limit_seconds, applied.max_probes, applied.max_batch) == (60, 10, 512)
+    assert (
+        applied.search.time_limit_seconds,
+        applied.search.max_probes,
+        applied.search.max_batch,
+    ) == (60, 10, 512)
     assert len(notes) == 3
     unlimited, _ = server.apply(Settings())  # no limit asked: the server's
-    assert (unlimited.time_limit_seconds, unlimited.max_probes) == (60, 10)
+    assert (unlimited.search.time_limit_seconds, unlimited.search.max_probes) == (60, 10)
     with pytest.raises(ValueError, match="cpu backend .* is off on this server"):
         server.apply(Settings(backend="cpu"))
-    assert ServerConfig(allow_cpu_backend=True).apply(Settings(backend="cpu"))[0].backend == "cpu"
+    assert (
+        ServerConfig(allow_cpu_backend=True).apply(Settings(backend="cpu"))[0].hardware.backend
+        == "cpu"
+    )
 
 
 def test_the_ways_out_have_a_ceiling_of_their_own_apart_from_the_sweep_s() -> None:
     config = ServerConfig.from_sources({"MEMORYMARK_MAX_WAYS_OUT_TIME_LIMIT": "120"})
     assert (config.max_time_limit, config.max_ways_out_time_limit) == (300, 120)
     applied, notes = config.apply(Settings(ways_out_time_limit_seconds=600))
-    assert (applied.time_limit_seconds, applied.ways_out_time_limit_seconds) == (300, 120)
+    assert (applied.search.time_limit_seconds, applied.search.ways_out_time_limit_seconds) == (
+        300,
+        120,
+    )
     assert notes == ["ways_out_time_limit_seconds 600 s is above this server's 120 s"]
-    assert ServerConfig().apply(Settings())[0].ways_out_time_limit_seconds == 300  # the default
+    assert (
+        ServerConfig().apply(Settings())[0].search.ways_out_time_limit_seconds == 300
+    )  # the default
     with pytest.raises(ValueError, match="MEMORYMARK_MAX_WAYS_OUT_TIME_LIMIT has a bad value"):
         ServerConfig.from_sources({"MEMORYMARK_MAX_WAYS_OUT_TIME_LIMIT": "-1"})
 

@@ -36,9 +36,7 @@ KINDS = {
 
 
 def _backend(settings: Settings):
-    return resolve.resolve(
-        replace(settings, backend="sim"), gpu=gpus.find_gpu("a10")
-    ).open_backend()
+    return resolve.resolve(settings.replace(backend="sim"), gpu=gpus.find_gpu("a10")).open_backend()
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -246,7 +244,7 @@ def test_a_symbolic_sweep_answers_as_the_linear_walk_tracing_three_steps():
     linear = Session(Settings(**SMALL, strategy="linear")).analyze(fixes=False)
     session = Session(Settings(**SMALL))
     report = session.analyze(fixes=False)
-    assert report.settings.strategy == "symbolic"
+    assert report.settings.search.strategy == "symbolic"
     assert report.optimal.batch_size == linear.optimal.batch_size
     assert report.max_fit.batch_size == linear.max_fit.batch_size
     by_batch = {m.batch_size: m for m in linear.measurements}
@@ -279,7 +277,7 @@ def test_the_json_says_which_probes_were_replayed(capsys):
 def test_a_symbolic_sequence_length_search_answers_as_the_linear_walk():
     s = Settings(model="tiny-gpt2", attention="eager", backend="sim", gpu_memory_gib=1,
                  current_batch=512, seq_step=8, find="seq-len")  # fmt: skip
-    linear = Session(replace(s, strategy="linear")).find_seq_len()
+    linear = Session(s.replace(strategy="linear")).find_seq_len()
     session = Session(s)
     answer = session.find_seq_len()
     assert (answer.optimal_seq_len, answer.max_seq_len) == (
@@ -309,7 +307,7 @@ def test_a_forced_disagreement_falls_back_and_answers_as_the_linear_walk(monkeyp
 def test_compare_gpus_traces_one_gpu_per_capability_and_replays_the_others():
     catalog = tuple(gpus.find_gpu(name) for name in ("a10", "a10g", "t4"))
     settings = Settings(model="tiny-gpt2", seq_len=128, gpu="a10", backend="sim", step=64)
-    fast_rows, _ = Session(replace(settings, strategy="fast")).compare(catalog=catalog)
+    fast_rows, _ = Session(settings.replace(strategy="fast")).compare(catalog=catalog)
     rows, measurements = Session(settings).compare(catalog=catalog)
     assert [(r.gpu.name, r.max_batch, r.peak_bytes, r.relative_speed) for r in rows] == [
         (r.gpu.name, r.max_batch, r.peak_bytes, r.relative_speed) for r in fast_rows

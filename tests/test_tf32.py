@@ -44,7 +44,7 @@ def test_the_page_table_names_the_matmul_rate_and_the_note_cites_pytorchs_defaul
 
 def test_compare_on_the_command_line_takes_tf32(monkeypatch, capsys) -> None:
     args = build_parser().parse_args(["compare", "bert", "--tf32", "--hours-per-run", "3"])
-    assert settings_from_args(args).tf32 and args.hours_per_run == 3
+    assert settings_from_args(args).workload.tf32 and args.hours_per_run == 3
     monkeypatch.setattr(gpus, "CATALOG", (A10, A100))
     argv = ["compare", "tiny-gpt2", "--seq-len", "64", "--max-batch", "64", "--tf32"]
     assert main([*argv, "--json"]) == 0
@@ -59,4 +59,4 @@ def test_compare_on_the_command_line_takes_tf32(monkeypatch, capsys) -> None:
 @pytest.mark.parametrize("flag", [[], ["--tf32"]])
 def test_analyze_takes_tf32_too(flag: list[str]) -> None:
     args = build_parser().parse_args(["analyze", "bert", *flag])
-    assert settings_from_args(args).tf32 is bool(flag)
+    assert settings_from_args(args).workload.tf32 is bool(flag)

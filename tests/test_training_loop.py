@@ -1,7 +1,5 @@
 """The loop people run (issue 8): accumulation, clipping, the optimizer's implementation."""
 
-from dataclasses import replace
-
 import pytest
 
 from memorymark.backends.sim import SimBackend
@@ -26,7 +24,7 @@ def _trainable_bytes(settings):
 def test_accumulation_keeps_every_gradient_alive_through_the_next_micro_batch():
     s = Settings(model="tiny-bert", seq_len=32)
     one = measure(s)
-    two = measure(replace(s, grad_accum=2))
+    two = measure(s.replace(grad_accum=2))
     grads = _trainable_bytes(s)
     # The second micro-batch's forward and backward run with all gradients already allocated.
     assert two.peak_bytes - one.peak_bytes >= 0.9 * grads
@@ -36,14 +34,14 @@ def test_accumulation_keeps_every_gradient_alive_through_the_next_micro_batch():
 def test_the_peak_is_the_same_for_any_accumulation_past_one():
     s = Settings(model="tiny-gpt2", seq_len=32)
     assert (
-        measure(replace(s, grad_accum=2)).peak_bytes == measure(replace(s, grad_accum=5)).peak_bytes
+        measure(s.replace(grad_accum=2)).peak_bytes == measure(s.replace(grad_accum=5)).peak_bytes
     )
 
 
 def test_clipping_adds_only_small_temporaries_on_a_full_step():
     s = Settings(model="tiny-bert", seq_len=32)
     plain = measure(s)
-    clipped = measure(replace(s, max_grad_norm=1.0))
+    clipped = measure(s.replace(max_grad_norm=1.0))
     assert clipped.peak_bytes >= plain.peak_bytes
     assert clipped.peak_bytes - plain.peak_bytes < 0.05 * _trainable_bytes(s)
 
@@ -58,7 +56,7 @@ def test_clipping_under_a_grad_scaler_unscales_once():
 def test_forloop_optimizer_keeps_the_same_state_and_runs_other_kernels():
     s = Settings(model="tiny-bert", seq_len=8)
     foreach = measure(s, 1)
-    forloop = measure(replace(s, optimizer="adamw-forloop"), 1)
+    forloop = measure(s.replace(optimizer="adamw-forloop"), 1)
     assert forloop.breakdown is not None and foreach.breakdown is not None
     assert forloop.breakdown.optimizer_state == foreach.breakdown.optimizer_state
     # Per-tensor kernels allocate other temporaries than the foreach ones over every tensor.
@@ -70,7 +68,7 @@ def test_forloop_optimizer_keeps_the_same_state_and_runs_other_kernels():
 )
 def test_hf_trainer_optimizer_names_are_accepted(hf_name, ours):
     s = Settings(optimizer=hf_name)
-    assert s.optimizer == ours
+    assert s.workload.optimizer == ours
     assert Settings.from_query(s.to_query()) == s
 
 

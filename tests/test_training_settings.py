@@ -1,7 +1,5 @@
 """Each training setting moves memory the way it must (issue 5), on tiny models."""
 
-from dataclasses import replace
-
 import pytest
 
 from memorymark.backends.sim import SimBackend
@@ -22,7 +20,7 @@ def measure(settings, batch=16):
 def test_checkpointing_lowers_the_peak_and_the_activations_kept(model):
     plain = Settings(model=model, seq_len=64)
     without = measure(plain, 32)
-    with_ckpt = measure(replace(plain, grad_checkpointing=True), 32)
+    with_ckpt = measure(plain.replace(grad_checkpointing=True), 32)
     assert with_ckpt.peak_bytes < without.peak_bytes
     # What the forward keeps for backward: the activations alive when backward starts.
     assert with_ckpt.breakdown.activations < without.breakdown.activations
@@ -63,7 +61,7 @@ def test_optimizer_state_per_optimizer():
     params = _param_bytes(s)
     n_tensors = len(list(CatalogStep(s).build_model().parameters()))
     state = {
-        name: measure(replace(s, optimizer=name)).breakdown.optimizer_state
+        name: measure(s.replace(optimizer=name)).breakdown.optimizer_state
         for name in ("adamw", "adamw-fused", "sgd", "adafactor", "none")
     }
     assert state["adamw"] == state["adamw-fused"] == 2 * params + 4 * n_tensors

@@ -1,8 +1,6 @@
 """Ways out by hardware (the cheapest GPU that fits, the fewest GPUs under FSDP), their prices,
 and every place a report shows them; a stated peak is what applying the way out measures."""
 
-from dataclasses import replace
-
 import pytest
 
 from memorymark import Session, gpus
@@ -44,7 +42,7 @@ def test_the_cheapest_gpu_that_fits_beats_bigger_dearer_ones():
     # already passed their limit, so they are not stepped.
     assert stepped == ["T4", "RTX 4090", "A10", "A100 40GB"]
     assert fix.label == "a bigger GPU" and fix.title == "a bigger GPU: A100 40GB"
-    assert fix.settings.gpu == "A100 40GB" and fix.settings.gpu_memory_gib is None
+    assert fix.settings.hardware.gpu == "A100 40GB" and fix.settings.hardware.gpu_memory_gib is None
 
 
 def test_a_gpu_that_cannot_run_the_precision_is_passed_over():
@@ -72,7 +70,7 @@ def test_the_fewest_gpus_start_where_a_rank_s_share_of_the_states_fits():
     stepped = []
 
     def step(settings, gpu):
-        n = settings.gpu_count
+        n = settings.hardware.gpu_count
         stepped.append(n)
         return _step(2 + 100 / n)
 
@@ -81,7 +79,7 @@ def test_the_fewest_gpus_start_where_a_rank_s_share_of_the_states_fits():
     fix = hardware.fewest_gpus(settings, a10, step, states=100 * GIB, parameters=10**9)
     assert stepped == [5, 6]  # 5: 22 GiB, past the limit; 6: 18.7 GiB
     assert fix is not None and fix.fits and fix.gpus == 6
-    assert (fix.settings.dist, fix.settings.gpus) == ("fsdp", "6")
+    assert (fix.settings.hardware.dist, fix.settings.hardware.gpus) == ("fsdp", "6")
     assert fix.title == "several GPUs (FSDP): 6 x A10"
     # Six GPUs cost six times the hour, and the run's time is estimated.
     assert fix.usd_per_hour() == pytest.approx(6 * a10.usd_per_hour)
@@ -96,7 +94,7 @@ def test_a_gpu_count_past_the_search_s_first_tries_is_bisected():
     stepped = []
 
     def step(settings, gpu):
-        n = settings.gpu_count
+        n = settings.hardware.gpu_count
         stepped.append(n)
         return _step(15 + 100 / n)  # 100 GiB sharded, 15 GiB whatever the count
 
@@ -113,9 +111,9 @@ def test_no_more_gpus_are_stepped_once_activations_overflow_alone():
     stepped = []
 
     def step(settings, gpu):
-        stepped.append(settings.gpu_count)
+        stepped.append(settings.hardware.gpu_count)
         # 25 GiB of activations whatever the count: sharding never brings them down.
-        return _step(25 + 50 / settings.gpu_count, activations_gib=25)
+        return _step(25 + 50 / settings.hardware.gpu_count, activations_gib=25)
 
     settings = Settings(model="tiny-bert", gpu="a10")
     fix = hardware.fewest_gpus(settings, gpus.find_gpu("a10"), step, states=50 * GIB,
@@ -141,10 +139,10 @@ def _report_with_fixes() -> Report:
         Fix(label="QLoRA: NF4 + LoRA + checkpointing", settings=settings, gpu=a10,
             peak_bytes=25 * GIB, required_bytes=25 * GIB, limit_bytes=21 * GIB,
             lower_bound=True),
-        Fix(label=hardware.BIGGER_GPU, settings=replace(settings, gpu="A100 80GB"), gpu=a100,
+        Fix(label=hardware.BIGGER_GPU, settings=settings.replace(gpu="A100 80GB"), gpu=a100,
             peak_bytes=30 * GIB, required_bytes=31 * GIB, limit_bytes=77 * GIB, hardware=True,
             samples_per_second=100.0),
-        Fix(label=hardware.SEVERAL_GPUS, settings=replace(settings, dist="fsdp", gpus="4"),
+        Fix(label=hardware.SEVERAL_GPUS, settings=settings.replace(dist="fsdp", gpus="4"),
             gpu=a10, peak_bytes=9 * GIB, required_bytes=10 * GIB, limit_bytes=21 * GIB,
             hardware=True),
     )  # fmt: skip
@@ -215,8 +213,14 @@ def test_when_no_count_trains_the_model_qlora_is_sharded_over_the_fewest(monkeyp
     stepped = []
 
     def step(settings, gpu):
-        stepped.append((settings.quantization, settings.grad_checkpointing, settings.gpu_count))
-        fits = settings.quantization == "nf4" and (settings.gpu_count or 1) >= 4
+        stepped.append(
+            (
+                settings.workload.quantization,
+                settings.workload.grad_checkpointing,
+                settings.hardware.gpu_count,
+            )
+        )
+        fits = settings.workload.quantization == "nf4" and (settings.hardware.gpu_count or 1) >= 4
         return _step(15 if fits else 500)
 
     monkeypatch.setattr(hardware, "cheapest_gpu", lambda *a, **k: None)
@@ -231,5 +235,10 @@ def test_when_no_count_trains_the_model_qlora_is_sharded_over_the_fewest(monkeyp
     assert len(sharded) == 1 and sharded[0].fits and sharded[0].gpus == 4
     assert sharded[0].title == "QLoRA: NF4 + LoRA + checkpointing, on several GPUs (FSDP): 4 x A10"
     s = sharded[0].settings
-    assert (s.quantization, s.lora_rank, s.dist, s.gpus) == ("nf4", 16, "fsdp", "4")
+    assert (s.workload.quantization, s.workload.lora_rank, s.hardware.dist, s.hardware.gpus) == (
+        "nf4",
+        16,
+        "fsdp",
+        "4",
+    )
     assert [n for q, _, n in stepped if q == "nf4"] == [2, 3, 4]

@@ -6,8 +6,6 @@ Each step and state count here is a fake that moves a fake clock, so budgets are
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from memorymark import Session, gpus
@@ -62,7 +60,7 @@ class FakeBench:
 
     def __init__(self, clock: Clock, seconds: float, base: Settings) -> None:
         self.clock, self.seconds = clock, seconds
-        self.base = replace(base, backend="sim")  # the ways out are simulated
+        self.base = base.replace(backend="sim")  # the ways out are simulated
         self.done: list[str] = []
         self.real = Session(base).bench
 
@@ -71,7 +69,7 @@ class FakeBench:
 
     def measure(self, settings: Settings, gpu: gpus.GPU, batch_size: int = 1) -> Measurement:
         self.clock.now += self.seconds
-        self.done.append(f"step {gpu.name} x{settings.gpu_count}")
+        self.done.append(f"step {gpu.name} x{settings.hardware.gpu_count}")
         need = 100 * GIB if settings == self.base else 50 * GIB  # a change needs half of batch 1
         return Measurement(batch_size=1, fits=False, runs=False, peak_bytes=need,
                            required_bytes=need - 1, backend="sim", measured=False)  # fmt: skip

@@ -83,7 +83,7 @@ def peak_tflops(gpu: GPU, precision: str, *, tf32: bool = False) -> float:
 
 def without_precision(settings: Settings, catalog: tuple[GPU, ...] = gpus.CATALOG) -> list[GPU]:
     """The GPUs of `catalog` that cannot train at the settings' precision (bf16 before Ampere)."""
-    if settings.precision not in gpus.BF16_PRECISIONS:
+    if settings.workload.precision not in gpus.BF16_PRECISIONS:
         return []
     return [g for g in catalog if not g.supports_bf16]
 
@@ -101,7 +101,7 @@ def compare_gpus(
     Called through `engine.Session.compare`, which hands it `bench`."""
     costs = costs or Costs()
     # Every GPU of the catalog is simulated (a CPU run keeps its real CPU kernels).
-    settings = replace(settings, backend="cpu" if settings.backend == "cpu" else "sim")
+    settings = settings.replace(backend="cpu" if settings.hardware.backend == "cpu" else "sim")
     searches = _Searches(settings, bench)
     measured: list[Measurement] = []
     rows = []
@@ -114,7 +114,7 @@ def compare_gpus(
         measured += probes
         best_by_gpu[gpu.name] = best_fit(probes)
     # What the user's hours per run are for: their current batch on the GPU they chose.
-    baseline = searches.one(reference, settings.current_batch).samples_per_second
+    baseline = searches.one(reference, settings.search.current_batch).samples_per_second
     for gpu in catalog:
         best = best_by_gpu[gpu.name]
         speed = _relative_speed(best, gpu, reference, settings, baseline)
@@ -139,7 +139,7 @@ class _Searches:
     def __init__(self, settings: Settings, bench: Bench) -> None:
         self.settings = settings
         self.bench = bench
-        self.symbolic = settings.strategy == "symbolic"
+        self.symbolic = settings.search.strategy == "symbolic"
         self.traces: dict[tuple[int, int], tuple[Measurement, Measurement]] = {}
         self.replays: dict[tuple[int, int], Replays] = {}
 
@@ -152,8 +152,8 @@ class _Searches:
         strategy = pick_strategy(
             "symbolic" if self.symbolic else "fast",
             backend,
-            step=s.step,
-            max_batch=s.max_batch,
+            step=s.search.step,
+            max_batch=s.search.max_batch,
             capacity_bytes=policy.capacity_bytes,
             limit_bytes=policy.limit_bytes,
             confirmed=known.measured_by(backend.measurement_of) if known else None,
@@ -187,4 +187,6 @@ def _relative_speed(
 ) -> float:
     if best is not None and best.samples_per_second and baseline_samples_per_second:
         return best.samples_per_second / baseline_samples_per_second
-    return peak_tflops(gpu, settings.precision) / peak_tflops(reference, settings.precision)
+    return peak_tflops(gpu, settings.workload.precision) / peak_tflops(
+        reference, settings.workload.precision
+    )

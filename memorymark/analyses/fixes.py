@@ -59,7 +59,7 @@ def simulated_step(
 ) -> Measurement:
     """One simulated step at `batch_size` for `gpu`: past its capacity, the step still traces
     to its end and reports what it would need (`required_bytes`)."""
-    return bench.measure(replace(settings, backend="sim"), gpu, batch_size)
+    return bench.measure(settings.replace(backend="sim"), gpu, batch_size)
 
 
 def _together(s: Settings, combined: Settings) -> str | None:
@@ -67,29 +67,29 @@ def _together(s: Settings, combined: Settings) -> str | None:
     ("gradient checkpointing + bf16-true + LoRA rank 16 together"); None when fewer than two
     change, as that fix is then one already listed."""
     parts = []
-    if combined.grad_checkpointing != s.grad_checkpointing:
+    if combined.workload.grad_checkpointing != s.workload.grad_checkpointing:
         parts.append("gradient checkpointing")
-    if combined.precision != s.precision:
-        parts.append(combined.precision)
-    if combined.lora_rank != s.lora_rank:
-        parts.append(f"LoRA rank {combined.lora_rank}")
+    if combined.workload.precision != s.workload.precision:
+        parts.append(combined.workload.precision)
+    if combined.workload.lora_rank != s.workload.lora_rank:
+        parts.append(f"LoRA rank {combined.workload.lora_rank}")
     return f"{' + '.join(parts)} together" if len(parts) >= 2 else None
 
 
 def _variants(s: Settings, gpu: gpus.GPU) -> list[tuple[str, Settings]]:
     out = []
-    if not s.grad_checkpointing:
-        out.append(("gradient checkpointing", replace(s, grad_checkpointing=True)))
+    if not s.workload.grad_checkpointing:
+        out.append(("gradient checkpointing", s.replace(grad_checkpointing=True)))
     # bf16 only where the GPU has it: a fix that would fail there is no fix.
-    precision = "bf16-true" if gpu.supports_bf16 else s.precision
-    if s.precision != precision:
-        out.append(("bf16-true weights and optimizer", replace(s, precision=precision)))
-    if not s.lora_rank and s.optimizer != "none":
-        out.append((f"LoRA rank {LORA_RANK}", replace(s, lora_rank=LORA_RANK)))
-    if s.optimizer in ("adamw", "adamw-fused", "adamw-forloop"):
-        out.append(("8-bit AdamW (bitsandbytes)", replace(s, optimizer="adamw-8bit")))
-    combined = replace(
-        s, grad_checkpointing=True, precision=precision, lora_rank=s.lora_rank or LORA_RANK
+    precision = "bf16-true" if gpu.supports_bf16 else s.workload.precision
+    if s.workload.precision != precision:
+        out.append(("bf16-true weights and optimizer", s.replace(precision=precision)))
+    if not s.workload.lora_rank and s.workload.optimizer != "none":
+        out.append((f"LoRA rank {LORA_RANK}", s.replace(lora_rank=LORA_RANK)))
+    if s.workload.optimizer in ("adamw", "adamw-fused", "adamw-forloop"):
+        out.append(("8-bit AdamW (bitsandbytes)", s.replace(optimizer="adamw-8bit")))
+    combined = s.replace(
+        grad_checkpointing=True, precision=precision, lora_rank=s.workload.lora_rank or LORA_RANK
     )
     together = _together(s, combined)
     if together is not None:
@@ -107,15 +107,14 @@ def _qlora(s: Settings, gpu: gpus.GPU) -> Settings | None:
     """The QLoRA recipe (Dettmers et al. 2023, as PEFT's docs run it) for these settings: NF4
     base weights with double quant, bf16 compute where the GPU has it, LoRA, checkpointing.
     None for a model bitsandbytes does not quantize here (timm, torchvision) or inference."""
-    if s.optimizer == "none" or s.forward_only:
+    if s.workload.optimizer == "none" or s.workload.forward_only:
         return None
     precision = "bf16-mixed" if gpu.supports_bf16 else "16-mixed"
     try:
-        return replace(
-            s,
+        return s.replace(
             quantization="nf4",
             double_quant=True,
-            lora_rank=s.lora_rank or LORA_RANK,
+            lora_rank=s.workload.lora_rank or LORA_RANK,
             grad_checkpointing=True,
             precision=precision,
         )
@@ -126,10 +125,10 @@ def _qlora(s: Settings, gpu: gpus.GPU) -> Settings | None:
 def _fused_loss(s: Settings) -> Settings | None:
     """The settings with Liger's kernels, whose fused loss never holds a causal LM's whole
     logits (memorymark/step/fused_loss.py); None where they do not apply."""
-    if s.kernels == "liger" or s.loss != "task":
+    if s.workload.kernels == "liger" or s.workload.loss != "task":
         return None
     try:
-        return replace(s, kernels="liger", loss_chunks=0, backend=_simulable(s.backend))
+        return s.replace(kernels="liger", loss_chunks=0, backend=_simulable(s.hardware.backend))
     except ValueError:  # not a causal LM
         return None
 
@@ -301,7 +300,7 @@ class WaysOutSearch:
 def _several_gpus_plan(settings: Settings, gpu: gpus.GPU) -> list[str]:
     """The labels `_several_gpus_stages` yields for these settings, in its order."""
     plan = [hardware.SEVERAL_GPUS]
-    if not settings.grad_checkpointing:
+    if not settings.workload.grad_checkpointing:
         plan.append(CHECKPOINTED_SEVERAL)
     qlora = _qlora(settings, gpu)
     if qlora is not None and qlora != settings:
@@ -322,12 +321,12 @@ def _several_gpus_stages(
     (`_several_gpus_plan`'s labels), with the way out it found or None."""
     several = hardware.fewest_gpus(settings, gpu, step, states, parameters)
     yield hardware.SEVERAL_GPUS, several
-    if not settings.grad_checkpointing:
+    if not settings.workload.grad_checkpointing:
         checkpointed = None
         if several is not None and not several.fits:
             # Sharding leaves activations whole: checkpointing is what lets more GPUs help.
             try:
-                on = replace(settings, grad_checkpointing=True)
+                on = settings.replace(grad_checkpointing=True)
                 checkpointed = hardware.fewest_gpus(
                     on, gpu, step, states, parameters, CHECKPOINTED_SEVERAL
                 )
@@ -350,7 +349,7 @@ def _bigger_gpu(settings: Settings, gpu: gpus.GPU, step: hardware.Step, states: 
     if cheapest is not None:
         return cheapest
     biggest = max(gpus.CATALOG, key=lambda g: g.usable_bytes)
-    on_it = replace(settings, gpu=biggest.name, gpu_memory_gib=None)
+    on_it = settings.replace(gpu=biggest.name, gpu_memory_gib=None)
     limit = hardware.limit_bytes(on_it, biggest)
     if biggest.usable_bytes > gpu.usable_bytes and states > limit:
         return replace(_bound(hardware.BIGGER_GPU, on_it, biggest, states, limit), hardware=True)

@@ -63,11 +63,11 @@ def cheapest_gpu(
     live_by_arch: dict[tuple[int, int], int] = {}
     for gpu in candidates:
         try:  # what a Session refuses on this GPU: bf16 or FlashAttention-2 before Ampere
-            gpu.check_precision(settings.precision)
-            gpu.check_attention(settings.attention)
+            gpu.check_precision(settings.workload.precision)
+            gpu.check_attention(settings.workload.attention)
         except ValueError:
             continue
-        variant = replace(settings, gpu=gpu.name, gpu_memory_gib=None)
+        variant = settings.replace(gpu=gpu.name, gpu_memory_gib=None)
         limit = limit_bytes(variant, gpu)
         if states > limit or live_by_arch.get(gpu.compute_capability, 0) > limit:
             continue
@@ -90,12 +90,14 @@ def fewest_gpus(
     use) on which batch 1 of `settings` fits sharded with FSDP; the largest count stepped, as
     still too big, when none does; None when FSDP does not apply (inference, a setting it does
     not take) or no count is left. `parameters` prices the traffic."""
-    if settings.forward_only:
+    if settings.workload.forward_only:
         return None
-    dist = settings.dist if settings.dist in ("fsdp", "fsdp-no-reshard") else "fsdp"
-    offload = settings.offload if dist == settings.dist else "none"
+    dist = (
+        settings.hardware.dist if settings.hardware.dist in ("fsdp", "fsdp-no-reshard") else "fsdp"
+    )
+    offload = settings.hardware.offload if dist == settings.hardware.dist else "none"
     try:
-        base = replace(settings, dist=dist, offload=offload, gpus="2", nodes=None)
+        base = settings.replace(dist=dist, offload=offload, gpus="2", nodes=None)
     except ValueError:
         return None
 
@@ -107,12 +109,12 @@ def fewest_gpus(
 
     # Each rank holds at least 1/n of the sharded states (none of them, offloaded to the host).
     sharded = states if offload == "none" else 0
-    already = settings.gpu_count or 1
+    already = settings.hardware.gpu_count or 1
     counts = [n for n in topology.cluster_counts() if n > already and sharded <= n * limit(n)]
     steps: dict[int, Measurement] = {}
 
     def fits(s: Settings) -> Measurement:
-        n = s.gpu_count or 1
+        n = s.hardware.gpu_count or 1
         steps[n] = step(s, gpu)
         # Judged as every way out is (within the limit, margin kept), not only "runs".
         within = required(steps[n]) <= limit(n)

@@ -132,5 +132,5 @@ class BackwardProof:
 def protocol_settings(settings: Settings, key: str) -> Settings:
     """`settings` changed to run one of the four protocols."""
     overrides = next(o for k, _, o in PROTOCOLS if k == key)
-    optimizer = settings.optimizer if settings.optimizer != "none" else "adamw"
+    optimizer = settings.workload.optimizer if settings.workload.optimizer != "none" else "adamw"
     return replace(settings, **{"optimizer": optimizer, **overrides})

@@ -89,10 +89,10 @@ def row_from_report(
 ) -> ScaleOutRow:
     """A count's row from its sweep's report (`param_count`: the model's parameters)."""
     s = report.settings
-    gpus, nodes = s.gpu_count or 1, s.node_count if s.gpu_count else 1
+    gpus, nodes = s.hardware.gpu_count or 1, s.hardware.node_count if s.hardware.gpu_count else 1
     best = report.optimal
     shown = best or next((m for m in report.measurements if m.batch_size == 1), None)
-    nccl = topology.nccl_bytes(s.dist, gpus, nodes)
+    nccl = topology.nccl_bytes(s.hardware.dist, gpus, nodes)
     if best is None or best.samples_per_second is None:
         return ScaleOutRow(
             gpus=gpus, nodes=nodes, per_gpu_batch=None, global_batch=None,
@@ -100,10 +100,10 @@ def row_from_report(
             states_bytes=states_bytes(shown), nccl_bytes=nccl, compute_seconds=None,
             comm_seconds=None, step_seconds=None, samples_per_second=None, usd_per_run=None,
         )  # fmt: skip
-    samples = best.batch_size * s.grad_accum
+    samples = best.batch_size * s.workload.grad_accum
     compute = samples / best.samples_per_second
     traffic = topology.step_traffic(
-        s.dist, gpus, nodes, param_count, _bytes(s, compute=True), _bytes(s, compute=False)
+        s.hardware.dist, gpus, nodes, param_count, _bytes(s, compute=True), _bytes(s, compute=False)
     )
     comm = topology.comm_seconds(
         traffic, report.gpu.intra_node_bytes_per_s, report.gpu.inter_node_bytes_per_s
@@ -129,10 +129,13 @@ def row_from_report(
 
 def _bytes(settings: Settings, *, compute: bool) -> int:
     """Bytes per element gathered (compute dtype) or reduced (fp32 under the default policy)."""
-    if settings.precision == "bf16-true":
+    if settings.workload.precision == "bf16-true":
         return 2
-    lower = settings.precision in ("bf16-mixed", "16-mixed") and settings.mp_policy == "auto"
-    if compute and lower and settings.dist in topology.SHARDED:
+    lower = (
+        settings.workload.precision in ("bf16-mixed", "16-mixed")
+        and settings.hardware.mp_policy == "auto"
+    )
+    if compute and lower and settings.hardware.dist in topology.SHARDED:
         return 2
     return 4
 

@@ -268,7 +268,7 @@ class Backend:
         with tracker.pass_apart() as apart:
             self._reset_device_peak()
             self.training_step.run_eval(self._model, eval_batch, self.device, self._on_phase)
-            if self.training_step.settings.eval_accumulation is not None:
+            if self.training_step.settings.workload.eval_accumulation is not None:
                 # Trainer empties the cache each time it moves the kept predictions to the
                 # CPU (transformers/trainer.py `evaluation_loop`), and only then.
                 tracker.events.append(allocator.EMPTY_CACHE)
@@ -334,7 +334,7 @@ class Backend:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._label_gradient)
         self._model, self._optimizer, self._tracker = model, optimizer, tracker
-        if self.training_step.settings.quantization != "none":
+        if self.training_step.settings.workload.quantization != "none":
             self._quantized_bytes = quantization.quantized_bytes(model)
         return tracker
 
@@ -414,7 +414,7 @@ class Backend:
             error = self._past_capacity(required)
         note = self._retry_note(retries) if verdict.runs and retries else None
         ran = verdict.runs
-        samples = batch_size * self.training_step.settings.grad_accum
+        samples = batch_size * self.training_step.settings.workload.grad_accum
         sps, source = self._throughput(samples, seconds, work) if ran else (None, None)
         paged = self._paged_bytes(tracker)
         return Measurement(
@@ -474,7 +474,7 @@ class Backend:
 
     def _paged_bytes(self, tracker: MemoryTracker | StepRecord | None) -> int | None:
         """Optimizer state in CUDA unified memory, or None when the optimizer is not paged."""
-        if not self.training_step.settings.paged_optimizer:
+        if not self.training_step.settings.workload.paged_optimizer:
             return None
         counted = tracker.unified_bytes if tracker is not None else 0
         state = self._optimizer.state.values() if self._optimizer is not None else ()

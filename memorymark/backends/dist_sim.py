@@ -158,7 +158,7 @@ class _NoRebuild:
 
 
 class DistSimBackend(SimBackend):
-    """Simulates rank 0 of `settings.gpu_count` GPUs under `settings.dist`."""
+    """Simulates rank 0 of `settings.hardware.gpu_count` GPUs under `settings.hardware.dist`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -168,7 +168,7 @@ class DistSimBackend(SimBackend):
     @property
     def world_size(self) -> int:
         """Ranks simulated: the GPUs asked for."""
-        count = self.training_step.settings.gpu_count
+        count = self.training_step.settings.hardware.gpu_count
         if count is None:
             raise ValueError("give a GPU count: --gpus auto is for analyze, which searches it")
         return count
@@ -215,7 +215,7 @@ class DistSimBackend(SimBackend):
 
     def _prepare(self) -> Any:
         tracker = super()._prepare()
-        if self.training_step.settings.offload == "cpu" and self._model is not None:
+        if self.training_step.settings.hardware.offload == "cpu" and self._model is not None:
             # CPUOffloadPolicy: parameter shards and optimizer state live in host memory.
             optimizer = self._optimizer
             tracker.to_host(
@@ -225,7 +225,7 @@ class DistSimBackend(SimBackend):
 
     def _run_optimizer(self, optimizer_phase: Any) -> None:
         tracker = self._tracker
-        if self.training_step.settings.offload != "cpu" or tracker is None:
+        if self.training_step.settings.hardware.offload != "cpu" or tracker is None:
             super()._run_optimizer(optimizer_phase)
             return
         # With CPUOffloadPolicy the optimizer steps on the CPU: nothing it allocates is the GPU's.
@@ -236,7 +236,7 @@ class DistSimBackend(SimBackend):
             tracker.host_allocations = False
 
     def _build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
-        if self.training_step.settings.forward_only:
+        if self.training_step.settings.workload.forward_only:
             return None
         return sharding.build_optimizer(self.training_step.settings, model, self._mesh)
 

@@ -148,10 +148,10 @@ def simulated_backend(
     step = step or CatalogStep(settings)
     workspace = gpus.thread_workspace(gpu.compute_capability, versions.release())
     backend: Backend
-    if name == "cpu" and settings.dist != "none":
+    if name == "cpu" and settings.hardware.dist != "none":
         ranked = _ranked(CpuBackend, settings, "cpu")
         backend = ranked(step, policy=policy, thread_workspace=workspace)
-    elif name == "sim" and settings.dist != "none":
+    elif name == "sim" and settings.hardware.dist != "none":
         from memorymark.backends.dist_sim import DistSimBackend  # torch.distributed loads only here
 
         backend = DistSimBackend(step, gpu=gpu, policy=policy, thread_workspace=workspace)
@@ -160,7 +160,7 @@ def simulated_backend(
     else:
         backend = CpuBackend(step, policy=policy, thread_workspace=workspace)
     # The step's time is estimated for the GPU simulated, not this machine's CPU.
-    backend.roofline = throughput.Roofline.for_gpu(gpu, tf32=settings.tf32)
+    backend.roofline = throughput.Roofline.for_gpu(gpu, tf32=settings.workload.tf32)
     return backend
 
 
@@ -170,8 +170,8 @@ def _ranked(kind: type[Backend], settings: Settings, device: str) -> Any:
 
     if device == "mps" or not torchrun.under_torchrun():
         raise ValueError(
-            f"measuring {settings.gpus} GPUs for real takes one process per GPU: torchrun "
-            f"--nproc-per-node {settings.gpus} -m memorymark analyze ... (cuda or cpu); "
+            f"measuring {settings.hardware.gpus} GPUs for real takes one process per GPU: torchrun "
+            f"--nproc-per-node {settings.hardware.gpus} -m memorymark analyze ... (cuda or cpu); "
             "or --backend sim to simulate them"
         )
     torchrun.check_world(settings)
@@ -190,7 +190,11 @@ def device_backend(
     the detected GPU's, or that of the one a capped process emulates (calibrate); it runs
     `step` (the catalog's for `settings` unless given)."""
     module = _cuda(cuda) if name == "cuda" else torch.mps
-    kind = DeviceBackend if settings.dist == "none" else _ranked(DeviceBackend, settings, name)
+    kind = (
+        DeviceBackend
+        if settings.hardware.dist == "none"
+        else _ranked(DeviceBackend, settings, name)
+    )
     return kind(
         step or CatalogStep(settings),
         policy=policy,

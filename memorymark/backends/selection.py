@@ -42,14 +42,19 @@ class LocalGPUs:
 
 def backend_name(settings: Settings, here: Accelerators) -> str:
     """The backend `auto` means here: the local GPU when it is the one asked about, else sim."""
-    if settings.backend != "auto":
-        return settings.backend
-    asks_other_gpu = settings.gpu is not None or settings.gpu_memory_gib is not None
+    if settings.hardware.backend != "auto":
+        return settings.hardware.backend
+    asks_other_gpu = (
+        settings.hardware.gpu is not None or settings.hardware.gpu_memory_gib is not None
+    )
     local = here.cuda_gpu
     if local is not None:
         if not asks_other_gpu:
             return "cuda"
-        if settings.gpu is not None and gpus.find_gpu(settings.gpu).name == local.name:
+        if (
+            settings.hardware.gpu is not None
+            and gpus.find_gpu(settings.hardware.gpu).name == local.name
+        ):
             return "cuda"
         return "sim"
     if not asks_other_gpu and here.mps_gpu is not None:
@@ -72,10 +77,10 @@ def run_gpu(settings: Settings, backend: str, here: Accelerators) -> gpus.GPU:
                 "backend mps asked for, but PyTorch sees no Apple GPU; use --backend sim"
             )
         return here.mps_gpu
-    if settings.gpu_memory_gib is not None:
-        return gpus.custom_gpu(settings.gpu_memory_gib)
-    if settings.gpu is not None:
-        return gpus.find_gpu(settings.gpu)
+    if settings.hardware.gpu_memory_gib is not None:
+        return gpus.custom_gpu(settings.hardware.gpu_memory_gib)
+    if settings.hardware.gpu is not None:
+        return gpus.find_gpu(settings.hardware.gpu)
     if here.cuda_gpu is not None:
         return here.cuda_gpu
     return gpus.find_gpu(gpus.DEFAULT_SIMULATED_GPU)
@@ -84,10 +89,10 @@ def run_gpu(settings: Settings, backend: str, here: Accelerators) -> gpus.GPU:
 def rank_gpu(settings: Settings, gpu: gpus.GPU) -> gpus.GPU:
     """`gpu` as one rank of the settings' distributed run sees it: less NCCL's buffers, which
     live outside the caching allocator (memorymark/distributed/topology.py); itself on one GPU."""
-    count = settings.gpu_count
+    count = settings.hardware.gpu_count
     nccl = 0
-    if settings.dist != "none" and count is not None:
-        nccl = topology.nccl_bytes(settings.dist, count, settings.node_count)
+    if settings.hardware.dist != "none" and count is not None:
+        nccl = topology.nccl_bytes(settings.hardware.dist, count, settings.hardware.node_count)
     if nccl >= gpu.total_bytes - gpu.context_bytes:
         raise ValueError(f"the {gpu.name} has no memory left once NCCL's buffers are taken")
     return gpu if nccl == gpu.nccl_bytes else replace(gpu, nccl_bytes=nccl)

@@ -30,9 +30,9 @@ MESH_DIMS = ("replicate", "shard")
 
 def mesh_shape(settings: Settings) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """(shape, dimension names) of the device mesh the strategy shards over."""
-    gpus = settings.gpu_count or 1
-    if settings.dist == "hsdp":
-        nodes = settings.node_count
+    gpus = settings.hardware.gpu_count or 1
+    if settings.hardware.dist == "hsdp":
+        nodes = settings.hardware.node_count
         return (nodes, gpus // nodes), MESH_DIMS
     return (gpus,), ("shard",)
 
@@ -50,8 +50,8 @@ def blocks(model: nn.Module) -> list[nn.Module]:
 def _mp_policy(settings: Settings) -> Any:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    dtype = cuda_rules.AUTOCAST_DTYPES.get(settings.precision)
-    if settings.mp_policy == "none" or dtype is None:
+    dtype = cuda_rules.AUTOCAST_DTYPES.get(settings.workload.precision)
+    if settings.hardware.mp_policy == "none" or dtype is None:
         return MixedPrecisionPolicy()
     # bf16 (fp16) parameters for compute, gradients reduced in fp32: torchtitan's default.
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
@@ -60,29 +60,29 @@ def _mp_policy(settings: Settings) -> Any:
 def shard_model(
     model: nn.Module, settings: Settings, mesh: Any, ddp_kwargs: dict, *, pin_memory: bool = True
 ) -> nn.Module:
-    """`model` spread over `mesh` as `settings.dist` says (the returned module trains).
+    """`model` spread over `mesh` as `settings.hardware.dist` says (the returned module trains).
     `pin_memory`: offloaded states in page-locked host memory (CPUOffloadPolicy's default;
     fake tensors cannot pin, and pinning moves no GPU memory)."""
-    if settings.dist in topology.SHARDED:
+    if settings.hardware.dist in topology.SHARDED:
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         kwargs = {
             "mesh": mesh,
             "mp_policy": _mp_policy(settings),
             "offload_policy": CPUOffloadPolicy(pin_memory=pin_memory)
-            if settings.offload == "cpu"
+            if settings.hardware.offload == "cpu"
             else OffloadPolicy(),
         }
-        reshard = settings.dist != "fsdp-no-reshard"
+        reshard = settings.hardware.dist != "fsdp-no-reshard"
         for block in blocks(model):
             fully_shard(block, reshard_after_forward=reshard, **kwargs)
         fully_shard(model, reshard_after_forward=reshard, **kwargs)
         return model
-    if settings.dist in ("ddp", "zero1"):
+    if settings.hardware.dist in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(model, process_group=mesh.get_group(), **ddp_kwargs)
-    raise ValueError(f"no distributed strategy to apply for dist={settings.dist!r}")
+    raise ValueError(f"no distributed strategy to apply for dist={settings.hardware.dist!r}")
 
 
 def build_optimizer(
@@ -91,8 +91,8 @@ def build_optimizer(
     """The optimizer over the trainable parameters; zero1 shards its state with
     `ZeroRedundancyOptimizer` (each rank steps its own partition, then broadcasts it)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    local = optimizers.build_optimizer(settings.optimizer, params)
-    if settings.dist != "zero1" or local is None:
+    local = optimizers.build_optimizer(settings.workload.optimizer, params)
+    if settings.hardware.dist != "zero1" or local is None:
         return local
     with warnings.catch_warnings():
         # torch.distributed.optim scripts its functional optimizers at import, and torch 2.13

@@ -194,8 +194,8 @@ def target_capability(settings: Settings, gpu: gpus.GPU | None = None) -> tuple[
     """Compute capability of the GPU simulated: `gpu`'s, else the named one's, else Ampere's."""
     if gpu is not None:
         return gpu.compute_capability
-    if settings.gpu is not None and settings.gpu_memory_gib is None:
-        return gpus.find_gpu(settings.gpu).compute_capability
+    if settings.hardware.gpu is not None and settings.hardware.gpu_memory_gib is None:
+        return gpus.find_gpu(settings.hardware.gpu).compute_capability
     return gpus.UNKNOWN_COMPUTE_CAPABILITY
 
 
@@ -265,7 +265,7 @@ class SimBackend(Backend):
     def _build_model(self) -> nn.Module:
         with torch.device("meta"), simulation_scope(), self._user_code("meta"):
             model = self.training_step.build_model(emulate_kernels=True)
-        if self.training_step.settings.kernels == "liger":
+        if self.training_step.settings.workload.kernels == "liger":
             self._kernel_patches = liger.rope_patches(model)
         # A user's EMA weights and the like: the same objects, fake from now on.
         fake_in_place(getattr(self.training_step, "alongside", ()), self._fake_mode)
@@ -318,8 +318,8 @@ class SimBackend(Backend):
         return (
             self.reuse_optimizer_step
             and type(optimizer) in _STATE_FIRST
-            and s.max_grad_norm is None
-            and not cuda_rules.uses_grad_scaler(s.precision)
+            and s.workload.max_grad_norm is None
+            and not cuda_rules.uses_grad_scaler(s.workload.precision)
         )
 
     def _run_optimizer(self, optimizer_phase: Callable[[], None]) -> None:

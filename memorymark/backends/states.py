@@ -43,11 +43,13 @@ def counted_states(settings: Settings) -> tuple[int, int]:
     # double quant) is one, not a parameter (memorymark/step/quantization.py).
     held = [*model.parameters(), *model.buffers()]
     weights = sum(t.numel() * t.element_size() for t in held)
-    if settings.forward_only or settings.optimizer == "none":
+    if settings.workload.forward_only or settings.workload.optimizer == "none":
         return weights, parameters
     trained = [p for p in model.parameters() if p.requires_grad]
     trainable = sum(p.numel() * p.element_size() for p in trained)
-    return weights + trainable + _state_lower_bound(settings.optimizer, trained), parameters
+    return weights + trainable + _state_lower_bound(
+        settings.workload.optimizer, trained
+    ), parameters
 
 
 def _state_lower_bound(optimizer: str, trained: list[Any]) -> int:

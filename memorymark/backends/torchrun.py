@@ -63,11 +63,12 @@ def ensure_process_group(device: str) -> None:
 def check_world(settings: Settings) -> None:
     """Refuse settings whose GPU count is not the number of processes torchrun started."""
     world = int(os.environ["WORLD_SIZE"])
-    if settings.dist == "none":
+    if settings.hardware.dist == "none":
         raise ValueError(f"torchrun started {world} processes: choose --dist (fsdp, ddp, ...)")
-    if settings.gpu_count != world:
+    if settings.hardware.gpu_count != world:
         raise ValueError(
-            f"--gpus {settings.gpus} under torchrun with {world} processes: give --gpus {world}"
+            f"--gpus {settings.hardware.gpus} under torchrun with {world} processes: "
+            f"give --gpus {world}"
         )
 
 
@@ -116,7 +117,7 @@ class RankedBackend:
         return sharding.shard_model(model, self.training_step.settings, self._device_mesh, ddp)
 
     def _build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
-        if self.training_step.settings.forward_only:
+        if self.training_step.settings.workload.forward_only:
             return None
         return sharding.build_optimizer(self.training_step.settings, model, self._device_mesh)
 

@@ -154,15 +154,17 @@ def _settings(
 
 def _describe(s: Settings) -> str:
     """ "gpt2, full bf16-mixed adamw, checkpointing, seq 128" (the table's words)."""
-    parts = [f"{s.model}, {s.protocol} {s.precision} {s.optimizer}"]
-    if s.grad_checkpointing:
+    parts = [
+        f"{s.workload.model}, {s.workload.protocol} {s.workload.precision} {s.workload.optimizer}"
+    ]
+    if s.workload.grad_checkpointing:
         parts.append("checkpointing")
-    if s.lora_rank:
-        parts.append(f"LoRA r{s.lora_rank}")
-    if s.grad_accum != 1:
-        parts.append(f"accumulation {s.grad_accum}")
-    text = models.find_model(s.model).input_kind == "text"
-    parts.append(f"seq {s.seq_len}" if text else f"{s.image_size}px")
+    if s.workload.lora_rank:
+        parts.append(f"LoRA r{s.workload.lora_rank}")
+    if s.workload.grad_accum != 1:
+        parts.append(f"accumulation {s.workload.grad_accum}")
+    text = models.find_model(s.workload.model).input_kind == "text"
+    parts.append(f"seq {s.workload.seq_len}" if text else f"{s.workload.image_size}px")
     return ", ".join(parts)
 
 

@@ -161,7 +161,7 @@ def as_run(device_gpu: gpus.GPU, capacity_bytes: int, capped_as: str = "") -> gp
 
 
 def _session(settings: Settings, gpu: gpus.GPU, backend: str, cuda: Any = None) -> Session:
-    return Session(replace(settings, backend=backend), gpu=gpu, cuda=cuda)
+    return Session(settings.replace(backend=backend), gpu=gpu, cuda=cuda)
 
 
 def predicted_boundary(settings: Settings, gpu: gpus.GPU) -> tuple[int, int, int]:
@@ -169,12 +169,12 @@ def predicted_boundary(settings: Settings, gpu: gpus.GPU) -> tuple[int, int, int
     against the whole capacity, whatever the margin), the sweep's step, and the batch
     MemoryMark recommends (the default margin, no allocation retry); 0 for a batch when there
     is none."""
-    session = Session(replace(settings, backend="sim", gpu=gpu.name, margin=RECOMMENDED_MARGIN))
+    session = Session(settings.replace(backend="sim", gpu=gpu.name, margin=RECOMMENDED_MARGIN))
     report = session.analyze(fixes=False, plan=False)
     best, optimal = report.max_fit, report.optimal
     return (
         best.batch_size if best is not None else 0,
-        settings.step,
+        settings.search.step,
         optimal.batch_size if optimal is not None else 0,
     )
 
@@ -239,20 +239,20 @@ def _row(
     predicted: Loop,
     boundary_check: str,
 ) -> CalibrationRow:
-    text = models.find_model(settings.model).input_kind == "text"
+    text = models.find_model(settings.workload.model).input_kind == "text"
     return CalibrationRow(
         environment=env,
-        model=settings.model,
-        task=settings.resolved_task,
-        precision=settings.precision,
-        optimizer=settings.optimizer,
-        grad_checkpointing=settings.grad_checkpointing,
-        lora_rank=settings.lora_rank,
-        protocol=settings.protocol,
-        seq_len=settings.seq_len if text else None,
-        image_size=None if text else settings.image_size,
+        model=settings.workload.model,
+        task=settings.workload.resolved_task,
+        precision=settings.workload.precision,
+        optimizer=settings.workload.optimizer,
+        grad_checkpointing=settings.workload.grad_checkpointing,
+        lora_rank=settings.workload.lora_rank,
+        protocol=settings.workload.protocol,
+        seq_len=settings.workload.seq_len if text else None,
+        image_size=None if text else settings.workload.image_size,
         batch_size=batch_size,
-        grad_accum=settings.grad_accum,
+        grad_accum=settings.workload.grad_accum,
         boundary_check=boundary_check,
         capacity_bytes=gpu.usable_bytes,
         measured_allocated_bytes=measured.allocated_bytes,

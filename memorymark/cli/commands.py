@@ -89,7 +89,7 @@ def _target_gpu(settings: Settings) -> gpus.GPU | None:
 
 
 def _analyze(args: argparse.Namespace, settings: Settings, training: Training | None) -> int:
-    if settings.find == "seq-len":
+    if settings.search.find == "seq-len":
         return _find_seq_len(args, settings)
     fmt = "json" if args.json else (args.format or "text")
     costs = Costs(
@@ -103,16 +103,16 @@ def _analyze(args: argparse.Namespace, settings: Settings, training: Training | 
     session = Session(settings, training=training)
     session.check_time_limit()  # before the header: a refusal is the only line printed
     talk = fmt == "text"
-    if settings.gpu_count is None:
+    if settings.hardware.gpu_count is None:
         session = session.with_min_gpus()
         if talk:
             assert session.gpu_search is not None
             render.print_gpu_search(session.gpu_search)
     if talk:
         s = session.settings
-        ranks = "" if s.dist == "none" else render.ranks_text(s)
+        ranks = "" if s.hardware.dist == "none" else render.ranks_text(s)
         gpu, backend, source = session.gpu, session.backend_name, session.memory_source
-        subject = training.label if training is not None else settings.model
+        subject = training.label if training is not None else settings.workload.model
         print(render.header_line(subject, gpu, backend, source, ranks))
     for m in _quietly(session.stream(), training):
         if talk:
@@ -152,7 +152,7 @@ def _print_ways_out_as_found(session: Session) -> None:
     """Nothing fit: each way out on its own line the moment the search finds it (the report
     lists them all again, priced, at the end)."""
     print(f"  ... {FIXES_STAGE}", flush=True)
-    limit = session.settings.ways_out_time_limit_seconds
+    limit = session.settings.search.ways_out_time_limit_seconds
     if limit is not None:
         print(f"  ... within {limit:g} s (--ways-out-time-limit)", flush=True)
     for _label, fix in session.ways_out().stages():
@@ -196,7 +196,7 @@ def _find_seq_len(args: argparse.Namespace, settings: Settings) -> int:
     session = Session(settings)
     talk = not args.json and args.format != "json"
     if talk:
-        subject = f"{settings.model} at batch {settings.current_batch}"
+        subject = f"{settings.workload.model} at batch {settings.search.current_batch}"
         print(render.header_line(subject, session.gpu, session.backend_name, session.memory_source))
     for seq_len, m in session.stream_seq_len():
         if talk:
@@ -214,7 +214,7 @@ def _find_seq_len(args: argparse.Namespace, settings: Settings) -> int:
 def _compare(args: argparse.Namespace, settings: Settings) -> int:
     session = Session(settings)
     rows, probes = session.compare(Costs(hours_per_run=args.hours_per_run))
-    data = [r.to_dict(settings.precision, tf32=settings.tf32) for r in rows]
+    data = [r.to_dict(settings.workload.precision, tf32=settings.workload.tf32) for r in rows]
     if args.json:
         render.print_json(data)
         return 0
@@ -226,11 +226,13 @@ def _compare(args: argparse.Namespace, settings: Settings) -> int:
             f"{d['peak_tflops']:>8.1f} {d['usd_per_hour']:>7} {d['relative_speed']:>6.2f} "
             f"{d['est_hours_per_run']:>9.2f} {d['est_cost_per_run_usd']:>8.2f}"
         )
-    matmuls = "TF32" if settings.tf32 else "plain FP32 (PyTorch's default; --tf32 for TF32)"
-    rate = matmuls if settings.precision == "32-true" else "tensor-core 16-bit"
+    matmuls = (
+        "TF32" if settings.workload.tf32 else "plain FP32 (PyTorch's default; --tf32 for TF32)"
+    )
+    rate = matmuls if settings.workload.precision == "32-true" else "tensor-core 16-bit"
     print(
         f"max batch simulated ({len(probes)} probes); TFLOP/s: {rate}; speed, hours and cost "
-        f"estimated against {args.hours_per_run:g} h at batch {settings.current_batch} on "
+        f"estimated against {args.hours_per_run:g} h at batch {settings.search.current_batch} on "
         f"{session.gpu.name}"
     )
     return 0
@@ -253,7 +255,10 @@ def _calibrate(args: argparse.Namespace) -> int:
     rows = []
 
     def skipped(settings: Settings, reason: str) -> None:
-        print(f"skipped {settings.model} ({settings.precision}): {reason}", file=sys.stderr)
+        print(
+            f"skipped {settings.workload.model} ({settings.workload.precision}): {reason}",
+            file=sys.stderr,
+        )
 
     rows_found = calibration.calibrate(
         grid, args.batch_sizes, emulate=emulate, on_skip=skipped, steps=args.steps

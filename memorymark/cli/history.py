@@ -113,7 +113,11 @@ def _show(history: History, args: argparse.Namespace) -> int:
     if note:
         print(f"note: {note}")
     gpu = report.gpu
-    print(render.header_line(report.settings.model, gpu, report.backend, report.memory_source))
+    print(
+        render.header_line(
+            report.settings.workload.model, gpu, report.backend, report.memory_source
+        )
+    )
     for m in report.measurements:
         print(render.probe_line(m, gpu.usable_bytes))
     render.print_report(report, report_to_dict(report))

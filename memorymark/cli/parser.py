@@ -143,10 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument("--batch-sizes", nargs="+", type=batch_size, default=[4, 8, 16])
     calibrate.add_argument(
-        "--precisions", nargs="+", choices=choices.PRECISIONS, default=[d.precision]
+        "--precisions", nargs="+", choices=choices.PRECISIONS, default=[d.workload.precision]
     )
     calibrate.add_argument(
-        "--optimizers", nargs="+", default=[d.optimizer], help="adamw, adamw-fused, sgd, ..."
+        "--optimizers",
+        nargs="+",
+        default=[d.workload.optimizer],
+        help="adamw, adamw-fused, sgd, ...",
     )
     calibrate.add_argument(
         "--grad-checkpointing",
@@ -167,7 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
         ("lora_rank", whole_number),
     ):
         calibrate.add_argument(
-            flag_of(name), type=kind, default=getattr(d, name), help=setting_flags.help_text(name)
+            flag_of(name),
+            type=kind,
+            default=getattr(d.workload, name),
+            help=setting_flags.help_text(name),
         )
     calibrate.add_argument(
         "--emulate-gpu",
@@ -177,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument(
         "--step",
         type=positive_whole_number,
-        default=d.step,
+        default=d.search.step,
         help="search step of the boundary check",
     )
     calibrate.add_argument(

@@ -51,7 +51,7 @@ def header_line(subject: str, gpu: GPU, backend: str, source: str, ranks: str = 
 
 def ranks_text(s: Settings) -> str:
     """How many GPUs, over how many nodes, with which strategy (for a run on many GPUs)."""
-    return f" x{s.gpu_count} ({plural(s.node_count, 'node')}, {s.dist})"
+    return f" x{s.hardware.gpu_count} ({plural(s.hardware.node_count, 'node')}, {s.hardware.dist})"
 
 
 def environment_line(report: Report) -> str:

@@ -382,14 +382,14 @@ def _run_row(report: Report, source: str, data: dict[str, Any] | None) -> dict[s
     return {
         "created_utc": env.finished_utc,
         "source": source,
-        "model": s.model,
+        "model": s.workload.model,
         "gpu": report.gpu.name,
         "backend": report.backend,
         "memory_source": report.memory_source,
-        "precision": s.precision,
-        "seq_len": s.seq_len,
-        "image_size": s.image_size,
-        "current_batch": s.current_batch,
+        "precision": s.workload.precision,
+        "seq_len": s.workload.seq_len,
+        "image_size": s.workload.image_size,
+        "current_batch": s.search.current_batch,
         "optimal_batch": optimal.batch_size if optimal else None,
         "max_batch": maximum.batch_size if maximum else None,
         "optimal_peak_bytes": optimal.peak_bytes if optimal else None,
@@ -407,7 +407,7 @@ def _run_row(report: Report, source: str, data: dict[str, Any] | None) -> dict[s
 def _record(report: Report) -> dict[str, Any]:
     """The record that reopens `report`, with a copy of a `file:` model's config."""
     record = report_to_record(report)
-    copy = configs.copy_of(report.settings.model)
+    copy = configs.copy_of(report.settings.workload.model)
     return record if copy is None else {**record, configs.RECORD_KEY: copy}
 
 

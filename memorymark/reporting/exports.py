@@ -69,7 +69,7 @@ def probes_csv(report: Report) -> str:
     the model and the environment stamp (the same on every row)."""
     env = {k: v for k, v in environment(report).items() if k not in _ROW_HAS}
     rows = [
-        {**probe_row(m), "model": report.settings.model, **env}
+        {**probe_row(m), "model": report.settings.workload.model, **env}
         for m in sorted(report.measurements, key=lambda m: m.batch_size)
     ]
     out = io.StringIO()
@@ -102,9 +102,20 @@ def file_stem(report: Report) -> str:
     """`memorymark-bert-A10-32-true-seq128-bs16-20260102T030405Z`: model, GPU, precision, sequence
     length (or image size), current batch and the time the analysis ended."""
     s = report.settings
-    size = f"img{s.image_size}" if s.resolved_task == "image-classification" else f"seq{s.seq_len}"
+    size = (
+        f"img{s.workload.image_size}"
+        if s.workload.resolved_task == "image-classification"
+        else f"seq{s.workload.seq_len}"
+    )
     when = (environment(report)["finished_utc"] or utc_now()).replace("-", "").replace(":", "")
-    parts = [s.model, report.gpu.name, s.precision, size, f"bs{s.current_batch}", when]
+    parts = [
+        s.workload.model,
+        report.gpu.name,
+        s.workload.precision,
+        size,
+        f"bs{s.search.current_batch}",
+        when,
+    ]
     return "memorymark-" + "-".join(slug(p) for p in parts)
 
 

@@ -37,7 +37,8 @@ def report_to_dict(r: Report) -> dict[str, Any]:
     breakdown: Breakdown | None = optimal.breakdown if optimal else None
     return {
         "model_name": r.model_name,
-        "model_display_name": r.training or models.find_model(r.settings.model).display_name,
+        "model_display_name": r.training
+        or models.find_model(r.settings.workload.model).display_name,
         "training": r.training is not None,
         "set_up_for": r.set_up_for,
         "setup_note": r.setup_note,
@@ -47,7 +48,7 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "gpu_total_gb": gib(r.gpu.total_bytes),
         "optimal_batch_size": optimal.batch_size if optimal else None,
         "optimal_memory_gb": gib(optimal.peak_bytes) if optimal else None,
-        "current_batch_size": r.settings.current_batch,
+        "current_batch_size": r.settings.search.current_batch,
         "current_memory_gb": gib(current.peak_bytes) if current and current.runs else None,
         "waste_gb": _gib_or_none(r.waste_bytes),
         "waste_percent": r.waste_percent,
@@ -72,7 +73,7 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "probes": len(r.measurements),
         "stopped_by": r.stopped_by,
         "partial_note": r.partial_note,
-        "strategy": r.settings.strategy,
+        "strategy": r.settings.search.strategy,
         "replayed": sum(m.replayed for m in r.measurements),
         "search_fallback": r.search_fallback,
         "search_note": r.search_note,
@@ -162,12 +163,12 @@ def _distributed_dict(r: Report) -> dict[str, Any]:
     s, optimal = r.settings, r.optimal
     per_rank = optimal.breakdown.to_dict() if optimal and optimal.breakdown else None
     return {
-        "dist": s.dist,
-        "zero_stage": topology.ZERO_STAGE.get(s.dist),
+        "dist": s.hardware.dist,
+        "zero_stage": topology.ZERO_STAGE.get(s.hardware.dist),
         "gpus": r.gpus,
-        "nodes": s.node_count if s.gpu_count else 1,
-        "offload": s.offload,
-        "mp_policy": s.mp_policy,
+        "nodes": s.hardware.node_count if s.hardware.gpu_count else 1,
+        "offload": s.hardware.offload,
+        "mp_policy": s.hardware.mp_policy,
         "per_gpu_batch": optimal.batch_size if optimal else None,
         "global_batch": r.global_batch_per_step,
         "per_rank_breakdown_bytes": per_rank,

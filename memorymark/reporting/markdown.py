@@ -53,7 +53,7 @@ def _gib(value: float | None, source: str) -> str:
 
 def _answer(d: dict[str, Any], r: Report) -> list[str]:
     src = r.memory_source
-    margin = f"{r.settings.margin} margin kept free"
+    margin = f"{r.settings.search.margin} margin kept free"
     rows = [
         ("Optimal batch size", f"{d['optimal_batch_size'] or 'none'} ({margin})"),
         ("Max batch size", f"{d['max_batch_size'] or 'none'} ({r.max_note() or 'none runs'})"),
@@ -149,27 +149,38 @@ def _settings(r: Report) -> list[str]:
             *((("Set up for", escape(r.setup_note)),) if r.setup_note else ()),
             ("GPU", f"{escape(r.gpu.name)} ({r.backend}: memory {r.memory_source})"),
             ("Autocast (observed)", _autocast_seen(r.autocast_dtypes)),
-            ("Search", f"{s.strategy}, step {s.step}, up to batch {s.max_batch}"),
+            (
+                "Search",
+                f"{s.search.strategy}, step {s.search.step}, up to batch {s.search.max_batch}",
+            ),
         ]
         return ["| Setting | Value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
-    text_model = s.resolved_task != "image-classification"
-    size = f"seq len {s.seq_len}" if text_model else f"image {s.image_size} px"
+    text_model = s.workload.resolved_task != "image-classification"
+    size = f"seq len {s.workload.seq_len}" if text_model else f"image {s.workload.image_size} px"
     rows = [
-        ("Model", f"{escape(s.model)} ({escape(s.resolved_task)}, {size})"),
+        ("Model", f"{escape(s.workload.model)} ({escape(s.workload.resolved_task)}, {size})"),
         ("GPU", f"{escape(r.gpu.name)} ({r.backend}: memory {r.memory_source})"),
-        ("Precision", s.precision),
-        ("Optimizer", s.optimizer + (f", clip {s.max_grad_norm}" if s.max_grad_norm else "")),
-        ("Gradient accumulation", str(s.grad_accum)),
+        ("Precision", s.workload.precision),
+        (
+            "Optimizer",
+            s.workload.optimizer
+            + (f", clip {s.workload.max_grad_norm}" if s.workload.max_grad_norm else ""),
+        ),
+        ("Gradient accumulation", str(s.workload.grad_accum)),
         (
             "Evaluation pass",
             "off"
-            if s.eval_batch is None
-            else f"eval batch {s.eval_batch}, accumulation {s.eval_accumulation or 'unset'}",
+            if s.workload.eval_batch is None
+            else f"eval batch {s.workload.eval_batch}, "
+            f"accumulation {s.workload.eval_accumulation or 'unset'}",
         ),
-        ("Gradient checkpointing", "on" if s.grad_checkpointing else "off"),
-        ("LoRA rank", str(s.lora_rank) if s.lora_rank else "off (every weight trains)"),
-        ("Mode, loss", f"{s.mode}, {s.loss} ({s.protocol} protocol)"),
-        ("Search", f"{s.strategy}, step {s.step}, up to batch {s.max_batch}"),
+        ("Gradient checkpointing", "on" if s.workload.grad_checkpointing else "off"),
+        (
+            "LoRA rank",
+            str(s.workload.lora_rank) if s.workload.lora_rank else "off (every weight trains)",
+        ),
+        ("Mode, loss", f"{s.workload.mode}, {s.workload.loss} ({s.workload.protocol} protocol)"),
+        ("Search", f"{s.search.strategy}, step {s.search.step}, up to batch {s.search.max_batch}"),
     ]
     return ["| Setting | Value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
 
@@ -258,7 +269,7 @@ def reproduce_line(r: Report) -> str:
     line = r.settings.to_command_line()
     if r.training is None:
         return line
-    head = f"memorymark analyze {r.settings.model}"
+    head = f"memorymark analyze {r.settings.workload.model}"
     return "memorymark analyze --training FILE.py:FUNCTION" + line[len(head) :]
 
 

@@ -79,15 +79,15 @@ def _hf(settings: Settings, plan: TrainingPlan) -> str:
     lines = _about(settings) + _prepare_model(
         settings, weights=True, checkpointing=False, liger=False
     )
-    if settings.optimizer == "none":
+    if settings.workload.optimizer == "none":
         lines += [_NO_OPTIMIZER, "# Trainer always builds one: training needs more memory."]
     lines += ["", *_training_arguments(settings, plan)]
     trainer = "trainer = Trainer(model=model, args=args, train_dataset=dataset"
-    if settings.optimizer in _HF_INSTANCE_WHY:
+    if settings.workload.optimizer in _HF_INSTANCE_WHY:
         lines += [
-            _HF_INSTANCE_WHY[settings.optimizer],
+            _HF_INSTANCE_WHY[settings.workload.optimizer],
             "params = [p for p in model.parameters() if p.requires_grad]",
-            f"optimizer = {_optimizer_code(settings.optimizer, lr='args.learning_rate')}",
+            f"optimizer = {_optimizer_code(settings.workload.optimizer, lr='args.learning_rate')}",
         ]
         trainer += ", optimizers=(optimizer, None)"
     imports = ["from transformers import Trainer, TrainingArguments"]
@@ -100,39 +100,39 @@ def _training_arguments(settings: Settings, plan: TrainingPlan) -> list[str]:
         '    output_dir="out",',
         f"    per_device_train_batch_size={plan.micro_batch},",
         f"    gradient_accumulation_steps={plan.accumulation_steps},",
-        f"    bf16={settings.precision == 'bf16-mixed'},",
-        f"    fp16={settings.precision == '16-mixed'},",
+        f"    bf16={settings.workload.precision == 'bf16-mixed'},",
+        f"    fp16={settings.workload.precision == '16-mixed'},",
     ]
-    if settings.kernels == "liger":
+    if settings.workload.kernels == "liger":
         lines.append("    use_liger_kernel=True,  # pip install liger-kernel")
-    if settings.grad_checkpointing:
+    if settings.workload.grad_checkpointing:
         # Newer transformers call both activation_checkpointing*; the old names, which every
         # supported version reads, work until v6.
         lines += [
             "    gradient_checkpointing=True,",
             f"    gradient_checkpointing_kwargs={_CHECKPOINTING_KWARGS},",
         ]
-    if settings.optimizer in _HF_OPTIM:
-        lines.append(f'    optim="{_HF_OPTIM[settings.optimizer]}",')
+    if settings.workload.optimizer in _HF_OPTIM:
+        lines.append(f'    optim="{_HF_OPTIM[settings.workload.optimizer]}",')
     lines += _hf_distributed(settings)
     lines += _hf_evaluation(settings)
-    if settings.max_grad_norm is None:
+    if settings.workload.max_grad_norm is None:
         lines.append("    max_grad_norm=0.0,  # measured without clipping; Trainer clips at 1.0")
     else:
-        lines.append(f"    max_grad_norm={settings.max_grad_norm},")
+        lines.append(f"    max_grad_norm={settings.workload.max_grad_norm},")
     return [*lines, ")"]
 
 
 def _hf_evaluation(settings: Settings) -> list[str]:
     """The evaluation pass measured between training steps: its batch, and how many batches'
     predictions stay on the GPU (unset, Trainer keeps every one until the eval set ends)."""
-    if settings.eval_batch is None:
+    if settings.workload.eval_batch is None:
         return []
-    accumulation = f"    eval_accumulation_steps={settings.eval_batches_kept},"
-    if settings.eval_accumulation is None:
+    accumulation = f"    eval_accumulation_steps={settings.workload.eval_batches_kept},"
+    if settings.workload.eval_accumulation is None:
         accumulation += "  # as measured; unset, every prediction stays on the GPU"
     return [
-        f"    per_device_eval_batch_size={settings.eval_batch},",
+        f"    per_device_eval_batch_size={settings.workload.eval_batch},",
         accumulation,
         '    # eval_strategy="steps" and Trainer(eval_dataset=...) to evaluate as measured',
     ]
@@ -141,11 +141,11 @@ def _hf_evaluation(settings: Settings) -> list[str]:
 def _hf_distributed(settings: Settings) -> list[str]:
     """Trainer's FSDP2 arguments (launch with torchrun or accelerate launch, one process a GPU;
     DDP needs none)."""
-    if settings.dist not in ("fsdp", "fsdp-no-reshard", "hsdp"):
+    if settings.hardware.dist not in ("fsdp", "fsdp-no-reshard", "hsdp"):
         return []
-    shard = "hybrid_shard" if settings.dist == "hsdp" else "full_shard"
-    reshard = settings.dist != "fsdp-no-reshard"
-    if settings.offload == "cpu":
+    shard = "hybrid_shard" if settings.hardware.dist == "hsdp" else "full_shard"
+    reshard = settings.hardware.dist != "fsdp-no-reshard"
+    if settings.hardware.offload == "cpu":
         shard += " offload"
     return [
         f'    fsdp="{shard} auto_wrap",  # one process per GPU: torchrun or accelerate launch',
@@ -154,7 +154,7 @@ def _hf_distributed(settings: Settings) -> list[str]:
 
 
 def _lightning(settings: Settings, plan: TrainingPlan) -> str:
-    optimizer = settings.optimizer != "none"
+    optimizer = settings.workload.optimizer != "none"
     # precision="bf16-true" converts the weights itself.
     lines = _about(settings) + _prepare_model(settings, weights=False, checkpointing=True)
     lines += [
@@ -175,38 +175,38 @@ def _lightning(settings: Settings, plan: TrainingPlan) -> str:
     else:
         lines += [
             "        params = [p for p in self.parameters() if p.requires_grad]",
-            f"        return {_optimizer_code(settings.optimizer)}"
-            if settings.dist != "zero1"
-            else f"        return {_zero1_code(settings.optimizer)}",
+            f"        return {_optimizer_code(settings.workload.optimizer)}"
+            if settings.hardware.dist != "zero1"
+            else f"        return {_zero1_code(settings.workload.optimizer)}",
         ]
     lines += [
         "",
         "",
         f"loader = DataLoader(dataset, batch_size={plan.micro_batch}, shuffle=True)",
         "trainer = L.Trainer(",
-        f'    precision="{settings.precision}",',
+        f'    precision="{settings.workload.precision}",',
         f"    accumulate_grad_batches={plan.accumulation_steps},",
     ]
-    if settings.max_grad_norm is not None:
-        lines.append(f"    gradient_clip_val={settings.max_grad_norm},")
-    if settings.dist != "none" and settings.gpu_count:
-        nodes = settings.node_count
-        strategy = {"ddp": '"ddp"', "zero1": '"ddp"'}.get(settings.dist, '"fsdp"')
+    if settings.workload.max_grad_norm is not None:
+        lines.append(f"    gradient_clip_val={settings.workload.max_grad_norm},")
+    if settings.hardware.dist != "none" and settings.hardware.gpu_count:
+        nodes = settings.hardware.node_count
+        strategy = {"ddp": '"ddp"', "zero1": '"ddp"'}.get(settings.hardware.dist, '"fsdp"')
         lines += [
-            f"    devices={settings.gpu_count // nodes},",
+            f"    devices={settings.hardware.gpu_count // nodes},",
             f"    num_nodes={nodes},",
-            f"    strategy={strategy},  # --dist {settings.dist}",
+            f"    strategy={strategy},  # --dist {settings.hardware.dist}",
         ]
     imports = ["import lightning as L", "from torch.utils.data import DataLoader"]
     return _program(imports, lines + [")", "trainer.fit(LitModel(model), loader)"])
 
 
 def _torch(settings: Settings, plan: TrainingPlan) -> str:
-    optimizer = settings.optimizer != "none"
-    clip = optimizer and settings.max_grad_norm is not None
-    many = settings.dist != "none"
+    optimizer = settings.workload.optimizer != "none"
+    clip = optimizer and settings.workload.max_grad_norm is not None
+    many = settings.hardware.dist != "none"
     lines = _about(settings) + (["device = _local_device()"] if many else ['device = "cuda"'])
-    if settings.quantization == "none":
+    if settings.workload.quantization == "none":
         lines.append("model = model.to(device)")
     else:
         lines.append("# from_pretrained put the quantized weights on the GPU; .to() would refuse.")
@@ -219,28 +219,32 @@ def _torch(settings: Settings, plan: TrainingPlan) -> str:
         f"accumulation_steps = {plan.accumulation_steps}",
     ]
     if clip:
-        lines.append(f"max_grad_norm = {settings.max_grad_norm}")
+        lines.append(f"max_grad_norm = {settings.workload.max_grad_norm}")
     if optimizer:
         lines.append("params = [p for p in model.parameters() if p.requires_grad]")
-        optimizer_code = _optimizer_code(settings.optimizer)
-        if settings.dist == "zero1":
-            optimizer_code = _zero1_code(settings.optimizer)
+        optimizer_code = _optimizer_code(settings.workload.optimizer)
+        if settings.hardware.dist == "zero1":
+            optimizer_code = _zero1_code(settings.workload.optimizer)
         lines.append(f"optimizer = {optimizer_code}")
     else:
         lines.append(_NO_OPTIMIZER)
-    if optimizer and settings.precision == "16-mixed":
+    if optimizer and settings.workload.precision == "16-mixed":
         lines.append("scaler = torch.amp.GradScaler(device)")
-    mode = "model.train()" if settings.mode == "train" else "model.eval()  # measured in eval mode"
+    mode = (
+        "model.train()"
+        if settings.workload.mode == "train"
+        else "model.eval()  # measured in eval mode"
+    )
     imports = ["from torch.utils.data import DataLoader"]
     if many:
         imports = [*imports, *_DIST_IMPORTS]
-        if settings.dist in ("fsdp", "fsdp-no-reshard", "hsdp"):
+        if settings.hardware.dist in ("fsdp", "fsdp-no-reshard", "hsdp"):
             imports += [
                 "from torch.distributed.device_mesh import init_device_mesh",
                 "from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, "
                 "fully_shard",
             ]
-        if settings.dist == "zero1":
+        if settings.hardware.dist == "zero1":
             imports.append("from torch.distributed.optim import ZeroRedundancyOptimizer")
         lines = [*_LOCAL_DEVICE, "", *lines]
     return _program(imports, lines + [mode] + _torch_loop(settings, clip))
@@ -263,32 +267,32 @@ _LOCAL_DEVICE = [
 def _spread(settings: Settings) -> list[str]:
     """The model spread over the ranks as the simulation spreads it
     (memorymark/backends/sharding.py)."""
-    n = settings.gpu_count or 1
-    nodes = settings.node_count if settings.gpu_count else 1
+    n = settings.hardware.gpu_count or 1
+    nodes = settings.hardware.node_count if settings.hardware.gpu_count else 1
     head = [
         f"# Run with: torchrun --nnodes {nodes} --nproc-per-node {n // nodes} train.py "
-        f"(--dist {settings.dist})"
+        f"(--dist {settings.hardware.dist})"
     ]
-    if settings.dist in ("ddp", "zero1"):
+    if settings.hardware.dist in ("ddp", "zero1"):
         return head + [
             "model = torch.nn.parallel.DistributedDataParallel(",
             "    model, device_ids=[torch.cuda.current_device()]",
             ")",
         ]
-    shape = f"({nodes}, {n // nodes})" if settings.dist == "hsdp" else f"({n},)"
+    shape = f"({nodes}, {n // nodes})" if settings.hardware.dist == "hsdp" else f"({n},)"
     lines = head + [
         f'mesh = init_device_mesh("cuda", {shape})',
     ]
     kwargs = "mesh=mesh"
-    dtype = _AUTOCAST_DTYPE.get(settings.precision)
-    if dtype and settings.mp_policy == "auto":
+    dtype = _AUTOCAST_DTYPE.get(settings.workload.precision)
+    if dtype and settings.hardware.mp_policy == "auto":
         lines.append(
             f"mp_policy = MixedPrecisionPolicy(param_dtype={dtype}, reduce_dtype=torch.float32)"
         )
         kwargs += ", mp_policy=mp_policy"
-    if settings.offload == "cpu":
+    if settings.hardware.offload == "cpu":
         kwargs += ", offload_policy=CPUOffloadPolicy()"
-    if settings.dist == "fsdp-no-reshard":
+    if settings.hardware.dist == "fsdp-no-reshard":
         kwargs += ", reshard_after_forward=False"
     return lines + [
         "# Each transformer block, then the root, as torchtitan and Accelerate do.",
@@ -310,9 +314,9 @@ def _zero1_code(name: str) -> str:
 
 def _torch_loop(settings: Settings, clip: bool) -> list[str]:
     """The loop as Workload.run_step runs it: micro-batches, then clip, step and zero_grad."""
-    dtype = _AUTOCAST_DTYPE.get(settings.precision)
-    optimizer = settings.optimizer != "none"
-    scaler = optimizer and settings.precision == "16-mixed"
+    dtype = _AUTOCAST_DTYPE.get(settings.workload.precision)
+    optimizer = settings.workload.optimizer != "none"
+    scaler = optimizer and settings.workload.precision == "16-mixed"
     loss = f"loss = {_loss_code(settings, 'model')} / accumulation_steps"
     lines = ["for i, batch in enumerate(loader):"] + _to_device(settings)
     if dtype:  # autocast around forward and loss only, as the PyTorch AMP recipe does
@@ -336,21 +340,23 @@ def _torch_loop(settings: Settings, clip: bool) -> list[str]:
 
 def _about(settings: Settings) -> list[str]:
     """Comments on what the batch size holds for: the input size, and eager attention."""
-    if models.find_model(settings.model).input_kind == "image":
-        size = f"{settings.image_size}x{settings.image_size} images"
+    if models.find_model(settings.workload.model).input_kind == "image":
+        size = f"{settings.workload.image_size}x{settings.workload.image_size} images"
     else:
-        size = f"{settings.seq_len} tokens per sample"
-    lines = [f"# Measured for {settings.model} at {size}: larger inputs need more memory."]
-    if settings.attention in ("eager", "flash_attention_2"):
-        name = "eager attention" if settings.attention == "eager" else "FlashAttention-2"
+        size = f"{settings.workload.seq_len} tokens per sample"
+    lines = [f"# Measured for {settings.workload.model} at {size}: larger inputs need more memory."]
+    if settings.workload.attention in ("eager", "flash_attention_2"):
+        name = "eager attention" if settings.workload.attention == "eager" else "FlashAttention-2"
         lines.append(
-            f'# Measured with {name}: load with attn_implementation="{settings.attention}".'
+            f"# Measured with {name}: load with "
+            f'attn_implementation="{settings.workload.attention}".'
         )
-    if settings.loss_chunks:
+    if settings.workload.loss_chunks:
         lines += [
-            f"# Measured with the output layer and loss in {settings.loss_chunks} chunks: "
+            f"# Measured with the output layer and loss in {settings.workload.loss_chunks} chunks: "
             "torchtune's",
-            f"# CEWithChunkedOutputLoss with the model's num_output_chunks={settings.loss_chunks}.",
+            "# CEWithChunkedOutputLoss with the model's "
+            f"num_output_chunks={settings.workload.loss_chunks}.",
         ]
     return lines
 
@@ -363,25 +369,32 @@ def _prepare_model(
     converts / checkpoints / patches the model itself (Trainer does the last two from its
     arguments)."""
     lines = _quantized_loading(settings)
-    if weights and settings.precision == "bf16-true" and settings.quantization != "none":
+    if (
+        weights
+        and settings.workload.precision == "bf16-true"
+        and settings.workload.quantization != "none"
+    ):
         lines.append("# bf16-true: load with from_pretrained(..., dtype=torch.bfloat16).")
-    elif weights and settings.precision == "bf16-true":
+    elif weights and settings.workload.precision == "bf16-true":
         lines += [
             "# bf16-true: weights, gradients and optimizer state in bf16, no autocast (or load",
             "# the model with from_pretrained(..., dtype=torch.bfloat16); torch_dtype= before v5).",
             "model = model.to(torch.bfloat16)",
         ]
-    if liger and settings.kernels == "liger":
+    if liger and settings.workload.kernels == "liger":
         # What Trainer's use_liger_kernel=True calls (liger-kernel), before LoRA wraps the model.
         lines.append("_apply_liger_kernel_to_instance(model=model)")
-    if settings.lora_rank:
+    if settings.workload.lora_rank:
         kwargs = adapters.lora_config_for(
-            settings.model, settings.resolved_task, settings.lora_rank, settings.lora_targets
+            settings.workload.model,
+            settings.workload.resolved_task,
+            settings.workload.lora_rank,
+            settings.workload.lora_targets,
         )
         lines.append("lora_config = LoraConfig(")
         lines += [f"    {key}={_literal(value)}," for key, value in kwargs.items()]
         lines += [")", "model = get_peft_model(model, lora_config)"]
-    if checkpointing and settings.grad_checkpointing:
+    if checkpointing and settings.workload.grad_checkpointing:
         lines.append(
             "model.gradient_checkpointing_enable("
             f"gradient_checkpointing_kwargs={_CHECKPOINTING_KWARGS})"
@@ -395,19 +408,19 @@ _COMPUTE_DTYPE = {"bf16-mixed": "torch.bfloat16", "bf16-true": "torch.bfloat16"}
 def _quantized_loading(settings: Settings) -> list[str]:
     """`BitsAndBytesConfig` for from_pretrained, then peft's k-bit preparation, as
     memorymark/step/quantization.py builds the measured model."""
-    method = settings.quantization
+    method = settings.workload.quantization
     if method == "none":
         return []
     if method == "int8":
         config = ["    load_in_8bit=True,"]
     else:
-        dtype = _COMPUTE_DTYPE.get(settings.precision, "torch.float16")
-        if settings.precision == "32-true":
+        dtype = _COMPUTE_DTYPE.get(settings.workload.precision, "torch.float16")
+        if settings.workload.precision == "32-true":
             dtype = "torch.float32"
         config = [
             "    load_in_4bit=True,",
             f'    bnb_4bit_quant_type="{method}",',
-            f"    bnb_4bit_use_double_quant={settings.double_quant},",
+            f"    bnb_4bit_use_double_quant={settings.workload.double_quant},",
             f"    bnb_4bit_compute_dtype={dtype},",
         ]
     return [
@@ -426,13 +439,13 @@ def _optimizer_code(name: str, lr: str | None = None) -> str:
 
 
 def _loss_code(settings: Settings, model: str) -> str:
-    if settings.loss == "logits-mean":
+    if settings.workload.loss == "logits-mean":
         return f"{model}(**batch).logits.mean()"
     return f"{model}(**batch).loss"
 
 
 def _to_device(settings: Settings) -> list[str]:
-    if settings.precision == "bf16-true":
+    if settings.workload.precision == "bf16-true":
         # Pixels must match the bf16 weights, as Lightning's bf16-true plugin converts inputs.
         return [
             "    batch = {",

@@ -54,9 +54,9 @@ def sweep_seconds(config: dict[str, Any], labels: int, probes: int) -> float:
 
 def check_time_limit(settings: Settings, entry: models.ModelEntry) -> None:
     """Refuse (ValueError, one line) a simulated model (`entry`, the settings' model) whose
-    shortest sweep is estimated to take longer than `settings.time_limit_seconds`; models with
-    no config.json (timm, torchvision) are not estimated."""
-    limit = settings.time_limit_seconds
+    shortest sweep is estimated to take longer than `settings.search.time_limit_seconds`;
+    models with no config.json (timm, torchvision) are not estimated."""
+    limit = settings.search.time_limit_seconds
     if limit is None:
         return
     config = models.config_of(entry)

@@ -12,7 +12,7 @@ shown.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memorymark.distributed import topology
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def with_gpus(settings: Settings, gpus: int) -> Settings:
     """`settings` on `gpus` GPUs, spanning as few nodes as hold them."""
-    return replace(settings, gpus=str(gpus), nodes=None)
+    return settings.replace(gpus=str(gpus), nodes=None)
 
 
 @dataclass(frozen=True, slots=True)

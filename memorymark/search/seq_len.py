@@ -30,7 +30,11 @@ def search_cap(settings: Settings, max_positions: int | None) -> int:
     """The longest sequence a search may try: the model's positions (or the catalog's longest
     context), a whole number of `seq_step` tokens when at least one step fits under it."""
     cap = max_positions or UNBOUNDED_CONTEXT
-    return cap // settings.seq_step * settings.seq_step if settings.seq_step <= cap else cap
+    return (
+        cap // settings.search.seq_step * settings.search.seq_step
+        if settings.search.seq_step <= cap
+        else cap
+    )
 
 
 class SeqLenMeasurer(VariantMeasurer):
@@ -102,7 +106,7 @@ class SeqLenAnswer:
         """The `analyze --find seq-len --json` object."""
         best = self._best(runs=False)
         return {
-            "model_name": self.settings.model,
+            "model_name": self.settings.workload.model,
             "find": "seq-len",
             "gpu_name": self.gpu_name,
             "gpu_total_gb": round(gib(self.gpu_total_bytes), 4),
@@ -115,7 +119,7 @@ class SeqLenAnswer:
             "capped_by_positions": self.capped,
             "memory_source": self.memory_source,
             "elapsed_seconds": round(self.elapsed_seconds, 3),
-            "strategy": self.settings.strategy,
+            "strategy": self.settings.search.strategy,
             "search_fallback": self.search_fallback,
             "results": [
                 {

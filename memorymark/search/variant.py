@@ -37,7 +37,7 @@ class VariantMeasurer:
 
     def measure(self, value: int) -> Measurement:
         """One step at the fixed batch with the setting at `value`, relabelled with it."""
-        settings = replace(self._settings, **{self.field: value})
+        settings = self._settings.replace(**{self.field: value})
         self._backend.training_step = self._make_step(settings)
         measurement = self._backend.measure(self.batch_size)
         self.probes[value] = self.kept(measurement)

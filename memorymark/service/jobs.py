@@ -108,7 +108,7 @@ def fix_as_asked(fix: Fix, asked: Settings) -> Fix:
 
 
 def _limits_of(s: Settings, asked: Settings) -> Settings:
-    return dataclasses.replace(s, **{name: getattr(asked, name) for name in CEILING_FIELDS})
+    return s.replace(**{name: getattr(asked.search, name) for name in CEILING_FIELDS})
 
 
 def _run(request: SweepRequest, channel: Channel) -> SweepOutcome:
@@ -127,7 +127,7 @@ def _sweep(request: SweepRequest, channel: Channel) -> Report | SweepOutcome:
         if not ours:
             return SweepOutcome(cancelled=True)
         channel.put(("state", "running"))
-        if session.settings.gpu_count is None:
+        if session.settings.hardware.gpu_count is None:
             # --gpus auto: find the fewest GPUs that train, then sweep on that count.
             session = session.with_min_gpus()
             channel.put(("resolved", (session.backend_name, session.gpu)))
@@ -368,7 +368,7 @@ class SweepJob:
         what it measured and found, and say which limit it was."""
         run = self.run_as or self.settings
         fixing = self.fixing_since is not None
-        limit = run.ways_out_time_limit_seconds if fixing else run.time_limit_seconds
+        limit = run.search.ways_out_time_limit_seconds if fixing else run.search.time_limit_seconds
         since = self.fixing_since if fixing else self.running_since
         if limit is None or since is None or self.gpu is None:
             return

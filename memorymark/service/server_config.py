@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from memorymark import limits
@@ -30,7 +30,7 @@ from memorymark.units import GIB
 
 PREFIX = "MEMORYMARK_"
 CEILING_FIELDS = ("time_limit_seconds", "max_probes", "max_batch", "ways_out_time_limit_seconds")
-"""The Settings fields a server puts a ceiling on (`apply`)."""
+"""The `Search` fields a server puts a ceiling on (`apply`)."""
 # What a hosted app allows when the server says nothing: a BERT-large sweep takes about 15 s
 # here and a Llama-3.1-70B one under a minute, so 5 minutes and 64 probes leave room for every
 # catalog model while no single session can hold a worker for long.
@@ -122,7 +122,7 @@ class ServerConfig:
     def apply(self, settings: Settings) -> tuple[Settings, list[str]]:
         """`settings` under the ceilings, and a sentence for each value brought down; ValueError
         (one line) for the cpu backend when the server does not allow it."""
-        if settings.backend == "cpu" and not self.allow_cpu_backend:
+        if settings.hardware.backend == "cpu" and not self.allow_cpu_backend:
             raise ValueError(
                 "the cpu backend (real training steps in this server's memory) is off on this "
                 "server: choose sim or auto"
@@ -136,12 +136,12 @@ class ServerConfig:
         )
         units = (" s", " probes", "", " s")
         for name, ceiling, unit in zip(CEILING_FIELDS, ceilings, units, strict=True):
-            value = getattr(settings, name)
+            value = getattr(settings.search, name)
             if value is None or value > ceiling:
                 changes[name] = ceiling
                 if value is not None:
                     notes.append(f"{name} {value:g}{unit} is above this server's {ceiling:g}{unit}")
-        return replace(settings, **changes), notes
+        return settings.replace(**changes), notes
 
 
 def _positive(kind: type) -> Any:

@@ -6,8 +6,10 @@ are searched and what the answer is compared with). `Costs` holds the price inpu
 report uses, so a price slider never re-runs a sweep. New settings go in the section they belong
 to: quantization in `Workload`, GPU count and distribution in `Hardware`, limits in `Search`.
 
-Every field also has one flat name (`settings.optimizer` reads `settings.workload.optimizer`): the
-CLI flags, URL query parameters and JSON use those names, and round-trip exactly. The string
+Code reads a setting by its section (`settings.workload.optimizer`), as torchtitan's trainer reads
+`config.training.steps`. Each field also has one flat name (`optimizer`), for the interfaces
+whose form is flat: the CLI flags, URL query parameters and JSON use those names and round-trip
+exactly, and `Settings(...)` and `Settings.replace(...)` take them. The string
 under each field is that setting's help, written for users: the CLI's --help and the app's
 tooltips read it (`field_docs`), so a setting is documented here and only here. This module
 knows the built-in models' names only through `models.find_model`; it never builds one and never
@@ -20,7 +22,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from functools import cache
-from typing import Any, Generic, TypeVar, overload
+from typing import Any
 
 from memorymark import limits, models
 from memorymark.distributed import topology
@@ -45,8 +47,6 @@ from memorymark.settings.choices import (
     parse_margin,
     validate,
 )
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,6 +142,30 @@ class Workload:
             raise ValueError("eval_accumulation needs an evaluation pass: set --eval-batch N")
         if source == "catalog":
             _check_model_entry(self, models.find_model(self.model))
+
+    @property
+    def paged_optimizer(self) -> bool:
+        """True when the optimizer keeps its state in CUDA unified memory (bitsandbytes' paged)."""
+        return self.optimizer in PAGED_OPTIMIZERS
+
+    @property
+    def resolved_task(self) -> str:
+        """The task this run trains: the chosen one or the model's default."""
+        return self.task or models.find_model(self.model).default_task
+
+    @property
+    def eval_batches_kept(self) -> int:
+        """Eval batches whose predictions are on the GPU together at the eval pass's peak
+        (`eval_accumulation`, else the one batch measured); 0 with no evaluation pass."""
+        if self.eval_batch is None:
+            return 0
+        return self.eval_accumulation or 1
+
+    @property
+    def protocol(self) -> str:
+        """inference-style when the step is what forward-only tools measure, else full."""
+        inference = (self.mode, self.loss, self.optimizer) == ("eval", "logits-mean", "none")
+        return "inference-style" if inference else "full"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -262,26 +286,6 @@ class Search:
         parse_margin(self.margin, 1)
 
 
-class _Flat(Generic[T]):
-    """A read-only view on `Settings` of one section's field, typed as that field."""
-
-    def __init__(self, section: str) -> None:
-        self.section = section
-        self.name = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> _Flat[T]: ...
-    @overload
-    def __get__(self, obj: object, owner: type | None = None) -> T: ...
-    def __get__(self, obj: object | None, owner: type | None = None) -> T | _Flat[T]:
-        if obj is None:
-            return self
-        return getattr(getattr(obj, self.section), self.name)
-
-
 SECTIONS: dict[str, type] = {"workload": Workload, "hardware": Hardware, "search": Search}
 # Each flat name and the section that holds it, in the order the sections list them.
 _SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}
@@ -295,8 +299,8 @@ class Settings:
     Build it from flat names, sections, or both (flat names override the sections given):
 
     >>> s = Settings(model="gpt2", gpu="a10", precision="bf16-mixed")
-    >>> s.workload.precision, s.precision, s.hardware.gpu
-    ('bf16-mixed', 'bf16-mixed', 'a10')
+    >>> s.workload.precision, s.hardware.gpu
+    ('bf16-mixed', 'a10')
     """
 
     workload: Workload
@@ -327,51 +331,26 @@ class Settings:
             object.__setattr__(self, name, section)
         _check_across(self)
 
-    @property
-    def paged_optimizer(self) -> bool:
-        """True when the optimizer keeps its state in CUDA unified memory (bitsandbytes' paged)."""
-        return self.optimizer in PAGED_OPTIMIZERS
+    def replace(self, **changes: Any) -> Settings:
+        """These settings with `changes`: flat names (as `Settings(...)` takes them, the names
+        the CLI, URL and JSON use) or whole sections, validated again.
 
-    @property
-    def gpu_count(self) -> int | None:
-        """The number of GPUs asked for, or None for `--gpus auto`."""
-        return self.hardware.gpu_count
-
-    @property
-    def node_count(self) -> int:
-        """Nodes the GPUs span (a count is needed: not for `--gpus auto`)."""
-        return self.hardware.node_count
+        >>> Settings(model="gpt2").replace(precision="bf16-mixed").workload.precision
+        'bf16-mixed'
+        """
+        sections = {"workload": self.workload, "hardware": self.hardware, "search": self.search}
+        return Settings(**{**sections, **changes})
 
     def margin_bytes(self, usable_bytes: int) -> int:
         """The margin in bytes for a GPU with `usable_bytes` of usable memory."""
         return parse_margin(self.search.margin, usable_bytes)
 
-    @property
-    def resolved_task(self) -> str:
-        """The task this run trains: the chosen one or the model's default."""
-        return self.workload.task or models.find_model(self.workload.model).default_task
-
-    @property
-    def eval_batches_kept(self) -> int:
-        """Eval batches whose predictions are on the GPU together at the eval pass's peak
-        (`eval_accumulation`, else the one batch measured); 0 with no evaluation pass."""
-        if self.workload.eval_batch is None:
-            return 0
-        return self.workload.eval_accumulation or 1
-
-    @property
-    def protocol(self) -> str:
-        """inference-style when the step is what forward-only tools measure, else full."""
-        w = self.workload
-        inference = (w.mode, w.loss, w.optimizer) == ("eval", "logits-mean", "none")
-        return "inference-style" if inference else "full"
-
     def with_protocol(self, protocol: str) -> Settings:
         """Apply a protocol shortcut: inference-style = eval + logits.mean() + no optimizer."""
         check_choice("protocol", protocol, PROTOCOLS)
         if protocol == "inference-style":
-            return replace(self, mode="eval", loss="logits-mean", optimizer="none")
-        return replace(self, mode="train", loss="task", optimizer="adamw")
+            return self.replace(mode="eval", loss="logits-mean", optimizer="none")
+        return self.replace(mode="train", loss="task", optimizer="adamw")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of every field by its flat name (the inverse of `from_dict`)."""
@@ -399,63 +378,6 @@ class Settings:
     def from_query(cls, params: Mapping[str, str]) -> Settings:
         """Parse URL query parameters (strings); unknown keys are ignored, bad values raise."""
         return cls(**codecs.parse_query(flat_types(), params))
-
-    # Read-only flat views of the sections' fields: the names the CLI flags, URL query parameters
-    # and JSON use, so code that only reads a setting need not know which section holds it.
-    # Each is typed as its field; `_check_flat_views` keeps this list equal to the sections'.
-    model = _Flat[str]("workload")
-    task = _Flat["str | None"]("workload")
-    seq_len = _Flat[int]("workload")
-    image_size = _Flat[int]("workload")
-    optimizer = _Flat[Optimizer]("workload")
-    mode = _Flat[Mode]("workload")
-    loss = _Flat[Loss]("workload")
-    precision = _Flat[Precision]("workload")
-    tf32 = _Flat[bool]("workload")
-    attention = _Flat[Attention]("workload")
-    grad_checkpointing = _Flat[bool]("workload")
-    lora_rank = _Flat[int]("workload")
-    lora_targets = _Flat[str]("workload")
-    quantization = _Flat[Quantization]("workload")
-    double_quant = _Flat[bool]("workload")
-    grad_accum = _Flat[int]("workload")
-    max_grad_norm = _Flat["float | None"]("workload")
-    eval_batch = _Flat["int | None"]("workload")
-    eval_accumulation = _Flat["int | None"]("workload")
-    kernels = _Flat[Kernels]("workload")
-    loss_chunks = _Flat[int]("workload")
-    forward_only = _Flat[bool]("workload")
-    gpu = _Flat["str | None"]("hardware")
-    gpu_memory_gib = _Flat["float | None"]("hardware")
-    backend = _Flat[Backend]("hardware")
-    dist = _Flat[str]("hardware")
-    gpus = _Flat[str]("hardware")
-    nodes = _Flat["int | None"]("hardware")
-    offload = _Flat[str]("hardware")
-    mp_policy = _Flat[str]("hardware")
-    strategy = _Flat[Strategy]("search")
-    step = _Flat[int]("search")
-    current_batch = _Flat[int]("search")
-    find = _Flat[Find]("search")
-    seq_step = _Flat[int]("search")
-    max_batch = _Flat[int]("search")
-    target_batch = _Flat["int | None"]("search")
-    margin = _Flat[str]("search")
-    time_limit_seconds = _Flat["float | None"]("search")
-    max_probes = _Flat["int | None"]("search")
-    ways_out_time_limit_seconds = _Flat["float | None"]("search")
-
-
-def _check_flat_views() -> None:
-    """Every section field has exactly one flat view on Settings, reading the right section: a
-    field added to a section without its view (or the reverse) fails at import, not later."""
-    views = {k: v.section for k, v in vars(Settings).items() if isinstance(v, _Flat)}
-    if views != _SECTION_OF:
-        drift = sorted(set(views.items()) ^ set(_SECTION_OF.items()))
-        raise TypeError(f"Settings' flat views and its sections' fields differ: {drift}")
-
-
-_check_flat_views()
 
 
 @cache
@@ -518,7 +440,7 @@ def check_model(settings: Settings) -> models.ModelEntry:
     refuse a task it does not train, a seq_len past its positions, a fused loss for a model
     that is not a causal LM, or a sequence search of an image model (one-line ValueErrors).
     Returns the model's entry, so the caller need not look it up again."""
-    entry = models.find_model(settings.model)
+    entry = models.find_model(settings.workload.model)
     _check_model_entry(settings.workload, entry)
     _check_search_axis(settings, entry)
     return entry

@@ -49,12 +49,12 @@ class CatalogStep:
     @property
     def entry(self) -> models.ModelEntry:
         """The catalog entry of the model being trained."""
-        return models.find_model(self.settings.model)
+        return models.find_model(self.settings.workload.model)
 
     @property
     def task(self) -> str:
         """The task the step trains."""
-        return self.settings.resolved_task
+        return self.settings.workload.resolved_task
 
     def build_model(self, *, emulate_kernels: bool = False) -> nn.Module:
         """The model with random weights, on the current default device (meta, cpu, cuda),
@@ -64,54 +64,58 @@ class CatalogStep:
         (flash_attention_2, Liger) with what they allocate; otherwise the libraries themselves
         are used, and a missing one is a one-line ValueError."""
         s = self.settings
-        image_size = s.image_size if self.entry.input_kind == "image" else None
+        image_size = s.workload.image_size if self.entry.input_kind == "image" else None
         model = models.build_model(
             self.entry,
             self.task,
             image_size=image_size,
-            attn_implementation=s.attention,
+            attn_implementation=s.workload.attention,
             emulate_flash_attention=emulate_kernels,
         )
-        dtype = cuda_rules.parameter_dtype(s.precision)
+        dtype = cuda_rules.parameter_dtype(s.workload.precision)
         if dtype is not None:
             model.to(dtype)  # bf16-true, as Lightning converts the module: parameters and buffers
-        if s.quantization != "none":
+        if s.workload.quantization != "none":
             # As from_pretrained(quantization_config=BitsAndBytesConfig(...)) then peft's
             # prepare_model_for_kbit_training: the linear layers quantized, the rest in fp32.
-            compute = cuda_rules.compute_dtype(s.precision)
-            model = quantization.quantize(model, s.quantization, s.double_quant, compute)
+            compute = cuda_rules.compute_dtype(s.workload.precision)
+            model = quantization.quantize(
+                model, s.workload.quantization, s.workload.double_quant, compute
+            )
         # Liger's kernels after loading, as Trainer(use_liger_kernel=True) applies them.
-        if s.kernels == "liger":
+        if s.workload.kernels == "liger":
             liger.apply(model, emulated=emulate_kernels)
-        elif s.loss_chunks:
-            fused_loss.use_fused_loss(model, liger=False, chunks=s.loss_chunks)
-        if s.lora_rank:
-            model = adapters.apply_lora(model, self.task, s.lora_rank, s.lora_targets)
-        if s.grad_checkpointing:
+        elif s.workload.loss_chunks:
+            fused_loss.use_fused_loss(model, liger=False, chunks=s.workload.loss_chunks)
+        if s.workload.lora_rank:
+            model = adapters.apply_lora(
+                model, self.task, s.workload.lora_rank, s.workload.lora_targets
+            )
+        if s.workload.grad_checkpointing:
             adapters.enable_checkpointing(model)
         return model
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
         """The optimizer the settings ask for, over the parameters that train."""
-        if self.settings.forward_only:
+        if self.settings.workload.forward_only:
             return None
         params = [p for p in model.parameters() if p.requires_grad]
-        return optimizers.build_optimizer(self.settings.optimizer, params)
+        return optimizers.build_optimizer(self.settings.workload.optimizer, params)
 
     def make_batch(self, batch_size: int, device: torch.device | str) -> dict[str, torch.Tensor]:
         """Model inputs with labels; values are zeros because memory does not depend on them."""
         s = self.settings
         if self.entry.input_kind == "image":
-            shape = (batch_size, 3, s.image_size, s.image_size)
+            shape = (batch_size, 3, s.workload.image_size, s.workload.image_size)
             # bf16-true feeds inputs in the weights' dtype, as Lightning's plugin converts them.
-            dtype = cuda_rules.parameter_dtype(s.precision) or torch.float32
+            dtype = cuda_rules.parameter_dtype(s.workload.precision) or torch.float32
             batch = {"pixel_values": torch.zeros(shape, dtype=dtype, device=device)}
         else:
             # No attention_mask: without padding it changes nothing, and transformers would
             # otherwise materialise a full mask it treats as real data.
-            ids = torch.zeros((batch_size, s.seq_len), dtype=torch.long, device=device)
+            ids = torch.zeros((batch_size, s.workload.seq_len), dtype=torch.long, device=device)
             batch = {"input_ids": ids}
-        if s.loss == "task":
+        if s.workload.loss == "task":
             if self.task in (models.CAUSAL_LM, models.SEQ2SEQ_LM):
                 # Seq2seq models shift labels right into decoder inputs themselves.
                 batch["labels"] = batch["input_ids"]
@@ -136,7 +140,7 @@ class CatalogStep:
         for p in model.parameters():
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)
-        if cuda_rules.uses_grad_scaler(self.settings.precision):
+        if cuda_rules.uses_grad_scaler(self.settings.workload.precision):
             device = next(model.parameters()).device
             scaler = _SCALERS[optimizer] = torch.amp.GradScaler(device.type)
             # The scale and its growth tracker are created at the first scale(), as in training.
@@ -159,7 +163,7 @@ class CatalogStep:
         """Run one optimizer step at micro-batch `batch_size`: `grad_accum` forward/backward
         passes whose gradients add up, clipping if asked, then the optimizer step (through
         `run_optimizer`). Raises the device's OOM error if it does not fit."""
-        with _tf32_matmuls(self.settings.tf32):
+        with _tf32_matmuls(self.settings.workload.tf32):
             self._run_step(model, optimizer, batch_size, device, on_phase, run_optimizer)
 
     def _run_step(
@@ -172,21 +176,21 @@ class CatalogStep:
         run_optimizer: RunOptimizer,
     ) -> None:
         s = self.settings
-        model.train(s.mode == "train")
-        if s.forward_only:
+        model.train(s.workload.mode == "train")
+        if s.workload.forward_only:
             on_phase(Phase.FORWARD)
             with torch.no_grad(), self._autocast(device):
                 self._forward(model, self.make_batch(batch_size, device))
             return
         scaler = None
-        if optimizer is not None and cuda_rules.uses_grad_scaler(s.precision):
+        if optimizer is not None and cuda_rules.uses_grad_scaler(s.workload.precision):
             # A loop makes its GradScaler before its first step (the optimizer's state and the
             # scale come at that step): an optimizer not primed gets one here.
             scaler = _SCALERS.get(optimizer)
             if scaler is None:
                 scaler = _SCALERS[optimizer] = torch.amp.GradScaler(torch.device(device).type)
         try:
-            for _ in range(s.grad_accum):
+            for _ in range(s.workload.grad_accum):
                 # From the second micro-batch on, every gradient is alive through forward and
                 # backward: that, not the first micro-batch, is the loop's peak.
                 self._forward_backward(model, batch_size, device, scaler, on_phase)
@@ -217,13 +221,13 @@ class CatalogStep:
         try:
             model.eval()
             with torch.no_grad():
-                for _ in range(self.settings.eval_batches_kept):
+                for _ in range(self.settings.workload.eval_batches_kept):
                     for i, new in enumerate(self._predict(model, batch_size, device, on_phase)):
                         if new is not None:
                             kept[i] = new if kept[i] is None else _concat(kept[i], new)
         finally:
             kept.clear()  # to_cpu_and_numpy: the GPU copies go
-            model.train(self.settings.mode == "train")
+            model.train(self.settings.workload.mode == "train")
 
     def _predict(
         self, model: nn.Module, batch_size: int, device: torch.device | str, on_phase: OnPhase
@@ -257,8 +261,8 @@ class CatalogStep:
         # Forward and loss only; backward runs in the dtypes forward chose.
         with self._hearing_logits(model, on_phase), self._autocast(device):
             loss = self._loss(self._forward(model, batch))
-            if self.settings.grad_accum > 1:
-                loss = loss / self.settings.grad_accum  # as HF Trainer and Lightning do
+            if self.settings.workload.grad_accum > 1:
+                loss = loss / self.settings.workload.grad_accum  # as HF Trainer and Lightning do
         del batch
         on_phase(Phase.BACKWARD)
         (loss if scaler is None else scaler.scale(loss)).backward()
@@ -291,8 +295,8 @@ class CatalogStep:
         scaler: torch.amp.GradScaler | None,
     ) -> None:
         # Reads parameters, gradients and optimizer state only: nothing the batch size shapes.
-        if self.settings.max_grad_norm is not None:
-            self._clip(model, optimizer, scaler, self.settings.max_grad_norm)
+        if self.settings.workload.max_grad_norm is not None:
+            self._clip(model, optimizer, scaler, self.settings.workload.max_grad_norm)
         if scaler is None:
             optimizer.step()
         else:
@@ -300,7 +304,7 @@ class CatalogStep:
             scaler.update()
 
     def _autocast(self, device: torch.device | str) -> contextlib.AbstractContextManager[None]:
-        return cuda_rules.autocast(self.settings.precision, torch.device(device).type)
+        return cuda_rules.autocast(self.settings.workload.precision, torch.device(device).type)
 
     def _clip(
         self,
@@ -328,7 +332,7 @@ class CatalogStep:
         return SimpleNamespace(logits=logits, loss=loss)
 
     def _loss(self, outputs: Any) -> torch.Tensor:
-        if self.settings.loss == "logits-mean":
+        if self.settings.workload.loss == "logits-mean":
             return outputs.logits.mean()
         return outputs.loss
 

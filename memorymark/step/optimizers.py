@@ -75,7 +75,7 @@ def _bnb_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.O
     return _OnAnyDevice(params, lr=1e-4, **kwargs)
 
 
-def _adafactor_class() -> type[torch.optim.Optimizer]:
+def _adafactor_class() -> type[Any]:  # transformers' Adafactor, with its own arguments
     from transformers.optimization import Adafactor
 
     class _Adafactor(Adafactor):

@@ -151,14 +151,14 @@ def check_settings(settings: Settings) -> None:
             "a training job's own code says: set it there (autocast, the optimizer, "
             "checkpointing), not beside it"
         )
-    if settings.dist != "none" or settings.gpus.strip() != "1":
+    if settings.hardware.dist != "none" or settings.hardware.gpus.strip() != "1":
         raise ValueError(
             "a training job is sized on one GPU for now: drop --dist/--gpus (each rank of a "
             "data-parallel run holds what one GPU does)"
         )
-    if settings.find != "batch":
+    if settings.search.find != "batch":
         raise ValueError("a training job searches batch sizes only: drop --find")
-    if settings.target_batch is not None:
+    if settings.search.target_batch is not None:
         raise ValueError(
             "a training job accumulates in its own step: drop --target-batch, and choose "
             "accumulation from the answer"

@@ -227,7 +227,7 @@ def _bar(label: str, m: Measurement | None, gpu: GPU) -> tuple[str, float, str]:
 def capacity_bars(report: Report) -> go.Figure:
     """Current batch (red) vs optimal batch (green) as horizontal bars against usable memory."""
     gpu, optimal = report.gpu, report.optimal
-    bars = [_bar(f"current (batch {report.settings.current_batch})", report.current, gpu)]
+    bars = [_bar(f"current (batch {report.settings.search.current_batch})", report.current, gpu)]
     if optimal is not None:
         bars.append(_bar(f"optimal (batch {optimal.batch_size})", optimal, gpu))
     labels, values, texts = (list(column) for column in zip(*bars, strict=True))

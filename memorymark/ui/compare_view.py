@@ -38,7 +38,9 @@ def table(rows: Sequence[GpuFit], settings: Settings) -> list[dict[str, Any]]:
         {
             "GPU": r.gpu.name,
             "Batch (sim.)": r.max_batch,
-            "TFLOP/s": round(peak_tflops(r.gpu, settings.precision, tf32=settings.tf32), 1),
+            "TFLOP/s": round(
+                peak_tflops(r.gpu, settings.workload.precision, tf32=settings.workload.tf32), 1
+            ),
             "$/h": round(r.usd_per_hour, 2),
             "Speed (est.)": round(r.relative_speed, 2),
             "h/run (est.)": round(r.est_hours_per_run, 2),
@@ -51,9 +53,9 @@ def table(rows: Sequence[GpuFit], settings: Settings) -> list[dict[str, Any]]:
 def tf32_note(settings: Settings) -> str | None:
     """Why an fp32 run ranks Ampere-and-newer datacenter GPUs low, and how to see TF32's
     figures; None when the run is not fp32."""
-    if settings.precision != "32-true":
+    if settings.workload.precision != "32-true":
         return None
-    if settings.tf32:
+    if settings.workload.tf32:
         return (
             "TF32 matmuls are on, as in a script that sets "
             "`torch.backends.cuda.matmul.allow_tf32 = True`: fp32 matmuls run at each GPU's TF32 "

@@ -81,7 +81,8 @@ def applicable(entry: models.ModelEntry) -> dict[str, bool]:
 def unused_defaults(entry: models.ModelEntry) -> dict[str, Any]:
     """The settings that mean nothing for `entry`, at their defaults: a choice made for another
     model neither changes this run nor its cached result, and stays out of the link."""
-    return {name: getattr(DEFAULTS, name) for name, used in applicable(entry).items() if not used}
+    defaults = DEFAULTS.to_dict()
+    return {name: defaults[name] for name, used in applicable(entry).items() if not used}
 
 
 def save_upload(name: str, data: bytes, root: Path | None = None) -> str:

@@ -59,7 +59,7 @@ def metric_cards(report: Report) -> list[tuple[str, str, str, str | None]]:
         ("Optimal batch size", str(optimal.batch_size) if optimal else "none",
          f"The largest batch that trains on {gpu.name} ({src}) and leaves the margin free",
          f"max {maximum.batch_size} with no margin" if maximum and above else None),
-        (f"Memory at batch {report.settings.current_batch} ({src})",
+        (f"Memory at batch {report.settings.search.current_batch} ({src})",
          gib_text(current.peak_bytes) if current and ran else "OOM",
          f"Peak of a full training step; {gpu.usable_gib:.2f} GiB usable"
          + _needs(report), None),
@@ -104,9 +104,9 @@ def throughput_note(report: Report) -> str | None:
         f". Larger batches stop paying off at batch {knee.batch_size}: it reaches "
         f"{100 * KNEE_FRACTION:.0f}% of the best throughput measured"
     )
-    if report.settings.strategy != "linear":
+    if report.settings.search.strategy != "linear":
         text += (
-            f" (coarse: a {report.settings.strategy} sweep measures few batches; the linear "
+            f" (coarse: a {report.settings.search.strategy} sweep measures few batches; the linear "
             "strategy measures more)"
         )
     return text + "."
@@ -137,7 +137,7 @@ def _verdict(report: Report) -> None:
         st.info(many)
     if report.capped:
         st.info(
-            f"Every batch up to {report.settings.max_batch} fits: raise 'Largest batch to "
+            f"Every batch up to {report.settings.search.max_batch} fits: raise 'Largest batch to "
             "try' under Advanced to search further."
         )
 
@@ -145,7 +145,7 @@ def _verdict(report: Report) -> None:
 def distributed_note(report: Report) -> str | None:
     """Per-GPU and global batch, and rank 0's states, on many GPUs (None on one)."""
     s = report.settings
-    if s.dist == "none":
+    if s.hardware.dist == "none":
         return None
     search = report.gpu_search
     found = ""
@@ -160,7 +160,8 @@ def distributed_note(report: Report) -> str | None:
     if best is None:
         return (
             found
-            + f"On {plural(report.gpus, 'GPU')} ({s.dist}) even batch 1 does not fit per rank."
+            + f"On {plural(report.gpus, 'GPU')} ({s.hardware.dist}) "
+            + "even batch 1 does not fit per rank."
         )
     b = best.breakdown
     states = "" if b is None else (
@@ -170,7 +171,8 @@ def distributed_note(report: Report) -> str | None:
         "(estimated)."
     )  # fmt: skip
     return (
-        f"{found}On {plural(report.gpus, 'GPU')} ({s.dist}): per-GPU batch {best.batch_size}, "
+        f"{found}On {plural(report.gpus, 'GPU')} ({s.hardware.dist}): "
+        f"per-GPU batch {best.batch_size}, "
         f"global batch {report.global_batch_per_step}.{states}"
     )
 

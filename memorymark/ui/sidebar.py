@@ -39,24 +39,28 @@ def detected_gpu() -> GPU | None:
 
 
 def _gpu_choice(s: Settings) -> str:
-    if s.gpu_memory_gib is not None:
+    if s.hardware.gpu_memory_gib is not None:
         return CUSTOM
-    if s.gpu is None:
+    if s.hardware.gpu is None:
         return LOCAL if detected_gpu() else gpus.DEFAULT_SIMULATED_GPU
-    return gpus.find_gpu(s.gpu).name
+    return gpus.find_gpu(s.hardware.gpu).name
 
 
 def load_settings(s: Settings) -> None:
     """Put every field of `s` into the sidebar's widgets (before they are drawn)."""
     values: dict[str, Any] = s.to_dict()
-    values["task"] = s.resolved_task
-    spec = ":" in s.model  # file:, hf:, timm:, torchvision: models go in the text box
-    values["model"], values["model_spec"] = (Settings().model, s.model) if spec else (s.model, "")
-    values["gpu_memory_gib"] = s.gpu_memory_gib or DEFAULT_CUSTOM_GIB
+    values["task"] = s.workload.resolved_task
+    spec = ":" in s.workload.model  # file:, hf:, timm:, torchvision: models go in the text box
+    values["model"], values["model_spec"] = (
+        (Settings().workload.model, s.workload.model) if spec else (s.workload.model, "")
+    )
+    values["gpu_memory_gib"] = s.hardware.gpu_memory_gib or DEFAULT_CUSTOM_GIB
     values["gpu_choice"] = _gpu_choice(s)
     for name, value in values.items():
         st.session_state[key(name)] = value
-    st.session_state[model_inputs.TASK_FOR_KEY] = s.model  # the task was chosen for this model
+    st.session_state[model_inputs.TASK_FOR_KEY] = (
+        s.workload.model
+    )  # the task was chosen for this model
 
 
 def apply_and_analyze(s: Settings) -> None:
@@ -197,7 +201,7 @@ def gpu_refusal(s: Settings, gpu: GPU) -> str | None:
     (`GPU.check_precision`, `check_attention`, which a sweep would fail on in its worker); its
     message names CLI flags, so the words here name the widgets instead."""
     try:
-        gpu.check_precision(s.precision)
+        gpu.check_precision(s.workload.precision)
     except ValueError:
         major, minor = gpu.compute_capability
         return (
@@ -206,7 +210,7 @@ def gpu_refusal(s: Settings, gpu: GPU) -> str | None:
             "32-true, or pick a **GPU** with bf16 (an A10, L4, A100 or newer)"
         )
     try:
-        gpu.check_attention(s.attention)
+        gpu.check_attention(s.workload.attention)
     except ValueError:
         return (
             f"FlashAttention-2 needs an Ampere or newer GPU and the {gpu.name} is older. Set "

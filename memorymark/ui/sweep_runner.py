@@ -145,7 +145,7 @@ def within_server_limits(settings: Settings) -> tuple[Settings, list[str]]:
 
 def sweep_key(settings: Settings) -> Settings:
     """What decides a sweep's measurements: every setting but the global batch to plan for."""
-    return replace(settings, target_batch=None)
+    return settings.replace(target_batch=None)
 
 
 def _finished(job: SweepJob, cache: ResultCache | None = None) -> None:

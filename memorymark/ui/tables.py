@@ -90,7 +90,7 @@ def memory_rows(report: Report) -> list[dict[str, str]]:
          f"total less the CUDA context ({over['context']:.2f} GiB): what the caching "
          "allocator can reserve (the cuBLAS workspaces come out of it, inside each step)"),
         ("Margin", _gib_text(d["margin_gb"]), "your setting",
-         f"{report.settings.margin} of usable, kept free in case the prediction is low"),
+         f"{report.settings.search.margin} of usable, kept free in case the prediction is low"),
         ("Limit", _gib_text(d["limit_gb"]), "usable less margin", d["fit_criterion"]),
         ("Headroom" + at, _gib_text(d["headroom_gb"]), src,
          "usable less what the optimal batch needs: its distance from an out-of-memory"),

@@ -69,7 +69,7 @@ def _apply_protocol() -> None:
     """Protocol callback: set mode, loss and optimizer as the CLI's --protocol does."""
     applied = Settings().with_protocol(st.session_state[PROTOCOL_KEY])
     for name in ("mode", "loss", "optimizer"):
-        st.session_state[key(name)] = getattr(applied, name)
+        st.session_state[key(name)] = getattr(applied.workload, name)
 
 
 def _lora_inputs(sb: Any) -> dict[str, Any]:

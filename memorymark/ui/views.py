@@ -107,7 +107,7 @@ def show_error(error: str) -> None:
 def header(settings: Settings, gpu: GPU, backend: str | None) -> str:
     """The log's `$` line: the CLI command that runs these very settings, and where it runs."""
     how = "measured" if is_measured(backend) else (backend or "sim")
-    return f"{settings.to_command_line()}  # {gpu.name}, {how}, {settings.strategy}"
+    return f"{settings.to_command_line()}  # {gpu.name}, {how}, {settings.search.strategy}"
 
 
 def sweep_panel(
@@ -150,15 +150,15 @@ def _figures(
         measurements,
         gpu,
         memory_source=memory_source,
-        max_batch=settings.max_batch,
+        max_batch=settings.search.max_batch,
         optimal=optimal,
         limit_bytes=FitPolicy.on(settings, gpu).limit_bytes,
     )
     speed = throughput_chart.throughput_figure(
         measurements,
         gpu,
-        x_range=charts.axis_ranges(measurements, gpu, settings.max_batch)[0],
-        current_batch=settings.current_batch,
+        x_range=charts.axis_ranges(measurements, gpu, settings.search.max_batch)[0],
+        current_batch=settings.search.current_batch,
         optimal_batch=optimal.batch_size if optimal else None,
         knee_batch=knee_batch,
     )
@@ -197,7 +197,9 @@ def _draw_job(job: SweepJob, costs: Costs | None = None) -> None:
         )
     took = f"{plural(len(ms), 'probe')}, {job.elapsed_seconds:.1f} s"
     if job.running:
-        st.progress(sweep_progress(ms, job.settings.step), text=f"{progress_words(job)} ({took})")
+        st.progress(
+            sweep_progress(ms, job.settings.search.step), text=f"{progress_words(job)} ({took})"
+        )
     elif job.state == "done":
         st.progress(1.0, text=f"Done ({took})")
     else:
