@@ -32,7 +32,7 @@ from memorymark import gpus, models
 from memorymark.analyses import compare, scale_out
 from memorymark.analyses.compare import GpuFit
 from memorymark.analyses.fixes import FitAnswer, WaysOutSearch
-from memorymark.analyses.proof import PROTOCOLS, BackwardProof, ProtocolResult, protocol_settings
+from memorymark.analyses.proof import PROOF_STEPS, BackwardProof, ProtocolResult, protocol_settings
 from memorymark.analyses.scale_out import ScaleOutRow
 from memorymark.backends import selection
 from memorymark.distributed import gpu_count
@@ -46,7 +46,7 @@ from memorymark.search import estimate
 from memorymark.search.eval_batch import EvalAnswer, EvalMeasurer
 from memorymark.search.plan import TrainingPlan, plan_for_target
 from memorymark.search.seq_len import SeqLenAnswer, SeqLenMeasurer, search_cap
-from memorymark.search.strategies import STRATEGIES, FastStrategy, Strategy
+from memorymark.search.strategies import STRATEGY_CLASSES, FastStrategy, Strategy
 from memorymark.search.sweep import SweepLimits, best_fit, sweep
 from memorymark.search.symbolic import SymbolicStrategy
 from memorymark.settings import Costs, Settings, check_model
@@ -184,7 +184,7 @@ class Session:
             "limit_bytes": self.policy.limit_bytes,
         }
         if self.settings.strategy != "symbolic":
-            return STRATEGIES[self.settings.strategy](**limits)
+            return STRATEGY_CLASSES[self.settings.strategy](**limits)
         keeps = hasattr(measurer, "keep_records")
         strategy = SymbolicStrategy(
             replayer=measurer.keep_records() if keeps else None,
@@ -507,7 +507,7 @@ class Session:
         """Forward-only, forward+backward, and the full step (eval and train) at `batch_size`,
         each as it lands (for live progress); with `sweeps`, each one's max batch too."""
         self._catalog_entry("the backward-pass proof")
-        for key, label, _ in PROTOCOLS:
+        for key, label, _ in PROOF_STEPS:
             variant = protocol_settings(self.settings, key)
             m = Session(variant, cuda=self._cuda).measure(batch_size)
             max_batch = None
