@@ -50,8 +50,8 @@ from memorymark.search.strategies import STRATEGY_CLASSES, FastStrategy, Strateg
 from memorymark.search.sweep import SweepLimits, best_fit, sweep
 from memorymark.search.symbolic import SymbolicStrategy
 from memorymark.settings import Costs, Settings, check_model
-from memorymark.step import training as user_training
-from memorymark.step.training import Training
+from memorymark.step import user_job
+from memorymark.step.user_job import Training
 
 FIXES_STAGE = "nothing fits: simulating what would (checkpointing, bf16, LoRA, a bigger GPU)"
 """What `Session.report` says before it simulates the ways out (its `on_stage`)."""
@@ -91,7 +91,7 @@ class Session:
         if training is None:
             self.model_entry = check_model(settings)
         else:
-            user_training.check_settings(settings)
+            user_job.check_settings(settings)
         # torch loads here, not when the front door is imported
         from memorymark.backends import resolve
 
