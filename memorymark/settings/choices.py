@@ -39,7 +39,7 @@ Find = Literal["batch", "seq-len"]
 BackendName = Literal["auto", "cuda", "mps", "sim", "cpu"]
 StrategyName = Literal["symbolic", "fast", "linear"]
 ProtocolName = Literal["full", "inference-style"]
-# memorymark/step/quantization.py METHODS, repeated: settings never import bitsandbytes or torch.
+# None, bitsandbytes' 4-bit NF4 or FP4, or LLM.int8(): what memorymark/step/quantization.py builds.
 Quantization = Literal["none", "nf4", "fp4", "int8"]
 
 OPTIMIZERS: tuple[str, ...] = typing.get_args(Optimizer)
