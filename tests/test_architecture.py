@@ -5,6 +5,10 @@ import ast
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 PACKAGE = Path(__file__).resolve().parents[1] / "memorymark"
 TOP_LEVEL = {
     "__init__",

@@ -17,6 +17,8 @@ from memorymark.reporting.markdown import report_markdown
 from memorymark.settings import Costs, Settings
 from memorymark.units import GIB
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 
 def _step(required_gib: float, activations_gib: float = 0.0) -> Measurement:
     """A fake batch-1 step that needs `required_gib` (it fits: its verdict is the caller's)."""
