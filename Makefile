@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-hosted lint bench browser-deps clean
+.PHONY: run test test-fast test-hosted lint bench browser-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ run: $(VENV)/.app-installed  ## the app on http://localhost:8501
 test: $(VENV)/.dev-installed browser-deps  ## the whole test suite, browser test included
 	$(BIN)/python -c 'import torch; print("torch", torch.__version__)'
 	$(BIN)/python -m pytest
+
+# The files marked `fast` (pytestmark = pytest.mark.fast): at least one per package of
+# memorymark/, which tests/test_fast_subset.py checks, in under two minutes on 2 cores.
+test-fast: $(VENV)/.dev-installed  ## a quick subset touching every package, for while you work
+	$(BIN)/python -m pytest -m fast
 
 # A hosted server installs PyTorch's CPU build of the release hosted/requirements.txt pins, not
 # the newest: the tests of the worker pool, the engine and hosting run on it too, in a venv of

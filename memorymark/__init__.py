@@ -23,7 +23,7 @@ from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.settings import Costs, Hardware, Search, Settings, Workload
 from memorymark.step.target import target_gpu
-from memorymark.step.training import SimulationError, Training, simulating
+from memorymark.step.user_job import SimulationError, Training, simulating
 
 __all__ = [
     "Costs",

@@ -33,7 +33,7 @@ from memorymark.analyses import compare, scale_out
 from memorymark.analyses.bench import Bench
 from memorymark.analyses.compare import GpuFit
 from memorymark.analyses.fixes import WaysOutSearch
-from memorymark.analyses.proof import PROTOCOLS, BackwardProof, ProtocolResult, protocol_settings
+from memorymark.analyses.proof import PROOF_STEPS, BackwardProof, ProtocolResult, protocol_settings
 from memorymark.analyses.scale_out import ScaleOutRow
 from memorymark.backends import selection
 from memorymark.environment import stamp, torch_version
@@ -51,8 +51,8 @@ from memorymark.search.strategies import FastStrategy, Strategy
 from memorymark.search.sweep import SweepLimits, best_fit, sweep
 from memorymark.search.symbolic import SymbolicStrategy
 from memorymark.settings import Costs, Settings, check_model
-from memorymark.step import training as user_training
-from memorymark.step.training import Training
+from memorymark.step import user_job
+from memorymark.step.user_job import Training
 from memorymark.ways_out import FitAnswer
 
 FIXES_STAGE = "nothing fits: simulating what would (checkpointing, bf16, LoRA, a bigger GPU)"
@@ -93,7 +93,7 @@ class Session:
         if training is None:
             self.model_entry = check_model(settings)
         else:
-            user_training.check_settings(settings)
+            user_job.check_settings(settings)
         # torch loads here, not when the front door is imported
         from memorymark.backends import resolve
 
@@ -520,7 +520,7 @@ class Session:
         """Forward-only, forward+backward, and the full step (eval and train) at `batch_size`,
         each as it lands (for live progress); with `sweeps`, each one's max batch too."""
         self._catalog_entry("the backward-pass proof")
-        for key, label, _ in PROTOCOLS:
+        for key, label, _ in PROOF_STEPS:
             variant = protocol_settings(self.settings, key)
             m = Session(variant, cuda=self._cuda).measure(batch_size)
             max_batch = None

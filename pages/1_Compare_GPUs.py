@@ -12,7 +12,7 @@ from memorymark.analyses.compare import without_precision
 from memorymark.service.jobs import compare_gpus
 from memorymark.settings import Costs
 from memorymark.ui import compare_view, page_charts, page_runs, sidebar, tables, views
-from memorymark.ui.compare_view import COLUMNS
+from memorymark.ui.compare_view import COLUMN_HELP
 
 st.set_page_config(page_title="Compare GPUs · MemoryMark", layout="wide")
 settings, costs = sidebar.settings_sidebar()
@@ -51,7 +51,7 @@ st.dataframe(
     hide_index=True,
     width="stretch",
     height="content",
-    column_config={name: st.column_config.Column(help=text) for name, text in COLUMNS.items()},
+    column_config={name: st.column_config.Column(help=text) for name, text in COLUMN_HELP.items()},
 )
 note = compare_view.tf32_note(settings)
 if note is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from memorymark.analyses.proof import EXPECTED, PROTOCOLS, BackwardProof
+from memorymark.analyses.proof import EXPECTED, PROOF_STEPS, BackwardProof
 from memorymark.service.jobs import backward_proof
 from memorymark.ui import charts, page_charts, page_runs, sidebar, tables, views
 
@@ -38,7 +38,7 @@ proof, error = page_runs.run_streamed(
     backward_proof,
     (batch,),
     settings=settings,
-    steps=[label for _, label, _ in PROTOCOLS],
+    steps=[label for _, label, _ in PROOF_STEPS],
     describe=lambda r: tables.protocol_line(r, batch),
     build=lambda results: BackwardProof(batch_size=batch, results=tuple(results)),
 )

@@ -18,6 +18,8 @@ from memorymark.accounting.allocator import (
     should_split,
 )
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 KIB, MIB = 2**10, 2**20
 
 

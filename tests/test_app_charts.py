@@ -16,6 +16,8 @@ from memorymark.settings import Settings
 from memorymark.ui import charts, compare_view, page_charts, probe_log, tables
 from memorymark.units import GIB
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 
 def test_affine_fit_recovers_the_line_through_fitting_probes_only() -> None:
     intercept, slope = charts.affine_fit([probe(8), probe(16), probe(64), probe(200, fits=False)])

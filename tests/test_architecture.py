@@ -6,6 +6,10 @@ import ast
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 PACKAGE = Path(__file__).resolve().parents[1] / "memorymark"
 TOP_LEVEL = {
     "__init__",
@@ -203,3 +207,59 @@ def test_each_package_says_what_it_owns_and_must_not_know():
             continue
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert "must not know" in doc.lower() or "must not" in doc.lower(), init
+
+
+# Module-level names that several modules define on purpose, with one meaning in each, and why.
+SHARED_NAMES = {
+    "CATALOG": "each catalog package's own table, always read through its package "
+    "(gpus.CATALOG, models.CATALOG)",
+    "PATCH": "each cuda_rules module's one ScopedPatch, the shape cuda_rules.applied switches on",
+}
+
+
+def _defined_names(tree: ast.Module) -> set[str]:
+    """The public names a module defines at its top level: classes, constants and type aliases
+    (plain, annotated or `type X = ...`). Functions are left out: a function is called through
+    its module (`history.add_parser`, `commands.run`), where one verb per module (run, write,
+    table) reads clearly, while a constant or a type is imported bare and read without its
+    module. TypeVars (`T = TypeVar("T")`) are each generic module's own placeholder."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            names.add(node.name)
+        elif type(node).__name__ == "TypeAlias":  # `type X = ...` (Python 3.12 and later)
+            names.add(node.name.id)  # type: ignore[attr-defined]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            value = node.value
+            if isinstance(value, ast.Call) and ast.unparse(value.func).endswith("TypeVar"):
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return {n for n in names if not n.startswith("_") and n != "__all__"}
+
+
+def _names_defined_twice(sources: dict[str, str]) -> dict[str, list[str]]:
+    """Each public module-level name that more than one module defines -> those modules."""
+    where: dict[str, list[str]] = {}
+    for module, text in sources.items():
+        for name in _defined_names(ast.parse(text)):
+            where.setdefault(name, []).append(module)
+    return {name: sorted(mods) for name, mods in where.items() if len(mods) > 1}
+
+
+def test_no_public_module_level_name_has_two_meanings():
+    # One name, one meaning: the `Backend` Literal beside the Backend class, or two PROTOCOLS
+    # (the --protocol choices and the proof's steps), read alike and mean different things.
+    sources = {name: path.read_text() for name, path in _modules().items()}
+    twice = _names_defined_twice(sources)
+    assert {n: m for n, m in twice.items() if n not in SHARED_NAMES} == {}
+    assert set(SHARED_NAMES) <= set(twice)  # an exception nothing needs any more is dropped
+
+
+def test_the_naming_check_finds_a_clash():
+    sources = {
+        "a": "from typing import Literal, TypeVar\nBackend = Literal['cpu']\nT = TypeVar('T')\n",
+        "b": "T = 1\nclass Backend: ...\ndef run(): ...\nLIMIT: int = 3\n",
+        "c": "def run(): ...\nLIMIT = 4\n_private = 1\n",
+    }
+    assert _names_defined_twice(sources) == {"Backend": ["a", "b"], "LIMIT": ["b", "c"]}

@@ -27,6 +27,8 @@ from memorymark.gpus import find_gpu
 from memorymark.settings import Settings
 from memorymark.units import GIB
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 H100 = find_gpu("H100 80GB")
 H100_TOTAL = 85017493504  # as the committed rows' device reported it
 DAY = datetime.date(2026, 1, 1)

@@ -12,6 +12,8 @@ import pytest
 from memorymark import models
 from memorymark.models.parameter_counts import PARAMETERS
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

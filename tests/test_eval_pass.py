@@ -18,7 +18,7 @@ from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.record import record_to_report, report_to_record
 from memorymark.reporting.snippets import snippet
 from memorymark.search.plan import TrainingPlan
-from memorymark.step import training
+from memorymark.step import user_job
 from memorymark.step.catalog import CatalogStep
 from memorymark.units import MIB
 
@@ -142,7 +142,7 @@ def test_eval_accumulation_needs_an_eval_batch(capsys):
 
 def test_a_training_job_evaluates_in_its_own_code():
     with pytest.raises(ValueError, match="--eval-batch describes the model or its step"):
-        training.check_settings(Settings(eval_batch=8))
+        user_job.check_settings(Settings(eval_batch=8))
 
 
 def test_the_hf_snippet_sets_the_eval_batch_and_its_accumulation(monkeypatch, tmp_path):

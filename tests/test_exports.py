@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 
+import pytest
 from app_samples import sample_report
 
 from memorymark.environment import stamp
@@ -14,6 +15,8 @@ from memorymark.reporting import exports
 from memorymark.reporting.markdown import escape
 from memorymark.search.plan import TrainingPlan
 from memorymark.settings import Settings
+
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
 
 WHEN = "2026-01-02T03:04:05Z"
 

@@ -4,6 +4,8 @@ import pytest
 
 from memorymark.fit import FitPolicy
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 GIB = 2**30
 POLICY = FitPolicy(capacity_bytes=20 * GIB, margin_bytes=GIB)
 

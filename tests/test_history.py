@@ -23,6 +23,8 @@ from memorymark.search.plan import TrainingPlan
 from memorymark.settings import Costs, Settings
 from memorymark.ways_out import Fix
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 
 def stamped(report, when: str = "2026-01-02T03:04:05Z"):
     return dataclasses.replace(

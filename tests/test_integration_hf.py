@@ -17,6 +17,8 @@ import memorymark
 from memorymark import Session, Settings
 from memorymark.integrations import hf
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 SEARCH = {"gpu_memory_gib": 1, "max_batch": 256}
 """A GPU small enough that a 512-token tiny BERT's answer (~100) is neither 1 nor max_batch."""
 

@@ -15,8 +15,8 @@ from memorymark.accounting import allocator
 from memorymark.accounting.tracker import MemoryTracker
 from memorymark.backends.base import loop_start
 from memorymark.reporting.json_form import report_to_dict
-from memorymark.step.training import Training
-from memorymark.step.user import UserStep
+from memorymark.step.user_job import Training
+from memorymark.step.user_step import UserStep
 from memorymark.units import MIB
 
 WORKSPACE = 8 * MIB + 128 * 1024  # cuBLAS's default workspace on Ampere

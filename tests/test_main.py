@@ -11,6 +11,8 @@ import pytest
 from memorymark import __main__ as entry
 from memorymark.cli import parser
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

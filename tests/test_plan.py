@@ -5,6 +5,8 @@ import pytest
 
 from memorymark.search.plan import divisors_up_to, plan_for_target
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 
 def test_divisors_up_to():
     assert divisors_up_to(1024, 248) == [1, 2, 4, 8, 16, 32, 64, 128]

@@ -11,6 +11,8 @@ from memorymark.search.gpu_count import GpuSearch
 from memorymark.settings import Settings
 from memorymark.units import plural
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 
 def test_plural_is_singular_for_one_only() -> None:
     assert plural(1, "GPU") == "1 GPU"

@@ -22,6 +22,8 @@ from memorymark.service.executors import local_service, thread_service
 from memorymark.settings import Settings
 from memorymark.ui import model_inputs, page_runs, sidebar, sweep_runner
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 A10_TOTAL_BYTES = 23609475072  # torch.cuda.get_device_properties(0).total_memory on an A10
 
 

@@ -4,6 +4,8 @@ import pytest
 
 from memorymark.settings import FIELD_NAMES, Costs, Hardware, Search, Settings, Workload
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 
 def test_defaults_are_the_issue_defaults():
     s = Settings()

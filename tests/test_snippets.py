@@ -13,7 +13,7 @@ import torch
 import transformers
 from peft import LoraConfig, PeftModel, get_peft_model
 
-from memorymark.reporting.snippets import FORMATS, snippet
+from memorymark.reporting.snippets import SNIPPET_FORMATS, snippet
 from memorymark.search.plan import TrainingPlan
 from memorymark.settings import Settings
 from memorymark.settings.choices import OPTIMIZERS, PRECISIONS
@@ -86,20 +86,20 @@ def tiny_dataset() -> list[dict[str, torch.Tensor]]:
 
 
 # -- every dialect -------------------------------------------------------------------------------
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", SNIPPET_FORMATS)
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_every_snippet_parses(fmt, precision):
     ast.parse(snippet(fmt, Settings(precision=precision, grad_checkpointing=True), PLAN))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", SNIPPET_FORMATS)
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_every_optimizer_parses_with_lora_and_clipping(fmt, optimizer):
     settings = Settings(optimizer=optimizer, lora_rank=8, max_grad_norm=1.0)
     ast.parse(snippet(fmt, settings, PLAN))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", SNIPPET_FORMATS)
 def test_every_dialect_builds_the_same_lora_config(fmt):
     code = snippet(fmt, Settings(model="gpt2", lora_rank=8), PLAN)
     assert keywords(code, "LoraConfig") == {
@@ -113,7 +113,7 @@ def test_every_dialect_builds_the_same_lora_config(fmt):
     assert len(calls(code, "get_peft_model")) == 1
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", SNIPPET_FORMATS)
 def test_no_lora_no_peft(fmt):
     assert "peft" not in snippet(fmt, Settings(), PLAN)
 
@@ -383,7 +383,7 @@ def test_unknown_format():
         snippet("keras", Settings(), PLAN)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", SNIPPET_FORMATS)
 @pytest.mark.parametrize("dist", ["ddp", "zero1", "fsdp", "fsdp-no-reshard", "hsdp"])
 def test_every_distributed_strategy_parses_and_says_how_to_launch(fmt, dist):
     s = Settings(model="gpt2", precision="bf16-mixed", dist=dist, gpus="16")

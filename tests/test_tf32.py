@@ -33,7 +33,7 @@ def test_the_page_table_names_the_matmul_rate_and_the_note_cites_pytorchs_defaul
     rows, _ = Session(Settings(**TINY)).compare(catalog=(A10, A100))
     table = compare_view.table(rows, Settings(**TINY))
     assert [r["TFLOP/s"] for r in table] == [31.2, 19.5]
-    assert set(table[0]) == set(compare_view.COLUMNS)
+    assert set(table[0]) == set(compare_view.COLUMN_HELP)
     tf32 = Settings(**TINY, tf32=True)
     assert [r["TFLOP/s"] for r in compare_view.table(rows, tf32)] == [62.5, 156.0]
     note = compare_view.tf32_note(Settings(**TINY))

@@ -8,6 +8,8 @@ from memorymark.accounting import tracker as tracker_module
 from memorymark.accounting.tracker import MemoryTracker
 from memorymark.measurement import CATEGORIES, Category
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 
 def test_counts_new_storage_once_and_not_views():
     tracker = MemoryTracker()

@@ -7,6 +7,8 @@ from memorymark.fit import FitPolicy
 from memorymark.settings import Settings
 from memorymark.step.catalog import CatalogStep
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 BIG = 8 * 2**30
 
 

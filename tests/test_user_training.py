@@ -471,7 +471,7 @@ def test_a_job_on_a_real_device_runs_its_step_as_written_and_reads_the_devices_p
 
     from memorymark.backends.device import DeviceBackend
     from memorymark.fit import FitPolicy
-    from memorymark.step.user import UserStep
+    from memorymark.step.user_step import UserStep
 
     # torch.cuda's memory API on CPU: the real-device path's logic, with no GPU.
     cuda = SimpleNamespace(

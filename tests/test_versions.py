@@ -11,6 +11,8 @@ from memorymark.report import Report
 from memorymark.reporting.json_form import report_to_dict
 from memorymark.settings import Costs, Settings
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 # The releases the suite runs on, and the rules each has not been verified with (RULES says why).
 UNVERIFIED_ON = {(2, 13): (), (2, 14): ("SDPA kernel choice", "caching allocator")}
 

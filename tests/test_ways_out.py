@@ -15,6 +15,8 @@ from memorymark.settings import Costs, Settings
 from memorymark.units import GIB
 from memorymark.ways_out import SAMPLES_PER_RUN, Fix
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 
 def _step(required_gib: float, activations_gib: float = 0.0) -> Measurement:
     """A fake batch-1 step that needs `required_gib` (it fits: its verdict is the caller's)."""

@@ -32,7 +32,7 @@ FAIL_BELOW = 1.2
 EXPECTED = f"{PASS_FROM:g}x or more expected: about 2x for a gradient per trained weight"
 """What a measured backward shows, in the words every verdict uses (the threshold is PASS_FROM)."""
 
-PROTOCOLS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+PROOF_STEPS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     (
         "forward_only",
         "Forward only (no_grad, eval)",
@@ -54,6 +54,7 @@ PROTOCOLS: tuple[tuple[str, str, dict[str, Any]], ...] = (
         {"forward_only": False, "mode": "train", "loss": "task"},
     ),
 )
+"""The proof's four steps, in the order measured: (key, label, the settings each overrides)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,6 +132,6 @@ class BackwardProof:
 
 def protocol_settings(settings: Settings, key: str) -> Settings:
     """`settings` changed to run one of the four protocols."""
-    overrides = next(o for k, _, o in PROTOCOLS if k == key)
+    overrides = next(o for k, _, o in PROOF_STEPS if k == key)
     optimizer = settings.workload.optimizer if settings.workload.optimizer != "none" else "adamw"
     return replace(settings, **{"optimizer": optimizer, **overrides})

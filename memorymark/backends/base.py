@@ -37,7 +37,7 @@ from memorymark.limits import MAX_ERROR_CHARS, one_line
 from memorymark.measurement import Breakdown, Category, Measurement, ValueRead
 from memorymark.step import paging, quantization
 from memorymark.step.protocol import Phase, TrainingStep, evaluates
-from memorymark.step.training import SimulationError
+from memorymark.step.user_job import SimulationError
 from memorymark.units import size_text
 
 # The category of what each phase of the step allocates (and does not label otherwise:

@@ -26,8 +26,8 @@ from memorymark.fit import FitPolicy
 from memorymark.settings import Settings
 from memorymark.step.catalog import CatalogStep
 from memorymark.step.protocol import TrainingStep
-from memorymark.step.training import Training
-from memorymark.step.user import UserStep
+from memorymark.step.user_job import Training
+from memorymark.step.user_step import UserStep
 from memorymark.units import GIB
 
 

@@ -43,8 +43,8 @@ from memorymark.measurement import Measurement, ValueRead
 from memorymark.settings import Settings
 from memorymark.step import liger
 from memorymark.step.protocol import Phase, TrainingStep
-from memorymark.step.training import simulation_scope
-from memorymark.step.user import each_optimizer
+from memorymark.step.user_job import simulation_scope
+from memorymark.step.user_step import each_optimizer
 
 
 def to_fake(module: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:

@@ -44,7 +44,7 @@ from torch.overrides import TorchFunctionMode
 from memorymark.cuda_rules import autocast_emulation
 from memorymark.cuda_rules.scoped_patch import ScopedPatch
 from memorymark.measurement import ValueRead
-from memorymark.step.training import SimulationError, compile_refusal
+from memorymark.step.user_job import SimulationError, compile_refusal
 
 _VALUE_READ = torch.ops.aten._local_scalar_dense.default
 """What `.item()`, `float(t)`, `bool(t)` and `.tolist()` reach (aten/native/Scalar.cpp)."""

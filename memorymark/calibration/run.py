@@ -36,7 +36,6 @@ from memorymark.environment import GpuEnvironment, gpu_environment
 from memorymark.settings import Search, Settings
 from memorymark.settings.choices import PROTOCOLS
 
-DEFAULT_MODELS = ("bert", "gpt2", "resnet")
 DEFAULT_BATCH_SIZES = (4, 8, 16)
 
 BackendFactory = Callable[[Settings, gpus.GPU], Backend]

@@ -31,7 +31,7 @@ from memorymark.reporting import exports
 from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.snippets import snippet
 from memorymark.settings import Costs, Settings
-from memorymark.step.training import Training
+from memorymark.step.user_job import Training
 
 __all__ = ["NoGpuError", "StepError", "run"]
 

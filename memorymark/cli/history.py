@@ -19,7 +19,7 @@ from memorymark.cli import render
 from memorymark.cli.arg_types import positive_whole_number
 from memorymark.history import History, RunSummary, SavedRun
 from memorymark.history.db_file import DB_ENV
-from memorymark.reporting.exports import FORMATS, export_text, file_name
+from memorymark.reporting.exports import EXPORT_FORMATS, export_text, file_name
 from memorymark.reporting.json_form import report_to_dict
 from memorymark.units import gib
 
@@ -56,7 +56,7 @@ def add_parser(sub: Any) -> None:
         epilog="example: memorymark history export 3 --format markdown --out reports/",
     )
     export.add_argument("id", type=positive_whole_number)
-    export.add_argument("--format", choices=tuple(FORMATS), default="json")
+    export.add_argument("--format", choices=tuple(EXPORT_FORMATS), default="json")
     export.add_argument(
         "--out",
         metavar="PATH",

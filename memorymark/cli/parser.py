@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from memorymark import models
 from memorymark.cli import catalogs, history, setting_flags
@@ -62,8 +62,22 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command (docs/cli.md lists each of its options)."""
     parser = _Parser(prog="memorymark", description="Find the largest batch size that trains.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    d = Settings()
+    commands = (
+        _add_analyze,
+        _add_measure,
+        _add_validate_backward,
+        _add_compare,
+        _add_calibrate,
+        history.add_parser,
+        _add_listings,
+    )
+    for add_parser in commands:  # in the order `memorymark --help` lists them
+        add_parser(sub)
+    return parser
 
+
+def _add_analyze(sub: Any) -> None:
+    """The `analyze` command, under the CLI's subparsers `sub`."""
     analyze = sub.add_parser(
         "analyze",
         help="sweep batch sizes and report the optimal one",
@@ -97,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
             help=setting_flags.help_text(name),
         )
 
+
+def _add_measure(sub: Any) -> None:
+    """The `measure` command, under the CLI's subparsers `sub`."""
     measure = sub.add_parser(
         "measure",
         help="measure one training step at one batch size",
@@ -105,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_workload_flags(measure)
     measure.add_argument("--batch-size", type=batch_size, required=True)
 
+
+def _add_validate_backward(sub: Any) -> None:
+    """The `validate-backward` command, under the CLI's subparsers `sub`."""
     proof = sub.add_parser(
         "validate-backward",
         help="forward-only vs forward+backward vs the full training step",
@@ -118,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also find the max batch each protocol would recommend",
     )
 
+
+def _add_compare(sub: Any) -> None:
+    """The `compare` command, under the CLI's subparsers `sub`."""
     compare = sub.add_parser(
         "compare",
         help="the largest batch on every catalog GPU (simulated), with time and cost per run",
@@ -128,10 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--hours-per-run",
         type=number,
-        default=costs.hours_per_run,
+        default=Costs().hours_per_run,
         help=setting_flags.help_text("hours_per_run"),
     )
 
+
+def _add_calibrate(sub: Any) -> None:
+    """The `calibrate` command, under the CLI's subparsers `sub`: it takes no model, so none of
+    the workload flags, and lists of each setting it crosses."""
+    d = Settings()
     calibrate = sub.add_parser(
         "calibrate",
         help="measured vs simulated memory on this machine's CUDA GPU, stamped for docs/",
@@ -198,12 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument("--json", action="store_true", help="print the rows as JSON")
 
-    history.add_parser(sub)
 
+def _add_listings(sub: Any) -> None:
+    """The `models` and `gpus` commands, under the CLI's subparsers `sub`."""
     for name, what in (("models", "the built-in models"), ("gpus", "the GPU catalog")):
         listing = sub.add_parser(name, help=f"list {what}", epilog=f"example: memorymark {name}")
         listing.add_argument("--json", action="store_true", help="print JSON")
-    return parser
 
 
 def _model_spec(args: argparse.Namespace) -> str | None:

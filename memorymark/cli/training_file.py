@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from memorymark.step.training import Training
+from memorymark.step.user_job import Training
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -36,9 +36,6 @@ from memorymark.cuda_rules.scoped_patch import ScopedPatch
 
 NAME = "flash_attention_2"
 """transformers' `attn_implementation` value this rule answers."""
-MIN_CAPABILITY = (8, 0)
-"""flash-attn 2 runs on Ampere and newer only (its README: "FlashAttention-2 currently supports
-Ampere, Ada, or Hopper GPUs"; `mha_fwd` checks `is_sm8x || is_sm90`)."""
 
 
 def _round_up(n: int, multiple: int) -> int:

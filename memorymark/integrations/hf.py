@@ -32,8 +32,8 @@ from memorymark import Report, Session, Settings
 from memorymark.backends.target_gpu import target_of
 from memorymark.integrations import hf_batches, hf_loop
 from memorymark.step.target import target_gpu
-from memorymark.step.training import Training, compile_refusal
-from memorymark.step.user import compiled_part, copy_module
+from memorymark.step.user_job import Training, compile_refusal
+from memorymark.step.user_step import compiled_part, copy_module
 
 __all__ = ["TrainerBatch", "as_training", "find_batch_size", "target_gpu"]
 

@@ -33,8 +33,8 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from memorymark import Report, Session, Settings
 from memorymark.integrations import lightning_batches, lightning_loop
 from memorymark.integrations.lightning_loop import StepContext
-from memorymark.step.training import Training, compile_refusal
-from memorymark.step.user import compiled_part, copy_module
+from memorymark.step.user_job import Training, compile_refusal
+from memorymark.step.user_step import compiled_part, copy_module
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from torch import nn
 
 from memorymark.integrations.lightning_batches import hook_owner
 
-PRECISIONS: dict[str, tuple[torch.dtype | None, bool]] = {
+LIGHTNING_PRECISIONS: dict[str, tuple[torch.dtype | None, bool]] = {
     "32-true": (None, False),
     "16-mixed": (torch.float16, True),
     "bf16-mixed": (torch.bfloat16, True),
@@ -63,11 +63,10 @@ class StepContext:
         """`(dtype, autocast)` for a Trainer's `precision` argument."""
         key = str(precision if precision is not None else "32-true")
         key = _PRECISION_ALIASES.get(key, key)
-        if key not in PRECISIONS:
-            raise ValueError(
-                f"precision {precision!r} cannot be sized here; use one of {', '.join(PRECISIONS)}"
-            )
-        return PRECISIONS[key]
+        if key not in LIGHTNING_PRECISIONS:
+            known = ", ".join(LIGHTNING_PRECISIONS)
+            raise ValueError(f"precision {precision!r} cannot be sized here; use one of {known}")
+        return LIGHTNING_PRECISIONS[key]
 
 
 _DETACHED = {

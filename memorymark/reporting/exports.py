@@ -23,7 +23,7 @@ from memorymark.report import Report
 from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.markdown import report_markdown
 
-FORMATS = {"json": "json", "csv": "csv", "markdown": "md"}
+EXPORT_FORMATS = {"json": "json", "csv": "csv", "markdown": "md"}
 """Export formats and their file extensions."""
 # The stamp's fields that every probe row already has under its own name.
 _ROW_HAS = ("backend", "memory_source")
@@ -81,14 +81,14 @@ def probes_csv(report: Report) -> str:
 
 
 def export_text(report: Report, fmt: str) -> str:
-    """The report in one of FORMATS."""
+    """The report in one of EXPORT_FORMATS."""
     if fmt == "json":
         return report_json(report) + "\n"
     if fmt == "csv":
         return probes_csv(report)
     if fmt == "markdown":
         return markdown(report)
-    raise ValueError(f"unknown export format {fmt!r}; choose {', '.join(FORMATS)}")
+    raise ValueError(f"unknown export format {fmt!r}; choose {', '.join(EXPORT_FORMATS)}")
 
 
 def slug(text: str) -> str:
@@ -121,4 +121,4 @@ def file_stem(report: Report) -> str:
 
 def file_name(report: Report, fmt: str) -> str:
     """`file_stem` with the format's extension."""
-    return f"{file_stem(report)}.{FORMATS[fmt]}"
+    return f"{file_stem(report)}.{EXPORT_FORMATS[fmt]}"

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from memorymark.report import Report
 
 WORKLOAD_FIELDS = tuple(Workload.__dataclass_fields__)
-"""The settings a training job's own code says (memorymark/step/training.py `check_settings`)."""
+"""The settings a training job's own code says (memorymark/step/user_job.py `check_settings`)."""
 
 
 def report_to_dict(r: Report) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from memorymark.search.plan import TrainingPlan
 from memorymark.settings import HF_OPTIM_NAMES, Settings
 from memorymark.step import adapters
 
-FORMATS = ("hf", "lightning", "torch")
+SNIPPET_FORMATS = ("hf", "lightning", "torch")
 
 _AUTOCAST_DTYPE = {"bf16-mixed": "torch.bfloat16", "16-mixed": "torch.float16"}
 
@@ -72,7 +72,7 @@ def snippet(fmt: str, settings: Settings, plan: TrainingPlan) -> str:
         return _lightning(settings, plan)
     if fmt == "torch":
         return _torch(settings, plan)
-    raise ValueError(f"format must be one of {', '.join(FORMATS)} (got {fmt!r})")
+    raise ValueError(f"format must be one of {', '.join(SNIPPET_FORMATS)} (got {fmt!r})")
 
 
 def _hf(settings: Settings, plan: TrainingPlan) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from memorymark.measurement import Measurement
-from memorymark.search.strategies import STRATEGIES, Strategy
+from memorymark.search.strategies import STRATEGY_CLASSES, Strategy
 from memorymark.search.symbolic import Replayer, SymbolicStrategy
 
 
@@ -44,7 +44,7 @@ def pick_strategy(
     if find_max is not None:
         fast["find_max"] = find_max
     if name != "symbolic":
-        return STRATEGIES[name](
+        return STRATEGY_CLASSES[name](
             step=step,
             max_batch=max_batch,
             capacity_bytes=capacity_bytes,

@@ -312,7 +312,7 @@ class FastStrategy(Strategy):
         yield from self._converge(second, None, self._fits)
 
 
-STRATEGIES: dict[str, type[Strategy]] = {"fast": FastStrategy, "linear": LinearStrategy}
+STRATEGY_CLASSES: dict[str, type[Strategy]] = {"fast": FastStrategy, "linear": LinearStrategy}
 
 
 # How far a measured step's live peak may be from what the traces predict for the prediction to

@@ -233,12 +233,6 @@ class WorkerPool(cf.Executor):
                     return place
         return None
 
-    @property
-    def busy(self) -> int:
-        """Jobs running now."""
-        with self._lock:
-            return len(self._running)
-
     def pid(self, future: cf.Future) -> int | None:
         """The process id of a running job (tests watch it end)."""
         with self._lock:

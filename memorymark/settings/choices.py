@@ -36,10 +36,10 @@ Precision = Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
 Attention = Literal["sdpa", "eager", "flash_attention_2"]
 Kernels = Literal["none", "liger"]
 Find = Literal["batch", "seq-len"]
-Backend = Literal["auto", "cuda", "mps", "sim", "cpu"]
-Strategy = Literal["symbolic", "fast", "linear"]
-Protocol = Literal["full", "inference-style"]
-# memorymark/step/quantization.py METHODS, repeated: settings never import bitsandbytes or torch.
+BackendName = Literal["auto", "cuda", "mps", "sim", "cpu"]
+StrategyName = Literal["symbolic", "fast", "linear"]
+ProtocolName = Literal["full", "inference-style"]
+# None, bitsandbytes' 4-bit NF4 or FP4, or LLM.int8(): what memorymark/step/quantization.py builds.
 Quantization = Literal["none", "nf4", "fp4", "int8"]
 
 OPTIMIZERS: tuple[str, ...] = typing.get_args(Optimizer)
@@ -47,9 +47,9 @@ MODES: tuple[str, ...] = typing.get_args(Mode)
 LOSSES: tuple[str, ...] = typing.get_args(Loss)
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 ATTENTIONS: tuple[str, ...] = typing.get_args(Attention)
-BACKENDS: tuple[str, ...] = typing.get_args(Backend)
-STRATEGIES: tuple[str, ...] = typing.get_args(Strategy)
-PROTOCOLS: tuple[str, ...] = typing.get_args(Protocol)
+BACKENDS: tuple[str, ...] = typing.get_args(BackendName)
+STRATEGIES: tuple[str, ...] = typing.get_args(StrategyName)
+PROTOCOLS: tuple[str, ...] = typing.get_args(ProtocolName)
 KERNELS: tuple[str, ...] = typing.get_args(Kernels)
 FINDS: tuple[str, ...] = typing.get_args(Find)
 QUANTIZATIONS: tuple[str, ...] = typing.get_args(Quantization)

@@ -33,7 +33,7 @@ from memorymark.settings.choices import (
     PAGED_OPTIMIZERS,
     PROTOCOLS,
     Attention,
-    Backend,
+    BackendName,
     Find,
     Kernels,
     Loss,
@@ -41,7 +41,7 @@ from memorymark.settings.choices import (
     Optimizer,
     Precision,
     Quantization,
-    Strategy,
+    StrategyName,
     check_choice,
     field_types,
     parse_margin,
@@ -178,7 +178,7 @@ class Hardware:
     this machine, else an A10."""
     gpu_memory_gib: float | None = None
     """Total memory of a GPU that is not in the catalog, in GiB as PyTorch reports it."""
-    backend: Backend = "auto"
+    backend: BackendName = "auto"
     """auto (cuda, else mps, else sim), cuda, mps, sim (fake tensors) or cpu (real, tracked)."""
 
     # How many GPUs, and how the step is spread over them: the choices are
@@ -250,7 +250,7 @@ class Hardware:
 class Search:
     """How batch sizes are searched, and the batches the answer is compared with."""
 
-    strategy: Strategy = "symbolic"
+    strategy: StrategyName = "symbolic"
     """symbolic (trace two batches, replay every other one by arithmetic, trace the answer;
     fast where replays do not hold), fast (trace two batches, predict, verify, converge) or
     linear (step, 2*step, ... until the first OOM: the prototype's protocol)."""

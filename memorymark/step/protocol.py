@@ -2,10 +2,10 @@
 
 Backends, search and report take any object that follows `TrainingStep`: build the model, build
 its optimizer, make a batch of size N, prime the optimizer state, run one loop step; and,
-optionally (`EvaluatingStep`), run an evaluation pass between steps. The catalog's
-step (memorymark/step/catalog.py, built from `Settings`) is one implementation; a user's own
-training code is meant to be another, run unchanged under the same CUDA rules, allocator replay
-and fit policy.
+optionally (a `run_eval` method, see `evaluates`), run an evaluation pass between steps. The
+catalog's step (memorymark/step/catalog.py, built from `Settings`) is one implementation; a
+user's own training code is meant to be another, run unchanged under the same CUDA rules,
+allocator replay and fit policy.
 
 Must not know: how memory is counted, which device the step runs on, or which batch sizes are
 tried. It holds types only and imports torch for them alone.
@@ -110,28 +110,15 @@ class TrainingStep(Protocol):
         ...
 
 
-class EvaluatingStep(TrainingStep, Protocol):
-    """A step that also runs an evaluation pass between training steps (the catalog's, when
-    its settings name an eval batch). Optional: a user's own step has none, and backends ask
-    with `evaluates`."""
-
-    def run_eval(
-        self,
-        model: nn.Module,
-        batch_size: int,
-        device: torch.device | str,
-        on_phase: OnPhase = no_phase,
-    ) -> None:
-        """The evaluation pass at eval batch `batch_size`, with the training state resident:
-        `model.eval()`, no_grad, forward with labels, the predictions kept as the loop keeps
-        them, then dropped; the model back in training mode. Raises the device's OOM error if
-        it does not fit."""
-        ...
-
-
 def evaluates(step: TrainingStep) -> int | None:
     """The eval batch of the evaluation pass `step` runs between training steps, or None when
-    it runs none (no `run_eval`, or settings that ask for none)."""
+    it runs none (no `run_eval`, or settings that ask for none).
+
+    The pass is optional (a user's own step has none): a step that runs one has
+    `run_eval(model, batch_size, device, on_phase)`, the pass at eval batch `batch_size` with the
+    training state resident: `model.eval()`, no_grad, forward with labels, the predictions kept
+    as the loop keeps them, then dropped; the model back in training mode. It raises the device's
+    OOM error if it does not fit (the catalog's step, when its settings name an eval batch)."""
     if not callable(getattr(step, "run_eval", None)):
         return None
     return step.settings.workload.eval_batch

@@ -55,9 +55,6 @@ logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_NoCpuKernelNotice(
 # LLM.int8() step working as designed, once per layer per step.
 logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
 
-METHODS = ("none", "nf4", "fp4", "int8")
-"""`--quantization` choices: none, bitsandbytes' 4-bit NF4 or FP4, or LLM.int8()."""
-
 BLOCKSIZE_4BIT = 64
 """Weights per absmax in 4-bit: bitsandbytes functional.quantize_4bit's default (blocksize=None
 -> 64), which transformers' bnb integration and Params4bit use."""

@@ -18,7 +18,7 @@ from memorymark.settings import Settings
 # the sidebar at 1024 px wide (about 560 px; nine long names needed 1,100 and hid hours and cost):
 # usable and total memory and the peak at the max batch are in the sidebar's GPU label,
 # `memorymark gpus` and `memorymark compare`.
-COLUMNS = {
+COLUMN_HELP = {
     "GPU": "The catalog GPU.",
     "Batch (sim.)": "The largest batch that trains on it: simulated on fake tensors, the same "
     "answer Analyze gives.",
@@ -33,7 +33,7 @@ COLUMNS = {
 
 
 def table(rows: Sequence[GpuFit], settings: Settings) -> list[dict[str, Any]]:
-    """One row per GPU, under the names of `COLUMNS`."""
+    """One row per GPU, under the names of `COLUMN_HELP`."""
     return [
         {
             "GPU": r.gpu.name,

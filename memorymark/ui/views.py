@@ -26,7 +26,7 @@ from memorymark.ui.sweep_runner import SweepJob, sweep_progress
 from memorymark.units import plural
 from memorymark.ways_out import Fix
 
-POLL_SECONDS = 0.5
+REDRAW_SECONDS = 0.5
 FIGURES_KEY = "mm_sweep_figures"
 """The last charts this session drew, with what they were built from (see `sweep_panel`)."""
 LOG_HEIGHT = 220
@@ -122,7 +122,7 @@ def sweep_panel(
 ) -> None:
     """Memory and throughput charts of every probe side by side, the terminal-style log below."""
     memory_col, speed_col = st.columns(2)
-    # A running sweep redraws every POLL_SECONDS, mostly with nothing new: building the two
+    # A running sweep redraws every REDRAW_SECONDS, mostly with nothing new: building the two
     # figures takes about 65 ms of the server's CPU (plotly's validation), drawing built ones 5.
     signature = (settings, gpu, tuple(measurements), memory_source, optimal, knee_batch)
     built = st.session_state.get(FIGURES_KEY)
@@ -230,12 +230,12 @@ def _ways_out_so_far(job: SweepJob, costs: Costs) -> None:
 
 
 def live_sweep(job: SweepJob, costs: Costs | None = None) -> None:
-    """Draw the job; while it runs a fragment redraws it every POLL_SECONDS, then reruns the app
+    """Draw the job; while it runs a fragment redraws it every REDRAW_SECONDS, then reruns the app
     (as it does when a way out found so far is applied: the page starts that analysis).
     `costs` price the ways out found so far."""
     polling = job.running
 
-    @st.fragment(run_every=POLL_SECONDS if polling else None)
+    @st.fragment(run_every=REDRAW_SECONDS if polling else None)
     def _panel() -> None:
         if (polling and not job.running) or sidebar.analysis_pending():
             st.rerun()  # the sweep ended: a full run draws the results and re-enables Analyze

@@ -14,6 +14,8 @@ from memorymark import gpus
 from memorymark.gpus import UnknownGPUError, custom_gpu, detected_gpu, find_gpu
 from memorymark.units import GIB, MIB
 
+pytestmark = pytest.mark.fast  # in `make test-fast` (tests/test_fast_subset.py)
+
 
 @pytest.mark.parametrize(
     ("name", "expected"),

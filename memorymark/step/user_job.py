@@ -2,7 +2,7 @@
 
 The public, torch-free half of the user's step: what the user hands over (`Training`), the error
 the simulation raises for what fake tensors cannot size (`SimulationError`), and `simulating()`,
-which lets user code skip what only matters on real data. `memorymark/step/user.py` turns a
+which lets user code skip what only matters on real data. `memorymark/step/user_step.py` turns a
 Training into a `TrainingStep`. Importing this module loads no torch, so `import memorymark`
 stays light.
 
