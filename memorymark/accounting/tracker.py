@@ -74,7 +74,9 @@ _FREE_RAW = 4
 """While recording: a free by sequence number, resolved to one of the above at the end."""
 _RELABEL = 5
 """While recording: a storage moved to another category, which a segment cannot replay."""
-_OP_END_ITEM = (_OP_END, 0, None, 0)
+Item = tuple[int, int, Category | None, int]
+"""A segment's or log's item: kind, bytes, category (None for an operator's end), index."""
+_OP_END_ITEM: Item = (_OP_END, 0, None, 0)
 
 
 _UNIFIED = threading.local()
@@ -138,7 +140,7 @@ class Segment:
     replaces each step, as Adafactor's RMS); or the end of an operator.
     """
 
-    items: tuple[tuple[int, int, Category | None, int], ...]
+    items: tuple[Item, ...]
     allocations: int
     """Sequence numbers the segment takes."""
     survivors: frozenset[int]
@@ -243,7 +245,7 @@ class MemoryTracker(TorchDispatchMode):
         """Storages in host memory (offloaded): never counted."""
         self.host_allocations = False
         """While True, storages created are host memory (an optimizer step run on the CPU)."""
-        self._log: list[tuple[int, int, Category | None, int]] | None = None
+        self._log: list[Item] | None = None
         """What the segment being recorded did, in order; None when not recording."""
         self._log_first_seq = 0
         self._previous: tuple[int, Segment] | None = None
@@ -350,7 +352,10 @@ class MemoryTracker(TorchDispatchMode):
         if not completed:
             return None
         prev_first, prev = previous if previous is not None else (0, None)
-        items, allocs, alive, freed_previous = [], [], set(), {}
+        items: list[Item] = []
+        allocs: list[tuple[int, Category | None]] = []
+        alive: set[int] = set()
+        freed_previous: dict[int, tuple[int, Category | None]] = {}
         standalone = True
         for item in log:
             kind, nbytes, category, seq = item
@@ -405,7 +410,7 @@ class MemoryTracker(TorchDispatchMode):
         head, tail = log[: op_starts[cut.start]], log[op_starts[cut.stop] :]
         head_allocs = allocs_before[cut.start]
         cut_allocs = allocs_before[cut.stop] - head_allocs
-        items = []
+        items: list[Item] = []
         for kind, nbytes, _, seq in (*head, *tail):
             if kind == _ALLOC:
                 items.append((_ALLOC, nbytes, category, 0))
@@ -442,14 +447,15 @@ class MemoryTracker(TorchDispatchMode):
                 if live > peak:
                     peak = live
                     self._peak_by_category = dict(by_category)
+            # (An allocation's or a free's category is never None: only an operator's end's.)
             elif kind == _ALLOC:
                 events.append(nbytes)
                 live += nbytes
-                by_category[category] += nbytes
+                by_category[category] += nbytes  # type: ignore[index]
             else:
                 events.append(~((first if kind == _FREE_OWN else prev_first) + index))
                 live -= nbytes
-                by_category[category] -= nbytes
+                by_category[category] -= nbytes  # type: ignore[index]
         self.live_bytes, self.peak_bytes = live, peak
         self._next_seq = first + segment.allocations
         self._previous = first, segment

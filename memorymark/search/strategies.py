@@ -339,7 +339,7 @@ def live_bytes_at(small: Measurement, large: Measurement, batch_size: int) -> fl
     return max(slope * batch_size + intercept for slope, intercept in _lines(small, large))
 
 
-def predict_max_batch(small: Measurement, large: Measurement, capacity_bytes: int) -> float:
+def predict_max_batch(small: Measurement, large: Measurement, capacity_bytes: float) -> float:
     """The largest batch whose peak stays within `capacity_bytes`, from two fitting steps.
 
     The total peak is not affine in batch size (small batches peak in the optimizer step, large
