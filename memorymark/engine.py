@@ -434,10 +434,10 @@ class Session:
         if target is None or self.training is not None:
             # A training job accumulates in its own step, which no setting can change: its
             # plan is the batch it was measured at.
-            plan = TrainingPlan(
+            as_measured = TrainingPlan(
                 micro_batch=optimal_batch, accumulation_steps=accumulating, target_batch=None
             )
-            return plan, ()
+            return as_measured, ()
         if target not in self._plans:
             probes: list[Measurement] = []
             # Any accumulation past one peaks alike: every gradient alive through the next

@@ -410,15 +410,15 @@ class Report:
         still growing there."""
         ceiling = self._first_failure()
         timed = [
-            m
+            (m, m.samples_per_second)
             for m in self.searched
             if m.fits and m.samples_per_second and (ceiling is None or m.batch_size < ceiling)
         ]
         if not timed:
             return None
-        best = max(m.samples_per_second for m in timed)
+        best = max(rate for _, rate in timed if rate is not None)
         return min(
-            (m for m in timed if m.samples_per_second >= fraction * best),
+            (m for m, rate in timed if rate is not None and rate >= fraction * best),
             key=lambda m: m.batch_size,
         )
 

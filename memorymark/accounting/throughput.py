@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,6 +198,12 @@ class WorkCounter:
         """Add one operator: `func(*args, **kwargs)` returned `out`."""
         work = work_of(func, args, kwargs, out)
         if work is not None:
+            self.add(*work)
+
+    def add_all(self, ops: Iterable[OpWork]) -> None:
+        """Add recorded operators' work, one by one as `count` adds it (a float sum depends on
+        its order)."""
+        for work in ops:
             self.add(*work)
 
     def add(self, flops: int, nbytes: int, rate: int) -> None:

@@ -180,7 +180,7 @@ class PassApart:
     """What a pass logged apart from its step left (`MemoryTracker.pass_apart`), filled in when
     the pass ends."""
 
-    log: tuple[int, list[int]] = (0, [])
+    log: tuple[int, list[int | None]] = (0, [])
     """(first seq, events) of the pass: its allocations and frees, numbered after the step's."""
     peak_bytes: int = 0
     """The live peak during the pass, what the step left live included."""
@@ -212,11 +212,11 @@ class MemoryTracker(TorchDispatchMode):
         read from at another batch size."""
         self.start_categories: tuple[int, ...] = ()
         """Live bytes by category when the peak was last reset (before the step's first op)."""
-        self.events: list[int] = []
+        self.events: list[int | None] = []
         """Allocations (+nbytes) and frees (~seq) since the last `reset_peak`, in order."""
         self.events_first_seq = 0
         """Sequence number of the first allocation in `events`."""
-        self.baseline_events: tuple[int, list[int]] = (0, [])
+        self.baseline_events: tuple[int, list[int | None]] = (0, [])
         """(first seq, events) of setting up, kept by `mark_baseline`: what a fresh process
         allocates before its first step."""
         self.state_from: int | None = None
@@ -291,7 +291,7 @@ class MemoryTracker(TorchDispatchMode):
             self.category_timeline = []
         # Frees of setup allocations since the last step still apply to the next one.
         setup_end = ~self._baseline_end
-        self.events = [e for e in self.events if setup_end < e < 0]
+        self.events = [e for e in self.events if e is not None and setup_end < e < 0]
         self.events_first_seq = self._next_seq
         self.optimizer_at = None
         self._workspace_due = {False, True} if self.thread_workspace else set()

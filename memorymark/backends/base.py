@@ -22,6 +22,7 @@ import functools
 import gc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -36,7 +37,7 @@ from memorymark.fit import FitPolicy
 from memorymark.limits import MAX_ERROR_CHARS, one_line
 from memorymark.measurement import Breakdown, Category, Measurement, ValueRead
 from memorymark.step import paging, quantization
-from memorymark.step.protocol import Phase, TrainingStep, evaluates
+from memorymark.step.protocol import EvaluatingStep, Phase, TrainingStep, evaluates
 from memorymark.step.user_job import SimulationError
 from memorymark.units import size_text
 
@@ -216,7 +217,7 @@ class Backend:
             flushes = user_code.hearing_flushes(functools.partial(_log_flush, tracker))
             with self._step_context(), tracker, flushes:
                 self.training_step.run_step(
-                    self._model,
+                    self._built_model(),
                     self._optimizer,
                     batch_size,
                     self.device,
@@ -248,7 +249,7 @@ class Backend:
                 ) from exc
             error = one_line(exc, MAX_ERROR_CHARS)
             if evaluating:
-                error = one_line(f"in the evaluation pass (eval batch {eval_batch}): {error}")
+                error = f"in the evaluation pass (eval batch {eval_batch}): {error}"
         finally:
             if self._tracker is not None:
                 self._tracker.work_counter = None
@@ -256,6 +257,21 @@ class Backend:
         if device is None:
             device = self._device_peak(), self._device_stats()
         return self._result(batch_size, error, seconds, work, *device, evaluation)
+
+    def measurement_of(self, batch_size: int, record: StepRecord) -> Measurement:
+        """The Measurement of the step `record` describes, at `batch_size`, judged as a traced
+        one is (`replayed` says it was read off traced steps)."""
+        work = None
+        if record.work is not None and self.roofline is not None:
+            work = WorkCounter(self.roofline)
+            work.add_all(record.work)  # the same parts in the same order: the same sums
+        return self._result(batch_size, None, None, work, None, None, tracked=record)
+
+    def _built_model(self) -> nn.Module:
+        """The model `_build` made (the step runs on it); an error before the first build."""
+        if self._model is None:
+            raise RuntimeError("no model built yet: measure() builds it first")
+        return self._model
 
     def _evaluate(self, tracker: MemoryTracker, eval_batch: int) -> _EvalPass:
         """Run the step's evaluation pass right after its training step, as a loop that
@@ -267,7 +283,9 @@ class Backend:
         breakdown = tracker.peak_breakdown()
         with tracker.pass_apart() as apart:
             self._reset_device_peak()
-            self.training_step.run_eval(self._model, eval_batch, self.device, self._on_phase)
+            # `evaluates` found the step's run_eval (a catalog step asked for an eval batch).
+            step = cast(EvaluatingStep, self.training_step)
+            step.run_eval(self._built_model(), eval_batch, self.device, self._on_phase)
             if self.training_step.settings.workload.eval_accumulation is not None:
                 # Trainer empties the cache each time it moves the kept predictions to the
                 # CPU (transformers/trainer.py `evaluation_loop`), and only then.
@@ -395,7 +413,7 @@ class Backend:
         if evaluation is not None and evaluation.device_peak is not None and reserved is not None:
             reserved = max(reserved, evaluation.held_bytes())  # the loop's, as CUDA reports it
         prediction = retries = required = demand = loop = None
-        if traced and not self.measured:
+        if traced and not self.measured and tracker is not None:
             between = evaluation.log if evaluation is not None else None
             loop, prediction, demand = self._predict(tracker, between)
             required, retries = prediction.reserved_bytes, loop.alloc_retries

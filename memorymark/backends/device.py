@@ -74,7 +74,9 @@ class DeviceBackend(Backend):
     def _time_steps(self, batch_size: int) -> float:
         # Untracked steps: the tracker's Python work per operator would slow the timed ones.
         def step() -> None:
-            self.training_step.run_step(self._model, self._optimizer, batch_size, self.device)
+            self.training_step.run_step(
+                self._built_model(), self._optimizer, batch_size, self.device
+            )
 
         self._timing = True
         try:

@@ -183,13 +183,6 @@ _STATE_FIRST = (torch.optim.Adam, torch.optim.AdamW)
 """Optimizers whose first step creates all their state before the update (`_state_first`)."""
 
 
-def add_work(counter: WorkCounter, ops: list[OpWork]) -> None:
-    """Add recorded operators' work to `counter`, one by one as `WorkCounter.count` adds them
-    (a float sum depends on its order)."""
-    for work in ops:
-        counter.add(*work)
-
-
 def target_capability(settings: Settings, gpu: gpus.GPU | None = None) -> tuple[int, int]:
     """Compute capability of the GPU simulated: `gpu`'s, else the named one's, else Ampere's."""
     if gpu is not None:
@@ -333,7 +326,7 @@ class SimBackend(Backend):
             if (work is None) == (counter is None):
                 tracker.splice(segment)
                 if isinstance(counter, WorkCounter) and work is not None:
-                    add_work(counter, work)
+                    counter.add_all(work)
                 return
             # Recorded without a throughput estimate and now asked for one (a roofline set
             # after the first probe): record again. (State spliced as replaced, Adafactor's
@@ -403,15 +396,6 @@ class SimBackend(Backend):
         return super()._result(
             batch_size, error, seconds, work, device_peak, stats, evaluation, tracked
         )
-
-    def measurement_of(self, batch_size: int, record: StepRecord) -> Measurement:
-        """The Measurement of the step `record` describes, at `batch_size`, judged as a traced
-        one is (`replayed` says it was read off traced steps)."""
-        work = None
-        if record.work is not None and self.roofline is not None:
-            work = WorkCounter(self.roofline)
-            add_work(work, record.work)  # the same parts in the same order: the same sums
-        return self._result(batch_size, None, None, work, None, None, tracked=record)
 
     def release(self) -> None:
         self._optimizer_record = None  # it numbers the tracker's allocations, which go too

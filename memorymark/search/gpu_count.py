@@ -70,7 +70,7 @@ def min_gpus(
     def runs(i: int) -> bool:
         m = measure(with_gpus(settings, counts[i]))
         tried.append((counts[i], m))
-        return m.runs
+        return bool(m.runs)  # (None, not known, does not run)
 
     if runs(0):
         return GpuSearch(counts[0], tuple(tried))

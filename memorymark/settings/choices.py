@@ -114,7 +114,8 @@ def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 def validate(obj: Any) -> None:
     """Check every field's type, choice and range in one line each (a JSON dict or a URL can
     hold anything): the shared part of each section's `__post_init__`."""
-    hints = field_types(type(obj))
+    cls: type = type(obj)
+    hints = field_types(cls)
     for f in fields(obj):
         value, kind = getattr(obj, f.name), hints[f.name]
         if typing.get_origin(kind) is Literal:

@@ -110,6 +110,25 @@ class TrainingStep(Protocol):
         ...
 
 
+class EvaluatingStep(TrainingStep, Protocol):
+    """A step that also runs an evaluation pass between training steps (the catalog's, when
+    its settings name an eval batch). Optional: a user's own step has none, and backends ask
+    with `evaluates`."""
+
+    def run_eval(
+        self,
+        model: nn.Module,
+        batch_size: int,
+        device: torch.device | str,
+        on_phase: OnPhase = no_phase,
+    ) -> None:
+        """The evaluation pass at eval batch `batch_size`, with the training state resident:
+        `model.eval()`, no_grad, forward with labels, the predictions kept as the loop keeps
+        them, then dropped; the model back in training mode. Raises the device's OOM error if
+        it does not fit."""
+        ...
+
+
 def evaluates(step: TrainingStep) -> int | None:
     """The eval batch of the evaluation pass `step` runs between training steps, or None when
     it runs none (no `run_eval`, or settings that ask for none).
