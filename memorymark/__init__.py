@@ -22,7 +22,7 @@ from memorymark.engine import Session
 from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.settings import Costs, Hardware, Search, Settings, Workload
-from memorymark.step.target import target_gpu
+from memorymark.backends.target import target_gpu
 from memorymark.step.user_job import SimulationError, Training, simulating
 
 __all__ = [

@@ -66,9 +66,6 @@ UPWARD_ALLOWED = {
         "the documented patch: bitsandbytes' 4-bit matmul rule patches the layers quantization "
         "builds"
     ),
-    ("memorymark.step.target", "memorymark.backends.target_gpu"): (
-        "`memorymark.target_gpu`'s torch-free front loads its implementation inside the call"
-    ),
 }
 """(importer, imported) arrows that go up a floor on purpose, each with its reason."""
 

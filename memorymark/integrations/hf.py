@@ -31,7 +31,7 @@ from torch import nn
 from memorymark import Report, Session, Settings
 from memorymark.backends.target_gpu import target_of
 from memorymark.integrations import hf_batches, hf_loop
-from memorymark.step.target import target_gpu
+from memorymark.backends.target import target_gpu
 from memorymark.step.user_job import Training, compile_refusal
 from memorymark.step.user_step import compiled_part, copy_module
 

@@ -1,6 +1,6 @@
 """`memorymark.target_gpu`: a training's setup code, written for a GPU, run as on that GPU.
 
-The public, torch-free front of memorymark/backends/target_gpu.py, which answers the device
+The public, torch-free front of `target_gpu.py` beside it, which answers the device
 checks a script makes before training (transformers' bf16 and TF32 checks, a CUDA GradScaler)
 for the GPU it is sized for. Importing it loads no torch.
 
