@@ -18,11 +18,11 @@ Streamlit.
 # First: it filters a bitsandbytes import notice before anything can import bitsandbytes (peft,
 # transformers' Trainer, the engine's quantization), see memorymark/step/quantization.py.
 from memorymark.step import quantization as _quantization  # noqa: F401  # isort: skip
+from memorymark.backends.target import target_gpu
 from memorymark.engine import Session
 from memorymark.measurement import Measurement
 from memorymark.report import Report
 from memorymark.settings import Costs, Hardware, Search, Settings, Workload
-from memorymark.backends.target import target_gpu
 from memorymark.step.user_job import SimulationError, Training, simulating
 
 __all__ = [

@@ -164,16 +164,7 @@ def test_settings_survive_pickling_for_worker_processes():
     assert hash(pickle.loads(pickle.dumps(s))) == hash(s)
 
 
-def test_a_section_field_without_its_flat_view_fails_at_import(monkeypatch) -> None:
-    from memorymark.settings import sections
-
-    sections._check_flat_views()  # as shipped: every field has its view, reading its section
-    monkeypatch.delattr(Settings, "margin")
-    with pytest.raises(TypeError, match="'margin', 'search'"):
-        sections._check_flat_views()
-
-
-def test_a_flat_view_reads_its_sections_field() -> None:
+def test_a_setting_has_one_spelling_in_code_its_sections() -> None:
     s = Settings(model="gpt2", precision="bf16-mixed", gpus="1", margin="1GiB")
     assert (s.workload.model, s.workload.precision, s.hardware.gpus, s.search.margin) == (
         "gpt2",
@@ -181,4 +172,22 @@ def test_a_flat_view_reads_its_sections_field() -> None:
         "1",
         "1GiB",
     )
-    assert s.workload.precision is s.workload.precision and s.search.margin is s.search.margin
+    # The flat names are the form of the flat interfaces (flags, links, JSON), not attributes.
+    assert [name for name in FIELD_NAMES if hasattr(s, name)] == []
+    assert s.to_dict()["precision"] == "bf16-mixed"
+
+
+def test_replace_changes_what_it_names_by_flat_name_or_section() -> None:
+    s = Settings(model="gpt2", gpu="a10", max_batch=64)
+    changed = s.replace(precision="bf16-mixed", gpus="2", dist="ddp")
+    assert (changed.workload.precision, changed.hardware.gpu_count, changed.hardware.gpu) == (
+        "bf16-mixed",
+        2,
+        "a10",
+    )
+    assert changed.search == s.search and s.workload.precision == "32-true"  # s is unchanged
+    assert s.replace(search=Search(max_batch=8)).search.max_batch == 8
+    with pytest.raises(TypeError, match="unexpected keyword argument 'precison'"):
+        s.replace(precison="bf16-mixed")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        s.replace(precision="fp8")

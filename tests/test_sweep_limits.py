@@ -159,7 +159,7 @@ def test_a_link_cannot_raise_the_app_ceilings(fake, fresh_caches, monkeypatch) -
     at = app(model="tiny-bert", max_probes="100000", time_limit_seconds="86400")
     at.button(key="analyze").click().run()
     job = at.session_state[sweep_runner.JOB_KEY]
-    assert (job.run_as.max_probes, job.run_as.time_limit_seconds) == (4, 30)
+    assert (job.run_as.search.max_probes, job.run_as.search.time_limit_seconds) == (4, 30)
     assert any("above this server" in c.value and "4 probes" in c.value for c in at.caption)
     assert not at.exception
 
@@ -172,7 +172,7 @@ def test_the_ceilings_run_but_are_not_written_into_links_or_commands(
     at = app(model="tiny-bert")
     at.button(key="analyze").click().run()
     job = at.session_state[sweep_runner.JOB_KEY]
-    assert (job.run_as.max_probes, job.run_as.time_limit_seconds) == (4, 30)
+    assert (job.run_as.search.max_probes, job.run_as.search.time_limit_seconds) == (4, 30)
     assert job.report is not None and job.report.settings == job.settings
     command = job.report.settings.to_command_line()
     assert "--time-limit" not in command and "--max-probes" not in command

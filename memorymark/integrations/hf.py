@@ -29,9 +29,9 @@ from accelerate.utils import convert_to_fp32
 from torch import nn
 
 from memorymark import Report, Session, Settings
+from memorymark.backends.target import target_gpu
 from memorymark.backends.target_gpu import target_of
 from memorymark.integrations import hf_batches, hf_loop
-from memorymark.backends.target import target_gpu
 from memorymark.step.user_job import Training, compile_refusal
 from memorymark.step.user_step import compiled_part, copy_module
 
