@@ -71,16 +71,17 @@ def test_the_bigger_gpu_is_the_cheapest_catalog_gpu_that_fits(monkeypatch):
 
 def test_no_bf16_fix_is_offered_on_a_gpu_without_bf16():
     from memorymark import gpus
-    from memorymark.analyses.fixes import _variants
+    from memorymark.analyses.changes import settings_changes
 
     s = Settings(model="tiny-bert", gpu="t4")
-    labels = [label for label, _ in _variants(s, gpus.find_gpu("t4"))]
+    labels = [label for label, _ in settings_changes(s, gpus.find_gpu("t4"))]
     assert "bf16-true weights and optimizer" not in labels
     assert all(
-        not v.workload.precision.startswith("bf16") for _, v in _variants(s, gpus.find_gpu("t4"))
+        not v.workload.precision.startswith("bf16")
+        for _, v in settings_changes(s, gpus.find_gpu("t4"))
     )
     assert "bf16-true weights and optimizer" in [
-        label for label, _ in _variants(s, gpus.find_gpu("a10"))
+        label for label, _ in settings_changes(s, gpus.find_gpu("a10"))
     ]
 
 
@@ -110,7 +111,7 @@ def test_what_the_states_alone_decide_is_not_stepped(monkeypatch):
     assert states == model_bytes + 3 * (model_bytes - buffers)
     bench = CountingBench(settings)
     # A limit below the states: every change whose states pass it is a bound, never a step.
-    monkeypatch.setattr(fixes_module, "_variants", lambda s, gpu: [("checkpointing", s)])
+    monkeypatch.setattr(fixes_module, "settings_changes", lambda s, gpu: [("checkpointing", s)])
     tiny = gpus.custom_gpu(1)
     monkeypatch.setattr(
         "memorymark.backends.selection.fit_policy",
@@ -134,7 +135,7 @@ def test_the_sweep_s_batch_1_is_not_stepped_again(monkeypatch):
     batch_1 = simulated_step(bench, settings, custom)
     simulated = settings.replace(backend="sim")
     assert bench.stepped == [(simulated, custom.name)]
-    monkeypatch.setattr(fixes_module, "_variants", lambda s, gpu: [])
+    monkeypatch.setattr(fixes_module, "settings_changes", lambda s, gpu: [])
     answer = what_would_fit(settings, batch_1, bench=bench)
     assert answer.required_bytes == batch_1.required_bytes
     # Other GPUs and counts get their own step; batch 1 here is not stepped again.
@@ -144,7 +145,7 @@ def test_the_sweep_s_batch_1_is_not_stepped_again(monkeypatch):
 def test_a_change_that_needs_no_less_is_not_offered(monkeypatch):
     settings = Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1, margin="49%")
     # "Checkpointing" that changes nothing: the same settings under another label.
-    monkeypatch.setattr(fixes_module, "_variants", lambda s, gpu: [("no change", s)])
+    monkeypatch.setattr(fixes_module, "settings_changes", lambda s, gpu: [("no change", s)])
     answer = what_would_fit(settings)
     assert all(fix.label != "no change" for fix in answer.fixes)
 

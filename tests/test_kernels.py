@@ -177,10 +177,12 @@ def test_logits_get_their_own_line_for_causal_lms_only() -> None:
 
 
 def test_the_nothing_fits_advice_offers_the_fused_loss(tiny_llama: str) -> None:
-    variants = dict(fixes._variants(Settings(model=tiny_llama, backend="cpu"), _gpu("a10")))
+    variants = dict(fixes.settings_changes(Settings(model=tiny_llama, backend="cpu"), _gpu("a10")))
     fused = variants["Liger kernels (fused cross-entropy, no full logits)"]
     assert (fused.workload.kernels, fused.hardware.backend) == ("liger", "sim")
-    assert "Liger" not in " ".join(dict(fixes._variants(Settings(model="tiny-bert"), _gpu("a10"))))
+    assert "Liger" not in " ".join(
+        dict(fixes.settings_changes(Settings(model="tiny-bert"), _gpu("a10")))
+    )
 
 
 def _gpu(name: str) -> object:

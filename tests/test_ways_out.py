@@ -191,10 +191,10 @@ def test_each_stated_peak_is_what_applying_the_way_out_measures(monkeypatch):
     # (tests/test_fixes.py simulates each); the hardware ways out are all here.
     from memorymark.analyses import fixes
 
-    real_variants = fixes._variants
+    real_variants = fixes.settings_changes
     monkeypatch.setattr(
         fixes,
-        "_variants",
+        "settings_changes",
         lambda s, gpu: [v for v in real_variants(s, gpu) if v[0] == "LoRA rank 16"],
     )
     settings = Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1, margin="49%")

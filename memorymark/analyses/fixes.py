@@ -1,9 +1,10 @@
 """When nothing fits: which settings, which GPU, or how many GPUs would make the model train.
 
-For a model that runs out of memory even at batch 1, each candidate change (gradient
-checkpointing, bf16 weights, LoRA, 8-bit AdamW, their combination, QLoRA, Liger's fused loss for a
-causal LM) is simulated at batch 1 on the chosen GPU; a simulated step traces to its end even
-past the GPU's capacity, so the answer says how far off each one is, not only whether it fits.
+For a model that runs out of memory even at batch 1, each candidate change of settings
+(memorymark/analyses/changes.py: gradient checkpointing, bf16 weights, LoRA, 8-bit AdamW, their
+combination, QLoRA, Liger's fused loss for a causal LM) is simulated at batch 1 on the chosen
+GPU; a simulated step traces to its end even past the GPU's capacity, so the answer says how far
+off each one is, not only whether it fits.
 Then other hardware (memorymark/analyses/hardware.py): the cheapest bigger catalog GPU that
 trains batch 1, when no change fits here the change that comes closest on the cheapest bigger
 GPU that trains it, and the fewest GPUs of the chosen kind under FSDP (last: for a large model
@@ -27,11 +28,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import NamedTuple
 
 from memorymark import gpus
 from memorymark.analyses import hardware
 from memorymark.analyses.bench import Bench
 from memorymark.analyses.budget import OutOfTime, TimeBudget
+from memorymark.analyses.changes import QLORA, qlora_recipe, settings_changes
 from memorymark.backends import selection
 from memorymark.measurement import Measurement
 from memorymark.settings import Settings
@@ -45,8 +48,6 @@ __all__ = [
     "what_would_fit",
 ]
 
-LORA_RANK = 16
-QLORA = "QLoRA: NF4 + LoRA + checkpointing"
 CHECKPOINTED_SEVERAL = f"gradient checkpointing, on {hardware.SEVERAL_GPUS}"
 QLORA_SEVERAL = f"{QLORA}, on {hardware.SEVERAL_GPUS}"
 CLOSEST_ELSEWHERE = f"the change that comes closest, on {hardware.BIGGER_GPU}"
@@ -60,82 +61,6 @@ def simulated_step(
     """One simulated step at `batch_size` for `gpu`: past its capacity, the step still traces
     to its end and reports what it would need (`required_bytes`)."""
     return bench.measure(settings.replace(backend="sim"), gpu, batch_size)
-
-
-def _together(s: Settings, combined: Settings) -> str | None:
-    """The title of the fix that makes several of the changes above at once, naming them
-    ("gradient checkpointing + bf16-true + LoRA rank 16 together"); None when fewer than two
-    change, as that fix is then one already listed."""
-    parts = []
-    if combined.workload.grad_checkpointing != s.workload.grad_checkpointing:
-        parts.append("gradient checkpointing")
-    if combined.workload.precision != s.workload.precision:
-        parts.append(combined.workload.precision)
-    if combined.workload.lora_rank != s.workload.lora_rank:
-        parts.append(f"LoRA rank {combined.workload.lora_rank}")
-    return f"{' + '.join(parts)} together" if len(parts) >= 2 else None
-
-
-def _variants(s: Settings, gpu: gpus.GPU) -> list[tuple[str, Settings]]:
-    out = []
-    if not s.workload.grad_checkpointing:
-        out.append(("gradient checkpointing", s.replace(grad_checkpointing=True)))
-    # bf16 only where the GPU has it: a fix that would fail there is no fix.
-    precision = "bf16-true" if gpu.supports_bf16 else s.workload.precision
-    if s.workload.precision != precision:
-        out.append(("bf16-true weights and optimizer", s.replace(precision=precision)))
-    if not s.workload.lora_rank and s.workload.optimizer != "none":
-        out.append((f"LoRA rank {LORA_RANK}", s.replace(lora_rank=LORA_RANK)))
-    if s.workload.optimizer in ("adamw", "adamw-fused", "adamw-forloop"):
-        out.append(("8-bit AdamW (bitsandbytes)", s.replace(optimizer="adamw-8bit")))
-    combined = s.replace(
-        grad_checkpointing=True, precision=precision, lora_rank=s.workload.lora_rank or LORA_RANK
-    )
-    together = _together(s, combined)
-    if together is not None:
-        out.append((together, combined))
-    qlora = _qlora(s, gpu)
-    if qlora is not None and qlora != s:
-        out.append((QLORA, qlora))
-    fused = _fused_loss(s)
-    if fused is not None:
-        out.append(("Liger kernels (fused cross-entropy, no full logits)", fused))
-    return out
-
-
-def _qlora(s: Settings, gpu: gpus.GPU) -> Settings | None:
-    """The QLoRA recipe (Dettmers et al. 2023, as PEFT's docs run it) for these settings: NF4
-    base weights with double quant, bf16 compute where the GPU has it, LoRA, checkpointing.
-    None for a model bitsandbytes does not quantize here (timm, torchvision) or inference."""
-    if s.workload.optimizer == "none" or s.workload.forward_only:
-        return None
-    precision = "bf16-mixed" if gpu.supports_bf16 else "16-mixed"
-    try:
-        return s.replace(
-            quantization="nf4",
-            double_quant=True,
-            lora_rank=s.workload.lora_rank or LORA_RANK,
-            grad_checkpointing=True,
-            precision=precision,
-        )
-    except ValueError:
-        return None
-
-
-def _fused_loss(s: Settings) -> Settings | None:
-    """The settings with Liger's kernels, whose fused loss never holds a causal LM's whole
-    logits (memorymark/step/fused_loss.py); None where they do not apply."""
-    if s.workload.kernels == "liger" or s.workload.loss != "task":
-        return None
-    try:
-        return s.replace(kernels="liger", loss_chunks=0, backend=_simulable(s.hardware.backend))
-    except ValueError:  # not a causal LM
-        return None
-
-
-def _simulable(backend: str) -> str:
-    # Liger's kernels have no CPU build: the advice for a CPU run is simulated for the GPU.
-    return "sim" if backend == "cpu" else backend
 
 
 def what_would_fit(
@@ -181,12 +106,12 @@ class WaysOutSearch:
         self.gpu = bench.simulated_gpu(settings)
         self.budget = TimeBudget(time_limit_seconds=time_limit_seconds, clock=clock)
         self._batch_1 = batch_1 if batch_1 is not None and not batch_1.measured else None
-        self._changes = _variants(settings, self.gpu)
+        self._changes = settings_changes(settings, self.gpu)
         self.planned: tuple[str, ...] = (
             *(label for label, _ in self._changes),
             hardware.BIGGER_GPU,
             CLOSEST_ELSEWHERE,
-            *_several_gpus_plan(settings, self.gpu),
+            *(stage.label for stage in _several_gpus_plan(settings, self.gpu)),
         )
         """Every stage's label, in the order they run."""
         self.done: list[str] = []
@@ -297,14 +222,30 @@ class WaysOutSearch:
         return self._counted[settings]
 
 
-def _several_gpus_plan(settings: Settings, gpu: gpus.GPU) -> list[str]:
-    """The labels `_several_gpus_stages` yields for these settings, in its order."""
-    plan = [hardware.SEVERAL_GPUS]
+class _SeveralGpus(NamedTuple):
+    """One several-GPU stage: its label, the settings it shards, and whether it counts their
+    states itself (QLoRA's 4-bit weights) or takes those of the settings as they are
+    (checkpointing changes no state)."""
+
+    label: str
+    settings: Settings
+    own_states: bool
+
+
+def _several_gpus_plan(settings: Settings, gpu: gpus.GPU) -> list[_SeveralGpus]:
+    """The several-GPU stages these settings take, in order: FSDP over the fewest GPUs of this
+    kind as they are; then, each tried when the stage before found only counts too small, with
+    gradient checkpointing (sharding leaves activations whole: checkpointing is what lets more
+    GPUs help) and QLoRA sharded (the 4-bit base weights are what is left to shard:
+    Llama-3.1-70B on 4 x A10, where 72 in fp32 do not train it: docs/cli.md, "When nothing
+    fits")."""
+    plan = [_SeveralGpus(hardware.SEVERAL_GPUS, settings, own_states=False)]
     if not settings.workload.grad_checkpointing:
-        plan.append(CHECKPOINTED_SEVERAL)
-    qlora = _qlora(settings, gpu)
+        on = settings.replace(grad_checkpointing=True)
+        plan.append(_SeveralGpus(CHECKPOINTED_SEVERAL, on, own_states=False))
+    qlora = qlora_recipe(settings, gpu)
     if qlora is not None and qlora != settings:
-        plan.append(QLORA_SEVERAL)
+        plan.append(_SeveralGpus(QLORA_SEVERAL, qlora, own_states=True))
     return plan
 
 
@@ -316,30 +257,29 @@ def _several_gpus_stages(
     step: hardware.Step,
     count: Callable[[Settings], tuple[int, int]],
 ) -> Iterator[Stage]:
-    """The fewest GPUs of this kind under FSDP, with gradient checkpointing too when no count
-    trains the settings as they are, and QLoRA sharded when none trains either: one stage each
-    (`_several_gpus_plan`'s labels), with the way out it found or None."""
-    several = hardware.fewest_gpus(settings, gpu, step, states, parameters)
-    yield hardware.SEVERAL_GPUS, several
-    if not settings.workload.grad_checkpointing:
-        checkpointed = None
-        if several is not None and not several.fits:
-            # Sharding leaves activations whole: checkpointing is what lets more GPUs help.
-            try:
-                on = settings.replace(grad_checkpointing=True)
-                checkpointed = hardware.fewest_gpus(
-                    on, gpu, step, states, parameters, CHECKPOINTED_SEVERAL
-                )
-            except ValueError:
-                pass  # this model has no such switch
-            several = checkpointed
-        yield CHECKPOINTED_SEVERAL, checkpointed
-    qlora = _qlora(settings, gpu)
-    if qlora is not None and qlora != settings:
-        sharded = None
-        if several is not None and not several.fits:
-            sharded = _qlora_sharded(qlora, gpu, step, count)
-        yield QLORA_SEVERAL, sharded
+    """Each stage of `_several_gpus_plan`, with the way out it found or None; `states` and
+    `parameters` are the settings' as they are."""
+    found: Fix | None = None
+    for n, stage in enumerate(_several_gpus_plan(settings, gpu)):
+        if n and (found is None or found.fits):
+            found = None  # the stage before found no count, or one that trains it already
+        else:
+            found = _fewest_gpus(stage, gpu, step, count, (states, parameters))
+        yield stage.label, found
+
+
+def _fewest_gpus(
+    stage: _SeveralGpus,
+    gpu: gpus.GPU,
+    step: hardware.Step,
+    count: Callable[[Settings], tuple[int, int]],
+    as_is: tuple[int, int],
+) -> Fix | None:
+    try:
+        states, parameters = count(stage.settings) if stage.own_states else as_is
+        return hardware.fewest_gpus(stage.settings, gpu, step, states, parameters, stage.label)
+    except ValueError:
+        return None  # a switch this model does not have (checkpointing a plain ResNet)
 
 
 def _bigger_gpu(settings: Settings, gpu: gpus.GPU, step: hardware.Step, states: int) -> Fix | None:
@@ -354,19 +294,6 @@ def _bigger_gpu(settings: Settings, gpu: gpus.GPU, step: hardware.Step, states: 
     if biggest.usable_bytes > gpu.usable_bytes and states > limit:
         return replace(_bound(hardware.BIGGER_GPU, on_it, biggest, states, limit), hardware=True)
     return None
-
-
-def _qlora_sharded(
-    qlora: Settings,
-    gpu: gpus.GPU,
-    step: hardware.Step,
-    count: Callable[[Settings], tuple[int, int]],
-) -> Fix | None:
-    """QLoRA sharded with FSDP over the fewest GPUs of this kind, when no count trains the
-    model as configured: the 4-bit base weights are what is left to shard (Llama-3.1-70B: 4 x
-    A10, where 72 in fp32 do not train it: docs/cli.md, "When nothing fits")."""
-    states, parameters = count(qlora)
-    return hardware.fewest_gpus(qlora, gpu, step, states, parameters, QLORA_SEVERAL)
 
 
 def _closest_change_elsewhere(
