@@ -6,7 +6,7 @@ from memorymark import Session, gpus
 from memorymark.analyses import fixes as fixes_module
 from memorymark.analyses.bench import Bench
 from memorymark.analyses.fixes import simulated_step
-from memorymark.backends.states import state_bytes
+from memorymark.backends.states import counted_states
 from memorymark.fit import FitPolicy
 from memorymark.measurement import Measurement
 from memorymark.settings import Settings
@@ -15,7 +15,7 @@ from memorymark.settings import Settings
 def what_would_fit(settings, batch_1=None, *, bench=None):
     """The ways out, through the door a Session hands the search (`bench`, else its own)."""
     bench = bench or Session(settings).bench
-    return fixes_module.what_would_fit(settings, batch_1, bench=bench)
+    return fixes_module.WaysOutSearch(settings, batch_1, bench=bench).answer()
 
 
 class CountingBench:
@@ -103,10 +103,10 @@ def test_qlora_and_8bit_adamw_are_offered_and_simulated():
 
 def test_what_the_states_alone_decide_is_not_stepped(monkeypatch):
     settings = Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1, margin="49%")
-    states = state_bytes(settings)
+    states = counted_states(settings)[0]
     # The weights, gradients and AdamW's two buffers, all alive at the optimizer step, beside
     # the model's own buffers (BERT's int64 position and token type ids, 128 each).
-    model_bytes = state_bytes(settings.replace(optimizer="none"))
+    model_bytes = counted_states(settings.replace(optimizer="none"))[0]
     buffers = 2 * 128 * 8
     assert states == model_bytes + 3 * (model_bytes - buffers)
     bench = CountingBench(settings)

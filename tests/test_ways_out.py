@@ -5,7 +5,7 @@ import pytest
 
 from memorymark import Session, gpus
 from memorymark.analyses import hardware
-from memorymark.analyses.fixes import what_would_fit
+from memorymark.analyses.fixes import WaysOutSearch
 from memorymark.cli import render
 from memorymark.measurement import Breakdown, Measurement
 from memorymark.report import Report
@@ -198,7 +198,7 @@ def test_each_stated_peak_is_what_applying_the_way_out_measures(monkeypatch):
         lambda s, gpu: [v for v in real_variants(s, gpu) if v[0] == "LoRA rank 16"],
     )
     settings = Settings(model="tiny-bert", seq_len=32, gpu_memory_gib=1, margin="49%")
-    answer = what_would_fit(settings, bench=Session(settings).bench)
+    answer = WaysOutSearch(settings, bench=Session(settings).bench).answer()
     stated = [f for f in answer.fixes if not f.lower_bound]
     assert {"LoRA rank 16", "a bigger GPU", "several GPUs (FSDP)"} <= {f.label for f in stated}
     for fix in stated:

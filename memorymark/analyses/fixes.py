@@ -45,7 +45,6 @@ __all__ = [
     "Fix",
     "WaysOutSearch",
     "simulated_step",
-    "what_would_fit",
 ]
 
 CHECKPOINTED_SEVERAL = f"gradient checkpointing, on {hardware.SEVERAL_GPUS}"
@@ -63,25 +62,6 @@ def simulated_step(
     return bench.measure(settings.replace(backend="sim"), gpu, batch_size)
 
 
-def what_would_fit(
-    settings: Settings,
-    batch_1: Measurement | None = None,
-    time_limit_seconds: float | None = None,
-    *,
-    bench: Bench,
-) -> FitAnswer:
-    """Batch 1 as configured, each candidate change, then other hardware: the cheapest bigger
-    catalog GPU, when no change fits here the cheapest bigger GPU for the change that comes
-    closest, and the fewest GPUs of this kind under FSDP; within `time_limit_seconds` (None:
-    no limit), past which the answer has what was found and names what was not finished.
-
-    `batch_1` is the sweep's own simulated step at batch 1 as configured, when it took one: it
-    is not stepped again. Every step and state count is `bench`'s."""
-    return WaysOutSearch(
-        settings, batch_1, bench=bench, time_limit_seconds=time_limit_seconds
-    ).answer()
-
-
 class WaysOutSearch:
     """One search for the ways out, stage by stage: `stages()` yields each stage as it ends,
     with the way out it found, so a live view shows each at once; `answer()` is all of them.
@@ -89,8 +69,9 @@ class WaysOutSearch:
     Its stages are planned when it is made (`planned`: the changes of settings, then a bigger
     GPU, the closest change on one, several GPUs and what follows from them); past
     `time_limit_seconds` it stops before the next state count or step (`stopped_by`), and
-    `not_finished` names every planned stage that did not end. `batch_1` and `bench` as for
-    `what_would_fit`; `clock` is a test's fake clock."""
+    `not_finished` names every planned stage that did not end. `batch_1` is the sweep's own
+    simulated step at batch 1 as configured, when it took one: it is not stepped again. Every
+    step and state count is `bench`'s; `clock` is a test's fake clock."""
 
     def __init__(
         self,

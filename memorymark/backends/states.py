@@ -22,16 +22,12 @@ from typing import Any
 from memorymark.settings import Settings
 
 
-def state_bytes(settings: Settings) -> int:
-    """A lower bound on any training step's peak under `settings`: the bytes of the weights and,
-    for the parameters that train, their gradients and the optimizer's state, all alive at the
-    optimizer step. Counted on the meta device: nothing is allocated or run."""
-    return counted_states(settings)[0]
-
-
 def counted_states(settings: Settings) -> tuple[int, int]:
-    """(`state_bytes`, the model's parameter count as built), from one model on the meta
-    device: the count is what a distributed step's traffic is estimated from."""
+    """(A lower bound on any training step's peak under `settings`: the bytes of the weights
+    and, for the parameters that train, their gradients and the optimizer's state, all alive
+    at the optimizer step; the model's parameter count as built, what a distributed step's
+    traffic is estimated from), from one model on the meta device: nothing is allocated or
+    run."""
     import torch
 
     from memorymark.step.catalog import CatalogStep
