@@ -141,6 +141,7 @@ def test_human_output_has_a_line_per_probe_and_the_verdict(capsys):
         (["measure", "bert", "--batch-size", "0"], "must be at least 1"),
         (["analyze", "bert", "--seq-len", "4096"], "exceeds bert's 512 positions"),
         (["analyze", "bert", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["analyze", "bert", "--depth", "deep"], "depth must be one of replay, trace (got 'deep')"),
     ],
 )
 def test_bad_input_is_one_line_and_non_zero(argv, message):
@@ -204,6 +205,16 @@ def test_the_command_line_of_settings_reads_back_into_the_same_settings(settings
     argv = shlex.split(line)
     assert argv[:2] == ["memorymark", "analyze"]
     assert cli.settings_from_args(cli.build_parser().parse_args(argv[1:])) == settings
+
+
+def test_depth_is_a_flag_of_its_two_choices_that_reads_into_the_search_section():
+    analyze = next(a for a in build_parser()._actions if a.dest == "command").choices["analyze"]
+    help_text = " ".join(analyze.format_help().split())
+    assert "--depth replay|trace How a simulated sweep steps a deep model: replay" in help_text
+    args = build_parser().parse_args(["analyze", "tiny-bert", "--depth", "trace"])
+    assert cli.settings_from_args(args).search.depth == "trace"
+    default = cli.settings_from_args(build_parser().parse_args(["analyze", "tiny-bert"]))
+    assert default.search.depth == "replay"
 
 
 def test_every_setting_has_an_analyze_flag_whose_help_is_its_docstring():

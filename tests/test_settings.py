@@ -1,5 +1,7 @@
 """Settings validate once, and round-trip through dicts and URL query parameters."""
 
+import json
+
 import pytest
 
 from memorymark.settings import FIELD_NAMES, Costs, Hardware, Search, Settings, Workload
@@ -18,6 +20,7 @@ def test_defaults_are_the_issue_defaults():
     ) == ("bert", 128, 224, 16, 8)
     assert s.workload.resolved_task == "sequence-classification"
     assert Settings(model="gpt2").workload.resolved_task == "causal-lm"
+    assert s.search.depth == "replay"  # a deep simulated model replays its depth (issue 31)
 
 
 @pytest.mark.parametrize(
@@ -34,6 +37,7 @@ def test_defaults_are_the_issue_defaults():
         ),
         ({"current_batch": 0}, "current_batch must be at least 1"),
         ({"strategy": "binary"}, "strategy must be one of symbolic, fast, linear"),
+        ({"depth": "deep"}, "depth must be one of replay, trace"),
     ],
 )
 def test_bad_values_raise_one_line(kwargs, message):
@@ -54,8 +58,9 @@ def test_inference_style_protocol_is_eval_logits_mean_no_optimizer():
 
 
 def test_dict_round_trip_and_unknown_keys():
-    s = Settings(model="gpt2", seq_len=256, gpu="h100", forward_only=True)
-    assert Settings.from_dict(s.to_dict()) == s
+    s = Settings(model="gpt2", seq_len=256, gpu="h100", forward_only=True, depth="trace")
+    assert s.to_dict()["depth"] == "trace"
+    assert Settings.from_dict(json.loads(json.dumps(s.to_dict()))) == s
     with pytest.raises(ValueError, match="unknown setting 'colour'"):
         Settings.from_dict({"colour": "red"})
 
@@ -102,6 +107,7 @@ EVERY_FIELD_CHANGED = (
         "gpu_memory_gib": 12.5,
         "backend": "sim",
         "strategy": "linear",
+        "depth": "trace",
         "step": 4,
         "current_batch": 32,
         "max_batch": 512,

@@ -29,7 +29,7 @@ RUNNING_FLAGS = ("gpu", "gpu_memory_gib", "backend", "precision", "tf32", "atten
                  "loss_chunks", "grad_checkpointing", "lora_rank", "lora_targets", "quantization",
                  "double_quant", "forward_only", "dist", "gpus", "nodes", "offload",
                  "mp_policy")  # fmt: skip
-SEARCH_FLAGS = ("find", "seq_step", "strategy", "step", "current_batch", "max_batch",
+SEARCH_FLAGS = ("find", "seq_step", "strategy", "depth", "step", "current_batch", "max_batch",
                 "time_limit_seconds", "max_probes", "ways_out_time_limit_seconds", "margin",
                 "target_batch")  # fmt: skip
 
@@ -52,6 +52,7 @@ _METAVARS = {
     "time_limit_seconds": "SECONDS",
     "ways_out_time_limit_seconds": "SECONDS",
     "max_probes": "N",
+    "depth": "replay|trace",
 }
 # The name `measure` and `validate-backward` give their own batch size, kept for analyze's.
 _ALIASES = {"current_batch": ("--batch-size",)}

@@ -38,6 +38,9 @@ Kernels = Literal["none", "liger"]
 Find = Literal["batch", "seq-len"]
 BackendName = Literal["auto", "cuda", "mps", "sim", "cpu"]
 StrategyName = Literal["symbolic", "fast", "linear"]
+# replay: trace the model built with a few of its blocks and replay its full depth by arithmetic
+# (memorymark/accounting/depth.py); trace: every block (memorymark/backends/sim.py).
+DepthMode = Literal["replay", "trace"]
 ProtocolName = Literal["full", "inference-style"]
 # None, bitsandbytes' 4-bit NF4 or FP4, or LLM.int8(): what memorymark/step/quantization.py builds.
 Quantization = Literal["none", "nf4", "fp4", "int8"]
@@ -49,6 +52,7 @@ PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 ATTENTIONS: tuple[str, ...] = typing.get_args(Attention)
 BACKENDS: tuple[str, ...] = typing.get_args(BackendName)
 STRATEGIES: tuple[str, ...] = typing.get_args(StrategyName)
+DEPTH_MODES: tuple[str, ...] = typing.get_args(DepthMode)
 PROTOCOLS: tuple[str, ...] = typing.get_args(ProtocolName)
 KERNELS: tuple[str, ...] = typing.get_args(Kernels)
 FINDS: tuple[str, ...] = typing.get_args(Find)

@@ -34,6 +34,7 @@ from memorymark.settings.choices import (
     PROTOCOLS,
     Attention,
     BackendName,
+    DepthMode,
     Find,
     Kernels,
     Loss,
@@ -254,6 +255,11 @@ class Search:
     """symbolic (trace two batches, replay every other one by arithmetic, trace the answer;
     fast where replays do not hold), fast (trace two batches, predict, verify, converge) or
     linear (step, 2*step, ... until the first OOM: the prototype's protocol)."""
+    depth: DepthMode = "replay"
+    """How a simulated sweep steps a deep model: replay (trace the model built with a few of its
+    blocks and replay its full depth by arithmetic; the full model is traced where the structure
+    is not found, and the report says why) or trace (trace every block of the model: slower on
+    deep models)."""
     step: int = 8
     """Batch-size granularity of the search."""
     current_batch: int = 16

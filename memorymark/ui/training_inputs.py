@@ -1,8 +1,8 @@
 """The sidebar's training and search settings: precision, optimizer, checkpointing, LoRA,
 quantized base weights (QLoRA), the loop (accumulation, clipping, the evaluation pass), mode,
 batch sizes and strategy, then the advanced ones
-(attention, kernels, loss chunks, sequence step, loss, protocol, backend, step, largest batch,
-margin, forward only).
+(attention, kernels, loss chunks, sequence step, loss, protocol, backend, depth, step, largest
+batch, margin, forward only).
 
 Each widget writes its `Settings` field's session-state key (`mm_<field>`); one that does not
 apply to the chosen model is not drawn. A widget's help is its field's docstring (`field_help`),
@@ -238,6 +238,13 @@ def _advanced_inputs(use: dict[str, bool]) -> None:
         "Backend", choices.BACKENDS, key=key("backend"),
         help="auto: this machine's GPU when it is the one chosen, else simulated",
     )  # fmt: skip
+    st.radio(
+        "Deep models (simulated)",
+        choices.DEPTH_MODES,
+        key=key("depth"),
+        horizontal=True,
+        help=field_help("depth"),
+    )
     st.number_input("Batch step", min_value=1, key=key("step"), help=field_help("step"))
     st.number_input(
         "Largest batch to try", min_value=1, key=key("max_batch"), help=field_help("max_batch")
