@@ -39,7 +39,7 @@ from memorymark.backends import selection
 from memorymark.environment import stamp, torch_version
 from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
-from memorymark.measurement import Measurement, is_measured, memory_source
+from memorymark.measurement import DepthReplay, Measurement, is_measured, memory_source
 from memorymark.report import Report
 from memorymark.search import estimate, gpu_count
 from memorymark.search.eval_batch import EvalAnswer, EvalMeasurer
@@ -119,6 +119,10 @@ class Session:
         self.elapsed_seconds = 0.0
         self.stopped_by: str | None = None
         """Which limit ended the sweep early ("the time limit (60 s)"); None when it finished."""
+        self.depth_replay: DepthReplay | None = None
+        """How the sweep's simulated full-depth steps were had (`--depth`): traced in full, or
+        replayed from the model built with fewer blocks; None where the backend does not say
+        (a real GPU, or before a sweep)."""
         self._ways_out: WaysOutSearch | None = None
         self._evals: dict[int, EvalAnswer] = {}
         self._plans: dict[int, tuple[TrainingPlan | None, tuple[Measurement, ...]]] = {}
@@ -176,11 +180,16 @@ class Session:
         )
         start = time.perf_counter()
         probes = sweep(backend, strategy, also=(s.search.current_batch,), limits=limits)
-        with contextlib.closing(probes):
-            for measurement in probes:
-                self.measurements.append(measurement)
-                self.elapsed_seconds = time.perf_counter() - start
-                yield measurement
+        try:
+            with contextlib.closing(probes):
+                for measurement in probes:
+                    self.measurements.append(measurement)
+                    self.elapsed_seconds = time.perf_counter() - start
+                    yield measurement
+        finally:
+            # Kept however the sweep ends (a consumer that stops early reports what it has);
+            # only the simulated backend has it (memorymark/backends/sim.py).
+            self.depth_replay = getattr(backend, "depth_replay", None)
         self.stopped_by = limits.stopped_by
 
     def _strategy(self, measurer: Any, *, step: int, max_batch: int, degree: int = 1) -> Strategy:
@@ -223,13 +232,19 @@ class Session:
             )
         return self.model_entry
 
-    def resume(self, measurements: tuple[Measurement, ...], elapsed_seconds: float) -> None:
+    def resume(
+        self,
+        measurements: tuple[Measurement, ...],
+        elapsed_seconds: float,
+        depth_replay: DepthReplay | None = None,
+    ) -> None:
         """Take a finished sweep's measurements as this session's own, so `report` answers from
         them without measuring again (a new target batch, new prices): only its plan's steps
         with accumulation, if any, are measured. The sweep must be of these settings but for
-        `target_batch`."""
+        `target_batch`; `depth_replay` is how its steps were had, as its report said."""
         self.measurements = list(measurements)
         self.elapsed_seconds = elapsed_seconds
+        self.depth_replay = depth_replay
 
     # -- the other axis: the longest sequence at a fixed batch ------------------------------------
     def stream_seq_len(self) -> Iterator[tuple[int, Measurement]]:
@@ -301,6 +316,7 @@ class Session:
             elapsed_seconds=self.elapsed_seconds,
             stopped_by=self.stopped_by,
             search_fallback=self.search_fallback,
+            depth_replay=self.depth_replay,
             torch_version=torch_version(),
             unverified_rules=versions.unverified_rules(),
             training=self.training.label if self.training is not None else None,

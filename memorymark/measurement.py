@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from memorymark.units import gib, gib_text
+from memorymark.units import gib, gib_text, plural
 
 MEASURING_BACKENDS = ("cuda", "mps")
 """The backends whose memory figures the device reports itself: "measured". `sim` and `cpu` are
@@ -306,6 +306,61 @@ class Measurement:
             "value_reads": [read.to_dict() for read in self.value_reads],
             "autocast_dtypes": None if self.autocast_dtypes is None else list(self.autocast_dtypes),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class DepthReplay:
+    """How a simulated sweep got its full-depth steps: traced in full, or replayed from
+    steps of the same model built with fewer blocks (`--depth`, memorymark/accounting/depth.py).
+
+    >>> DepthReplay(80, (2, 3), 6, 6).says()
+    '80 blocks replayed from simulated traces at 2 and 3 blocks (6 steps traced, 6 replayed)'
+    """
+
+    layers: int
+    """The model's blocks (its config's layer count)."""
+    traced_depths: tuple[int, ...]
+    """Depths (block counts) traced; () when the full model was traced."""
+    traced_steps: int
+    """Small-depth steps traced."""
+    replayed_steps: int
+    """Full-depth steps synthesized from them."""
+    fallback: str | None = None
+    """Why the full model was traced instead; None when it replayed (or `--depth trace`)."""
+
+    def says(self) -> str:
+        """One line for reports: what was traced and what replayed, saying it was simulated."""
+        if self.traced_depths:
+            *first, last = self.traced_depths
+            depths = f"{', '.join(map(str, first))} and {last}" if first else str(last)
+            return (
+                f"{plural(self.layers, 'block')} replayed from simulated traces at {depths} "
+                f"blocks ({plural(self.traced_steps, 'step')} traced, "
+                f"{self.replayed_steps:,} replayed)"
+            )
+        full = f"the full model traced ({plural(self.layers, 'block')}, simulated)"
+        return f"{full}: {self.fallback}" if self.fallback else full
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: {layers, traced_depths, traced_steps, replayed_steps, fallback}."""
+        return {
+            "layers": self.layers,
+            "traced_depths": list(self.traced_depths),
+            "traced_steps": self.traced_steps,
+            "replayed_steps": self.replayed_steps,
+            "fallback": self.fallback,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DepthReplay:
+        """The DepthReplay `to_dict` wrote."""
+        return cls(
+            layers=int(data["layers"]),
+            traced_depths=tuple(int(n) for n in data["traced_depths"]),
+            traced_steps=int(data["traced_steps"]),
+            replayed_steps=int(data["replayed_steps"]),
+            fallback=data.get("fallback"),
+        )
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:

@@ -23,7 +23,7 @@ from memorymark.accounting.allocator import LOOP_STARTS
 from memorymark.environment import Stamp
 from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
-from memorymark.measurement import Measurement, ValueRead, memory_source
+from memorymark.measurement import DepthReplay, Measurement, ValueRead, memory_source
 from memorymark.search.eval_batch import EvalAnswer
 from memorymark.search.plan import TrainingPlan
 from memorymark.search.sweep import best_fit
@@ -147,6 +147,10 @@ class Report:
     search_fallback: str | None = None
     """Why the symbolic search traced probes it would have replayed (None: it replayed, or
     another strategy searched)."""
+    depth_replay: DepthReplay | None = None
+    """How the simulated sweep's full-depth steps were had (`--depth`): traced in full, or
+    replayed from the model built with fewer blocks. None where the backend did not say (a
+    real GPU)."""
     torch_version: str | None = None
     """The PyTorch that ran the steps."""
     unverified_rules: tuple[str, ...] = ()
@@ -578,6 +582,15 @@ class Report:
             f"{plural(traced, 'step')} traced, {replayed} replayed from them by arithmetic "
             "(the symbolic search: the same figures a trace gives)."
         )
+
+    @property
+    def depth_note(self) -> str | None:
+        """What was traced and what replayed at the model's depth (simulated), as a sentence;
+        None when the backend did not say."""
+        if self.depth_replay is None:
+            return None
+        line = self.depth_replay.says()
+        return f"{line[0].upper()}{line[1:]}."
 
     @property
     def plan_note(self) -> str | None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from streamlit.testing.v1 import AppTest
 
 from memorymark import gpus
-from memorymark.measurement import Breakdown, Measurement
+from memorymark.measurement import Breakdown, DepthReplay, Measurement
 from memorymark.report import Report
 from memorymark.search.plan import TrainingPlan, plan_for_target
 from memorymark.settings import Costs, Settings
@@ -80,6 +80,8 @@ class FakeSession:
     fixes: Callable[[Settings], tuple[Fix, ...]] = staticmethod(lambda settings: ())
 
     stopped_by: str | None = None
+    depth_replay: DepthReplay | None = None
+    """What the report says of the sweep's depth, as a simulated backend tells the engine."""
     stages: tuple[str, ...] = ()
     report_gate: threading.Event | None = None
     fixes_gate: threading.Event | None = None
@@ -95,6 +97,7 @@ class FakeSession:
             "sim" if settings.hardware.backend == "auto" else settings.hardware.backend
         )
         self.runs_for_real = self.backend_name != "sim"
+        self.depth_replay = type(self).depth_replay
 
     def _probe(self, batch: int) -> Measurement:
         base = GIB if self.settings.workload.grad_checkpointing else type(self).base_bytes
@@ -120,8 +123,14 @@ class FakeSession:
             self.measurements.append(self._probe(batch))
             yield self.measurements[-1]
 
-    def resume(self, measurements: tuple[Measurement, ...], elapsed_seconds: float) -> None:
+    def resume(
+        self,
+        measurements: tuple[Measurement, ...],
+        elapsed_seconds: float,
+        depth_replay: DepthReplay | None = None,
+    ) -> None:
         self.measurements = list(measurements)
+        self.depth_replay = depth_replay  # what the sweep resumed said, as the engine keeps it
 
     @property
     def needs_ways_out(self) -> bool:
@@ -138,7 +147,8 @@ class FakeSession:
         if type(self).report_gate is not None:
             type(self).report_gate.wait(GATE_SECONDS)
         report = Report(settings=self.settings, costs=costs or Costs(), gpu=A10, backend="sim",
-                        measurements=tuple(self.measurements), elapsed_seconds=0.5)  # fmt: skip
+                        measurements=tuple(self.measurements), elapsed_seconds=0.5,
+                        depth_replay=self.depth_replay)  # fmt: skip
         if report.optimal is not None:
             # As the engine does; the fake's micro-batches fit with accumulation too.
             target = report.global_batch

@@ -10,6 +10,7 @@ import pytest
 from app_helpers import A10, app, chart, metrics, run_until, shown, trace
 
 from memorymark import gpus, models
+from memorymark.measurement import DepthReplay
 from memorymark.models import sources
 from memorymark.settings import Settings
 from memorymark.ui.state_keys import SETTING_FIELDS
@@ -79,6 +80,21 @@ def test_which_memory_number_is_which(fake) -> None:
     assert set(table.loc[["Allocated at batch 192", "Reserved at batch 192"], "Source"]) == {
         "simulated"
     }
+
+
+def test_the_results_say_how_the_depth_was_had_and_a_replan_keeps_it(fake) -> None:
+    def caption(at) -> str:
+        return next(c.value for c in at.main.caption if " probes in " in c.value)
+
+    said = "80 blocks replayed from simulated traces at 2, 3, 4 and 5 blocks (14 steps traced, 6 "
+    assert said not in caption(analyzed(model="tiny-bert"))  # the backend said nothing
+    fake.depth_replay = DepthReplay(80, (2, 3, 4, 5), 14, 6)
+    at = analyzed(model="tiny-bert", seq_len="64")
+    assert f"{said}replayed)." in caption(at)
+    fake.depth_replay = None  # a re-plan's session did not sweep: the cached sweep says it
+    at.number_input(key="mm_target_batch").set_value(512).run()
+    assert len(fake.created) == 2 and "re-planned from the cached sweep" in at.code[0].value
+    assert f"{said}replayed)." in caption(at)
 
 
 def test_snippets_and_the_plan_for_a_target_batch(fake) -> None:
@@ -193,7 +209,7 @@ def test_every_setting_round_trips_through_the_link() -> None:
         "precision": "bf16-true", "attention": "eager", "grad_checkpointing": "true",
         "lora_rank": "8", "lora_targets": "c_attn", "forward_only": "true", "gpu": "L4",
         "backend": "sim", "strategy": "linear", "step": "4", "current_batch": "8",
-        "max_batch": "256", "target_batch": "64", "margin": "5%",
+        "max_batch": "256", "target_batch": "64", "margin": "5%", "depth": "trace",
     }  # fmt: skip
     at = app(**link)  # bf16 needs a GPU with bf16: an L4, not a T4 (tests/test_app_gpu_choice.py)
     assert not at.exception and not at.error
@@ -203,6 +219,7 @@ def test_every_setting_round_trips_through_the_link() -> None:
     assert at.text_input(key="mm_lora_targets").value == "c_attn"
     assert at.number_input(key="mm_target_batch").value == 64
     assert at.selectbox(key="mm_precision").value == "bf16-true"
+    assert at.radio(key="mm_depth").value == "trace"
     at.number_input(key="mm_lora_rank").set_value(0).run()
     assert "lora_rank" not in at.query_params and "lora_targets" not in at.query_params
     at.number_input(key="mm_target_batch").set_value(None).run()

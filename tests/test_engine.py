@@ -46,3 +46,27 @@ def test_report_carries_the_plan_and_the_torch_that_ran():
 def test_bad_settings_fail_before_anything_is_built():
     with pytest.raises(ValueError, match="no bf16 support"):
         Session(Settings(model="tiny-bert", gpu="v100 16gb", precision="bf16-true"))
+
+
+def test_the_report_carries_what_the_backend_says_of_its_depth(monkeypatch):
+    """Issue 31: the simulated backend says how it had its full-depth steps (`depth_replay`);
+    the session keeps it after the sweep, however the sweep ends, and the report says it."""
+    from memorymark.backends.sim import SimBackend
+    from memorymark.measurement import DepthReplay
+
+    said = DepthReplay(layers=2, traced_depths=(), traced_steps=0, replayed_steps=0,
+                       fallback="a 2-block model has no fewer blocks to trace")  # fmt: skip
+    monkeypatch.setattr(SimBackend, "depth_replay", said, raising=False)
+    settings = Settings(model="tiny-bert", seq_len=32, gpu="a10", max_batch=16, depth="trace")
+    session = Session(settings)
+    assert session.depth_replay is None  # nothing swept yet
+    report = session.analyze(fixes=False, plan=False)
+    assert session.depth_replay == report.depth_replay == said
+    assert report.depth_note == (
+        "The full model traced (2 blocks, simulated): a 2-block model has no fewer blocks to trace."
+    )
+    stopped = Session(settings)
+    probes = stopped.stream()
+    next(probes)
+    probes.close()  # a consumer that stops early (the app's Cancel) still knows it
+    assert stopped.depth_replay == said

@@ -17,6 +17,7 @@ from app_samples import probe, sample_report
 from memorymark import gpus, history
 from memorymark.environment import Stamp, stamp
 from memorymark.history import History, HistoryError, HistoryWarning, db_file, store
+from memorymark.measurement import DepthReplay
 from memorymark.reporting.json_form import report_to_dict
 from memorymark.reporting.record import record_to_report, report_to_record
 from memorymark.search.plan import TrainingPlan
@@ -83,6 +84,15 @@ def test_a_record_keeps_fixes_and_a_custom_gpu() -> None:
     older = report_to_record(report)
     older["fixes"][0]["capacity_bytes"] = older["fixes"][0].pop("limit_bytes")
     assert record_to_report(older).fixes == (fix,)
+
+
+def test_a_record_keeps_how_the_depth_was_had_and_an_older_one_has_none() -> None:
+    depth = DepthReplay(layers=80, traced_depths=(2, 3, 4, 5), traced_steps=14, replayed_steps=6)
+    report = dataclasses.replace(sample_report(), depth_replay=depth)
+    record = json.loads(json.dumps(report_to_record(report)))
+    assert record_to_report(record).depth_replay == depth
+    del record["depth_replay"]  # saved before issue 31
+    assert record_to_report(record).depth_replay is None
 
 
 def test_a_record_that_cannot_be_read_back_is_one_value_error() -> None:

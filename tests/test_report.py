@@ -1,13 +1,16 @@
 """Report arithmetic: optimal batch, waste, speedup from throughput and savings, memory figures
 (allocated, reserved, limit, margin) and the JSON contract."""
 
+import dataclasses
 import json
 
 import pytest
 
 from memorymark import gpus
-from memorymark.measurement import Measurement
+from memorymark.cli import render
+from memorymark.measurement import DepthReplay, Measurement
 from memorymark.report import Report
+from memorymark.reporting import markdown
 from memorymark.reporting.json_form import report_to_dict
 from memorymark.settings import Costs, Settings
 
@@ -260,3 +263,64 @@ def test_the_max_batch_says_what_no_headroom_means():
     )
     assert report([m(8, 30.0, fits=False)]).max_note() is None
     assert "no headroom" not in inside.verdict()
+
+
+# Depth replay (issue 31): a deep model's full-depth steps replayed from shallower traces.
+REPLAYED = DepthReplay(layers=80, traced_depths=(2, 3, 4, 5), traced_steps=14, replayed_steps=6)
+REPLAYED_SAYS = (
+    "80 blocks replayed from simulated traces at 2, 3, 4 and 5 blocks (14 steps traced, 6 replayed)"
+)
+
+
+def test_a_depth_replay_says_what_was_traced_and_what_replayed_in_one_line():
+    assert REPLAYED.says() == REPLAYED_SAYS
+    one = DepthReplay(layers=32, traced_depths=(2,), traced_steps=1, replayed_steps=1)
+    assert one.says() == (
+        "32 blocks replayed from simulated traces at 2 blocks (1 step traced, 1 replayed)"
+    )
+    fell = DepthReplay(80, (), 0, 0, fallback="the blocks are not all alike")
+    assert (
+        fell.says() == "the full model traced (80 blocks, simulated): the blocks are not all alike"
+    )
+    assert DepthReplay(12, (), 0, 0).says() == "the full model traced (12 blocks, simulated)"
+
+
+def test_the_report_and_its_json_carry_the_depth_replay():
+    r = dataclasses.replace(report(PROBES), depth_replay=REPLAYED)
+    assert r.depth_note == REPLAYED_SAYS[0].upper() + REPLAYED_SAYS[1:] + "."
+    d = json.loads(json.dumps(report_to_dict(r)))
+    assert d["depth_replay"] == {
+        "layers": 80,
+        "traced_depths": [2, 3, 4, 5],
+        "traced_steps": 14,
+        "replayed_steps": 6,
+        "fallback": None,
+    }
+    assert d["depth_note"] == r.depth_note
+    assert DepthReplay.from_dict(d["depth_replay"]) == REPLAYED
+    fell = DepthReplay(80, (), 0, 0, fallback="the blocks are not all alike")
+    d = report_to_dict(dataclasses.replace(r, depth_replay=fell))
+    assert d["depth_replay"]["traced_depths"] == [] and d["depth_replay"]["fallback"] == (
+        "the blocks are not all alike"
+    )
+    assert d["depth_note"] == (
+        "The full model traced (80 blocks, simulated): the blocks are not all alike."
+    )
+
+
+def test_without_a_depth_replay_the_report_says_nothing_of_depth(capsys):
+    r = report(PROBES)
+    assert r.depth_replay is None and r.depth_note is None
+    d = report_to_dict(r)
+    assert d["depth_replay"] is None and d["depth_note"] is None
+    render.print_report(r, d)
+    assert "block" not in capsys.readouterr().out
+    assert "block" not in markdown.report_markdown(r)
+
+
+def test_the_cli_and_markdown_reports_say_the_depth_replay(capsys):
+    r = dataclasses.replace(report(PROBES), depth_replay=REPLAYED)
+    render.print_report(r, report_to_dict(r))
+    out = capsys.readouterr().out
+    assert f"  {r.depth_note}\n" in out
+    assert f" {r.depth_note}" in markdown.report_markdown(r)

@@ -172,6 +172,8 @@ def print_report(r: Report, d: dict[str, Any]) -> None:
         print(f"  {r.partial_note}")
     if r.search_note:
         print(f"  {r.search_note}")
+    if r.depth_note:
+        print(f"  {r.depth_note}")
     if r.rules_note:
         print(f"  note: {r.rules_note}")
     if r.setup_note:

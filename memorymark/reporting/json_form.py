@@ -77,6 +77,8 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "replayed": sum(m.replayed for m in r.measurements),
         "search_fallback": r.search_fallback,
         "search_note": r.search_note,
+        "depth_replay": r.depth_replay.to_dict() if r.depth_replay else None,
+        "depth_note": r.depth_note,
         "elapsed_seconds": round(r.elapsed_seconds, 3),
         "usd_per_hour": r.usd_per_hour,
         "annual_cost_usd": round(r.annual_cost_usd, 2),

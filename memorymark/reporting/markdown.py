@@ -149,10 +149,7 @@ def _settings(r: Report) -> list[str]:
             *((("Set up for", escape(r.setup_note)),) if r.setup_note else ()),
             ("GPU", f"{escape(r.gpu.name)} ({r.backend}: memory {r.memory_source})"),
             ("Autocast (observed)", _autocast_seen(r.autocast_dtypes)),
-            (
-                "Search",
-                f"{s.search.strategy}, step {s.search.step}, up to batch {s.search.max_batch}",
-            ),
+            ("Search", _search(r)),
         ]
         return ["| Setting | Value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
     text_model = s.workload.resolved_task != "image-classification"
@@ -180,9 +177,16 @@ def _settings(r: Report) -> list[str]:
             str(s.workload.lora_rank) if s.workload.lora_rank else "off (every weight trains)",
         ),
         ("Mode, loss", f"{s.workload.mode}, {s.workload.loss} ({s.workload.protocol} protocol)"),
-        ("Search", f"{s.search.strategy}, step {s.search.step}, up to batch {s.search.max_batch}"),
+        ("Search", _search(r)),
     ]
     return ["| Setting | Value |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
+
+
+def _search(r: Report) -> str:
+    """The strategy and its bounds; on the simulated backend, how it steps a deep model."""
+    s = r.settings.search
+    depth = f", depth {s.depth}" if r.backend == "sim" else ""
+    return f"{s.strategy}, step {s.step}, up to batch {s.max_batch}{depth}"
 
 
 def _autocast_seen(dtypes: tuple[str, ...] | None) -> str:
@@ -239,7 +243,8 @@ def report_markdown(r: Report, data: dict[str, Any] | None = None) -> str:
         + rate_note
         + (f" The {r.loop_note}." if r.loop_note else "")
         + f" {d['probes']} probes in {d['elapsed_seconds']:.1f} s. GiB = 2^30 bytes."
-        + (f" {d['search_note']}" if d["search_note"] else ""),
+        + (f" {d['search_note']}" if d["search_note"] else "")
+        + (f" {escape(d['depth_note'])}" if d["depth_note"] else ""),
         "",
         *_ways_out(d, r),
         "### Settings",

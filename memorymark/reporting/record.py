@@ -18,7 +18,7 @@ from typing import Any
 from memorymark.environment import Stamp
 from memorymark.gpus import GPU
 from memorymark.limits import one_line
-from memorymark.measurement import Breakdown, Measurement
+from memorymark.measurement import Breakdown, DepthReplay, Measurement
 from memorymark.report import Report
 from memorymark.search.eval_batch import EvalAnswer
 from memorymark.search.plan import TrainingPlan
@@ -127,6 +127,7 @@ def report_to_record(r: Report) -> dict[str, Any]:
         "plan_probes": [measurement_record(m) for m in r.plan_probes],
         "evaluation": _eval_record(r.evaluation) if r.evaluation else None,
         "search_fallback": r.search_fallback,
+        "depth_replay": r.depth_replay.to_dict() if r.depth_replay else None,
         "torch_version": r.torch_version,
         "unverified_rules": list(r.unverified_rules),
         "stamp": r.stamp.to_dict() if r.stamp else None,
@@ -140,6 +141,7 @@ def record_to_report(data: dict[str, Any]) -> Report:
         plan = data.get("plan")
         stamp = data.get("stamp")
         evaluation = data.get("evaluation")
+        depth = data.get("depth_replay")
         settings = Settings.from_dict(data["settings"])
         check_model(settings)  # Settings read nothing: a file: model since deleted fails here
         return Report(
@@ -157,6 +159,7 @@ def record_to_report(data: dict[str, Any]) -> Report:
             plan_probes=tuple(measurement_from_record(m) for m in data.get("plan_probes") or ()),
             evaluation=_eval_from_record(evaluation) if evaluation else None,
             search_fallback=data.get("search_fallback"),
+            depth_replay=DepthReplay.from_dict(depth) if depth else None,
             torch_version=data.get("torch_version"),
             unverified_rules=tuple(data.get("unverified_rules") or ()),
             stamp=Stamp.from_dict(stamp) if stamp else None,

@@ -25,7 +25,7 @@ from typing import Any
 from memorymark.engine import Session
 from memorymark.gpus import GPU
 from memorymark.limits import one_line
-from memorymark.measurement import Measurement
+from memorymark.measurement import DepthReplay, Measurement
 from memorymark.report import Report
 from memorymark.service.channels import Channel
 from memorymark.service.server_config import CEILING_FIELDS
@@ -49,6 +49,8 @@ class SweepRequest:
     """What the user asked for: the report, its links and its commands carry these."""
     resume: tuple[Measurement, ...] | None = None
     resume_seconds: float = 0.0
+    resume_depth_replay: DepthReplay | None = None
+    """How the resumed sweep's steps were had at the model's depth, as its report said."""
     memory_note: str = ""
     """How the worker's memory is limited, for the one line shown when a job runs out of it."""
     run_as: Settings | None = None
@@ -132,7 +134,9 @@ def _sweep(request: SweepRequest, channel: Channel) -> Report | SweepOutcome:
             session = session.with_min_gpus()
             channel.put(("resolved", (session.backend_name, session.gpu)))
         if request.resume is not None:
-            session.resume(request.resume, request.resume_seconds)
+            session.resume(
+                request.resume, request.resume_seconds, depth_replay=request.resume_depth_replay
+            )
         else:
             start = time.perf_counter()
             with contextlib.closing(session.stream()) as probes:

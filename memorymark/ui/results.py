@@ -265,5 +265,6 @@ def results(report: Report) -> None:
         f"speedup and savings: {speedup_source(report)}. "
         f"{plural(len(report.measurements), 'probe')} in {report.elapsed_seconds:.1f} s."
         + (f" {report.search_note}" if report.search_note else "")
+        + (f" {report.depth_note}" if report.depth_note else "")
     )
     _downloads(report)

@@ -261,7 +261,12 @@ def start_sweep(settings: Settings) -> SweepJob | None:
     run_as, _ = within_server_limits(settings)  # the ceilings run, the user's settings show
     request = SweepRequest(settings, run_as=None if run_as == settings else run_as)
     if swept is not None:
-        request = replace(request, resume=swept.measurements, resume_seconds=swept.elapsed_seconds)
+        request = replace(
+            request,
+            resume=swept.measurements,
+            resume_seconds=swept.elapsed_seconds,
+            resume_depth_replay=swept.depth_replay,
+        )
     sync = bool(st.session_state.get(SYNC_KEY))
     service = thread_service(inline=True) if sync else sweep_service()
     job = service.submit(request)
