@@ -136,7 +136,7 @@ class FunctionReplayer:
     """Replays from the same function the backend measures: a replay that holds; or not."""
 
     def __init__(self, backend, *, fit_error=None, wrong=False, odd_first=False) -> None:
-        self.shadow = type(backend)(_timeline, LIMIT)
+        self.shadow = type(backend)(backend.timeline, backend.limit_bytes, backend.capacity_bytes)
         self.fit_error, self.wrong, self.odd_first = fit_error, wrong, odd_first
         self.kept: list[int] = []
         self.fitted: list[tuple[int, ...]] = []
@@ -146,7 +146,7 @@ class FunctionReplayer:
 
     def fit(self, points: tuple[int, ...]) -> str | None:
         self.fitted.append(points)
-        if self.odd_first and points[0] == 8:
+        if self.odd_first and 8 in points:  # batch 8 is the first step traced
             return "the steps run 658 and 546 operators"
         return self.fit_error
 
@@ -228,12 +228,72 @@ def test_without_a_replayer_it_is_the_fast_strategy_and_says_why(function_backen
     assert strategy.fallback == "a GPU traces"
 
 
-def test_nothing_fits_at_the_first_size_searches_below_it_traced(function_backend):
-    backend = function_backend(_timeline, 12_000)
-    strategy = SymbolicStrategy(replayer=FunctionReplayer(backend), capacity_bytes=12_000)
-    results = _run(strategy, backend, also=())
-    assert _answers(results) == (2, 2)
-    assert "does not fit" in strategy.fallback
+# A step that fits to batch 5 and runs to 7: the first grid point, 8, does neither.
+BELOW = dict(limit_bytes=15_000, capacity_bytes=17_000)
+
+
+def _below(function_backend, replayer=None, **limits):
+    """(strategy, results, batch sizes traced) of a search below the first grid point: the
+    fast strategy's, or with `replayer` options the symbolic one's."""
+    limits = limits or BELOW
+    backend = function_backend(_timeline, limits["limit_bytes"], limits["capacity_bytes"])
+    if replayer is None:
+        strategy = FastStrategy(**limits)
+    else:
+        strategy = SymbolicStrategy(replayer=FunctionReplayer(backend, **replayer), **limits)
+    return strategy, _run(strategy, backend, also=()), backend.tried
+
+
+def test_a_first_grid_point_that_does_not_fit_is_replayed_from_below_it(function_backend):
+    _, fast, fast_tried = _below(function_backend)
+    strategy, results, tried = _below(function_backend, replayer={})
+    assert _answers(results) == _answers(fast) == (5, 7)
+    # The fast strategy's descent to 4, a fit through 4 and 8 (a whole trace that the
+    # allocator said does not fit), the answer traced: 3 traces where tracing took 5.
+    assert fast_tried == [8, 4, 5, 6, 7]
+    assert tried == [8, 4, 5] and strategy.replayer.fitted == [(4, 8)]
+    assert {m.batch_size for m in results if m.replayed} == {6, 7}
+    assert strategy.fallback is None
+
+
+def test_an_odd_first_step_that_does_not_fit_checks_the_fit_below_it(function_backend):
+    strategy, results, tried = _below(function_backend, replayer={"odd_first": True})
+    assert _answers(results) == (5, 7)
+    # 8, the first step, does not align: the fit goes through 4 and the fast strategy's next
+    # probe (5, the answer), and 8's sizes check it.
+    assert tried == [8, 4, 5] and strategy.replayer.fitted == [(4, 8), (4, 5)]
+    assert strategy.fallback is None
+    assert {m.batch_size for m in results if m.replayed} == {6, 7}
+
+
+def test_a_first_fit_far_below_the_grid_traces_no_more_than_the_fast_strategy(function_backend):
+    tight = dict(limit_bytes=12_000, capacity_bytes=12_000)
+    _, fast, fast_tried = _below(function_backend, **tight)
+    strategy, results, tried = _below(function_backend, replayer={}, **tight)
+    assert _answers(results) == _answers(fast) == (2, 2)
+    # 2 fits, 4 does not: fitted through them, 3 replayed, then traced to check the replay.
+    assert tried == fast_tried == [8, 4, 2, 3]
+    assert strategy.replayer.fitted == [(2, 4)] and strategy.fallback is None
+
+
+def test_nothing_fits_below_the_first_grid_point_says_why(function_backend):
+    tiny = dict(limit_bytes=5_000, capacity_bytes=5_000)
+    _, fast, fast_tried = _below(function_backend, **tiny)
+    strategy, results, tried = _below(function_backend, replayer={}, **tiny)
+    assert _answers(results) == _answers(fast) == (None, None)
+    assert tried == fast_tried == [8, 4, 2, 1]
+    assert strategy.fallback == "batch 8 does not fit, nor any smaller size: nothing to replay"
+
+
+def test_small_sizes_that_do_not_align_search_as_the_fast_strategy(function_backend):
+    _, fast, fast_tried = _below(function_backend)
+    strategy, results, tried = _below(
+        function_backend, replayer={"fit_error": "the steps run 658 and 546 operators"}
+    )
+    assert _answers(results) == _answers(fast) == (5, 7)
+    # Nothing traced is wasted: the third trace is the fast strategy's own next probe.
+    assert tried == fast_tried and strategy.replayer.fitted == [(4, 8), (4, 5)]
+    assert strategy.fallback == "the steps run 658 and 546 operators"
 
 
 # -- end to end: a session's sweep ---------------------------------------------------------------
@@ -255,6 +315,20 @@ def test_a_symbolic_sweep_answers_as_the_linear_walk_tracing_three_steps():
     assert traced == [32, 64, report.optimal.batch_size]
     assert report.search_fallback is None
     assert report.search_note.startswith("3 steps traced, ")
+
+
+def test_a_first_grid_point_that_does_not_fit_traces_three_steps_below_it():
+    # Batch 256 does not fit: the fast strategy traces 13 probes here (256, 128, then 11
+    # converging to 192 and 196), the symbolic one 3, on a real step's allocator replay.
+    session = Session(Settings(**{**SMALL, "step": 256}))
+    report = session.analyze(fixes=False, plan=False)
+    optimal, largest = report.optimal.batch_size, report.max_fit.batch_size
+    assert [m.batch_size for m in report.measurements if not m.replayed] == [256, 128, optimal]
+    assert report.search_fallback is None and largest > optimal
+    # The fast strategy's answers, since verdicts are monotone: traced, each boundary holds.
+    verdicts = {b: session.measure(b) for b in (optimal + 1, largest, largest + 1)}
+    assert not verdicts[optimal + 1].fits
+    assert verdicts[largest].runs and not verdicts[largest + 1].runs
 
 
 def test_a_sweep_with_an_evaluation_pass_traces_every_probe_and_says_why():

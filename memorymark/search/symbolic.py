@@ -7,8 +7,15 @@ traces the fast strategy's first two probes, searches on replays exactly as the 
 searches on traces (the same proposals, the same verdicts), then traces the answer and compares
 it with its replay entry by entry. When they agree, the replays are the sweep's answer; when the
 traces do not align, a replay has no whole-byte sizes, or the answer's trace differs, the search
-goes on with traced probes from what it has, and `fallback` says why. A sequence-length search
-fits polynomials of degree 2 through three traces (attention scores grow with the square).
+goes on with traced probes from what it has, and `fallback` says why.
+
+When the first grid point does not fit (a big model: a 70B one under FSDP, say), the fast
+strategy's own descent below it is traced until a size fits; the fit goes through that size
+and the smallest that did not (the allocator replay, not the step, said it does not fit, so its
+trace is whole), and the search below the grid runs on replays too. Only when nothing fits
+below it is every probe traced. A sequence-length search fits polynomials of degree 2 through
+three traces (attention scores grow with the square), and traces every probe when its first
+lengths do not fit.
 
 It needs a `Replayer` (a simulated backend, or a measurer over another axis, that keeps what
 each traced step leaves); without one (a real GPU measures every probe) it is the fast strategy.
@@ -17,7 +24,7 @@ This module knows nothing about models, devices or how a replay is computed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from itertools import chain
 from typing import Protocol
 
@@ -106,31 +113,7 @@ class SymbolicStrategy(FastStrategy):
         if self.replayer is None or self._borrowed:
             yield from super().propose()
             return
-        first = min(max(self.step, 2), self.max_grid)
-        points = tuple(sorted({min(first * k, self.max_grid) for k in range(1, self.degree + 2)}))
-        for i, point in enumerate(points):
-            yield point
-            if not self._fits(point):
-                self.fallback = f"batch {point} does not fit: too few traced sizes to replay"
-                yield from self._traced(points[i - 1] if i else 0, point)
-                return
-        if len(points) <= self.degree:
-            self.fallback = f"the grid stops at {self.max_grid}: too few sizes to replay"
-            return
-        self.traces = (self.results[points[0]], self.results[points[1]])
-        self.fallback = self.replayer.fit(points)
-        odd = None
-        if self.fallback and self.degree == 1:
-            # The first step after setting up may run operators no later step runs (under
-            # FSDP a 2-layer GPT-2's first step runs 112 more than its second): fit through the
-            # second and the fast strategy's own next probe, its guess at the answer, so the
-            # extra trace is one the search needed anyway; the odd step's allocations, logged
-            # alike, still check the fit at a third size.
-            guess = next(iter(self._converge(points[-1], None, self._fits)), None)
-            if guess is not None:
-                yield guess
-                odd, points = points[0], (points[-1], guess)
-                self.fallback = self.replayer.fit(points)
+        odd = yield from self._fitted()
         replays = None if self.fallback else self._search()
         if replays is None:
             yield from self._traced(*self._bounds(self._fits))
@@ -154,6 +137,64 @@ class SymbolicStrategy(FastStrategy):
             yield from self._traced(*self._bounds(self._fits))
             return
         self._settle(replays)
+
+    def _fitted(self) -> Generator[int, None, int | None]:
+        """Trace the sizes to fit through and fit them (or set `fallback`); the odd first
+        step left out of the fit, which checks it, when it was."""
+        first = min(max(self.step, 2), self.max_grid)
+        points = tuple(sorted({min(first * k, self.max_grid) for k in range(1, self.degree + 2)}))
+        for i, point in enumerate(points):
+            yield point
+            if not self._fits(point):
+                if i == 0 and self.degree == 1:
+                    return (yield from self._fitted_below(point))
+                self.fallback = f"batch {point} does not fit: too few traced sizes to replay"
+                return None
+        if len(points) <= self.degree:
+            self.fallback = f"the grid stops at {self.max_grid}: too few sizes to replay"
+            return None
+        self.traces = (self.results[points[0]], self.results[points[1]])
+        return (yield from self._fitted_through(points, odd=points[0]))
+
+    def _fitted_below(self, first: int) -> Generator[int, None, int | None]:
+        """The first grid point does not fit (a 70B model under FSDP fits batch 4, not 8):
+        the fast strategy's own descent below it, every probe traced, until a size fits; then
+        fit through it and the smallest size that did not (its trace is as whole as any: the
+        allocator replay, not the step, said it does not fit)."""
+        for probe in self._converge(0, first, self._fits):
+            yield probe
+            if self._fits(probe):
+                break
+        else:
+            self.fallback = f"batch {first} does not fit, nor any smaller size: nothing to replay"
+            return None
+        fits, fails = self._bounds(self._fits)
+        assert fails is not None
+        # The smaller size was traced last, so the larger one is the step that may be odd.
+        return (yield from self._fitted_through((fits, fails), odd=fails))
+
+    def _fitted_through(
+        self, points: tuple[int, ...], *, odd: int
+    ) -> Generator[int, None, int | None]:
+        """Fit through the steps traced at `points`. Along the batch, when they do not align,
+        fit through the other one and the fast strategy's next probe instead, and return
+        `odd`, the step traced first, which may be odd, for its sizes to check the fit."""
+        assert self.replayer is not None
+        self.fallback = self.replayer.fit(points)
+        if not self.fallback or self.degree != 1:
+            return None
+        # The first step after setting up may run operators no later step runs (under FSDP a
+        # 2-layer GPT-2's first step runs 112 more than its second): fit through the other
+        # one and the fast strategy's own next probe, its guess at the answer, so the extra
+        # trace is one the search needed anyway; the odd step's allocations, logged alike,
+        # still check the fit at a third size.
+        guess = next(iter(self._converge(*self._bounds(self._fits), self._fits)), None)
+        if guess is None:
+            return None
+        yield guess
+        (other,) = (p for p in points if p != odd)
+        self.fallback = self.replayer.fit(tuple(sorted((other, guess))))
+        return odd
 
     def _settle(self, replays: dict[int, Measurement]) -> None:
         """Vouch for the replays: results, and the sweep's to yield."""
