@@ -67,6 +67,8 @@ class StepRecord:
     """Where in `baseline_events` priming the optimizer's state began (the tracker's)."""
     optimizer_at: int | None = None
     """Where in `events` the step's first optimizer step began (the tracker's)."""
+    operators: list[int] | None = None
+    """Which operator each timeline entry is (the tracker's `operators`), when kept."""
 
     @property
     def peak_bytes(self) -> int:
@@ -227,6 +229,7 @@ class SymbolicStep:
             quantized_weight_bytes=ref.quantized_weight_bytes,
             state_from=ref.state_from,
             optimizer_at=ref.optimizer_at,
+            operators=ref.operators,
         )
 
     def disagreement(self, x: int, traced: StepRecord) -> str | None:

@@ -169,10 +169,14 @@ RATE_NONE, RATE_HALF, RATE_CONV_FP32, RATE_FP32 = range(4)
 """No FLOP formula; bf16/fp16; an fp32 convolution; other fp32 work (`Roofline`'s fields)."""
 
 
+_NO_WORK: OpWork = (0, 0, RATE_NONE)
+
+
 class WorkCounter:
     """FLOPs, bytes moved and roofline seconds of every operator it is shown.
 
-    With `ops` set to a list, it also keeps each operator's parts there, in order: what the
+    With `ops` set to a list, it also keeps each operator's parts there, in order, one entry
+    per operator (zeros for one that launches no kernel): what the
     symbolic sweep reads a step's work at another batch size from
     (memorymark/accounting/symbolic.py), each operator's FLOPs and bytes being polynomials of
     the batch and its rate kind a constant.
@@ -199,6 +203,10 @@ class WorkCounter:
         work = work_of(func, args, kwargs, out)
         if work is not None:
             self.add(*work)
+        elif self.ops is not None:
+            # Kept per operator, kernel or not, as the tracker's timeline is: a step's parts
+            # then line up with its operators (memorymark/accounting/depth.py).
+            self.ops.append(_NO_WORK)
 
     def add_all(self, ops: Iterable[OpWork]) -> None:
         """Add recorded operators' work, one by one as `count` adds it (a float sum depends on

@@ -75,8 +75,15 @@ _FREE_RAW = 4
 _RELABEL = 5
 """While recording: a storage moved to another category, which a segment cannot replay."""
 Item = tuple[int, int, Category | None, int]
-"""A segment's or log's item: kind, bytes, category (None for an operator's end), index."""
-_OP_END_ITEM: Item = (_OP_END, 0, None, 0)
+"""A segment's or log's item: kind, bytes, category (None for an operator's end), index (an
+operator's end: which operator, `_op_id`)."""
+_OP_IDS: dict[Any, int] = {}
+"""A number for each operator seen, the same in every step of this process: what the depth
+replay aligns steps of several depths by (memorymark/accounting/depth.py)."""
+
+
+def _op_id(func: Any) -> int:
+    return _OP_IDS.setdefault(func, len(_OP_IDS))
 
 
 _UNIFIED = threading.local()
@@ -210,6 +217,8 @@ class MemoryTracker(TorchDispatchMode):
         """When a list (the symbolic sweep sets it), the live bytes by category after each
         operator, as the timeline has them in total: what a step's breakdown at its peak is
         read from at another batch size."""
+        self.operators: list[int] | None = None
+        """Kept with `category_timeline`: which operator each timeline entry is (`_op_id`)."""
         self.start_categories: tuple[int, ...] = ()
         """Live bytes by category when the peak was last reset (before the step's first op)."""
         self.events: list[int | None] = []
@@ -289,6 +298,7 @@ class MemoryTracker(TorchDispatchMode):
         self.start_categories = tuple(self.live_by_category.values())
         if self.category_timeline is not None:
             self.category_timeline = []
+            self.operators = []
         # Frees of setup allocations since the last step still apply to the next one.
         setup_end = ~self._baseline_end
         self.events = [e for e in self.events if e is not None and setup_end < e < 0]
@@ -316,6 +326,10 @@ class MemoryTracker(TorchDispatchMode):
             self.events_first_seq, self.events = step_log
             apart.peak_bytes = max([live_before, *self.timeline[ops:]])
             del self.timeline[ops:]
+            if self.category_timeline is not None:
+                del self.category_timeline[ops:]
+            if self.operators is not None:
+                del self.operators[ops:]
             self.peak_bytes, self.work_counter = step_peak, counter
 
     def mark_state(self) -> None:
@@ -419,7 +433,7 @@ class MemoryTracker(TorchDispatchMode):
             elif kind == _FREE_RAW and first + head_allocs + cut_allocs <= seq < end:
                 items.append((_FREE_OWN, nbytes, category, seq - first - cut_allocs))
             elif kind == _OP_END:
-                items.append(_OP_END_ITEM)
+                items.append((_OP_END, 0, None, seq))  # `seq` holds the operator's id here
             else:
                 return None  # a free of the state or of something older, or a relabel
         allocations = end - first - cut_allocs
@@ -438,12 +452,14 @@ class MemoryTracker(TorchDispatchMode):
         prev_first = self._previous[0] if self._previous is not None else 0
         live, peak = self.live_bytes, self.peak_bytes
         by_category, events, timeline = self.live_by_category, self.events, self.timeline
-        categories = self.category_timeline
+        categories, operators = self.category_timeline, self.operators
         for kind, nbytes, category, index in segment.items:
             if kind == _OP_END:
                 timeline.append(live)
                 if categories is not None:
                     categories.append(tuple(by_category.values()))
+                if operators is not None:
+                    operators.append(index)
                 if live > peak:
                     peak = live
                     self._peak_by_category = dict(by_category)
@@ -602,8 +618,10 @@ class MemoryTracker(TorchDispatchMode):
         self.timeline.append(live)
         if self.category_timeline is not None:
             self.category_timeline.append(tuple(self.live_by_category.values()))
+            if self.operators is not None:
+                self.operators.append(_op_id(func))
         if self._log is not None:
-            self._log.append(_OP_END_ITEM)
+            self._log.append((_OP_END, 0, None, _op_id(func)))
         if live > self.peak_bytes:
             self.peak_bytes = live
             self._peak_by_category = dict(self.live_by_category)

@@ -24,14 +24,14 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.amp.grad_scaler import OptState
 
-from memorymark import cuda_rules, gpus
+from memorymark import cuda_rules, gpus, models
 from memorymark.accounting.symbolic import Replays, StepRecord
 from memorymark.accounting.throughput import RATE_NONE, OpWork, WorkCounter, work_of
 from memorymark.accounting.tracker import MemoryTracker, Segment
@@ -39,12 +39,17 @@ from memorymark.backends.base import PHASE_CATEGORY, Backend
 from memorymark.backends.user_code import ReadingFakeMode
 from memorymark.cuda_rules.scoped_patch import ScopedPatch
 from memorymark.fit import FitPolicy
-from memorymark.measurement import Measurement, ValueRead
+from memorymark.measurement import DepthReplay, Measurement, ValueRead
+from memorymark.models.depth import LayerPlan, layer_plan
 from memorymark.settings import Settings
 from memorymark.step import liger
+from memorymark.step.catalog import CatalogStep
 from memorymark.step.protocol import Phase, TrainingStep
 from memorymark.step.user_job import simulation_scope
 from memorymark.step.user_step import each_optimizer
+
+if TYPE_CHECKING:
+    from memorymark.backends.depth_replay import DepthReplayer
 
 
 def to_fake(module: nn.Module, fake_mode: FakeTensorMode) -> nn.Module:
@@ -237,6 +242,8 @@ class SimBackend(Backend):
         self._optimizer_record: tuple[Segment, list[OpWork] | None] | None = None
         """The optimizer phase's memory and work (None: no work counted), once reusable."""
         self._keeping = False
+        self._depth: DepthReplayer | None = None
+        self._depth_why: str | None = None
         self.last_record: StepRecord | None = None
         """What the last probe's traced step left, when records are kept (`keep_records`);
         None after a probe that ran an evaluation pass or failed."""
@@ -345,6 +352,56 @@ class SimBackend(Backend):
         if recorded is not None and (counter is None or recorder is not None):
             self._optimizer_record = recorded, recorder.ops if recorder else None
 
+    # -- the depth replay (memorymark/backends/depth_replay.py) -------------------------------
+    def replay_depth(self) -> None:
+        """From the first probe on, read the full-depth step off the model built shallower,
+        where its config says how (else trace it, and `depth_replay` says why)."""
+        from memorymark.backends.depth_replay import replayer_for
+
+        found = replayer_for(self)
+        self._depth, self._depth_why = (None, found) if isinstance(found, str) else (found, None)
+
+    @property
+    def depth_replay(self) -> DepthReplay | None:
+        """What the depth replay traced and replayed, or why it traced the full model; None
+        when it was not asked for."""
+        if self._depth is not None:
+            return self._depth.summary
+        if self._depth_why is None:
+            return None
+        step = self.training_step
+        layers = 0
+        if isinstance(step, CatalogStep) and (config := models.config_of(step.entry)):
+            plan = layer_plan(config)
+            layers = plan.layers if isinstance(plan, LayerPlan) else 0
+        return DepthReplay(layers, (), 0, 0, self._depth_why)
+
+    def shallower(self, step: CatalogStep, group_owner: SimBackend | None = None) -> SimBackend:
+        """A backend of this one's kind and set-up for `step` (the model built shallower):
+        the same GPU kernels, workspaces, fit policy and roofline. `group_owner`: a shallower
+        backend already open, whose process group a distributed one shares."""
+        backend = type(self)(
+            step,
+            policy=self.policy,
+            resident_allocations=self.resident_allocations,
+            thread_workspace=self.thread_workspace,
+            cuda_rules=self.cuda_rules,
+            reuse_optimizer_step=self.reuse_optimizer_step,
+        )
+        backend.compute_capability = self.compute_capability
+        backend.roofline = self.roofline
+        return backend
+
+    def measure(self, batch_size: int) -> Measurement:
+        """One step at `batch_size`: read off the model built shallower when the depth replay
+        holds, else traced."""
+        replayed = self._depth.measure(batch_size) if self._depth is not None else None
+        if replayed is None:
+            return super().measure(batch_size)
+        measurement, record = replayed
+        self.last_record = record if self._keeping else None
+        return measurement
+
     # -- the symbolic sweep's replays (memorymark/accounting/symbolic.py) ---------------------
     def keep_records(self) -> Replays:
         """From the next probe on, keep what each traced step leaves (`last_record`), and the
@@ -392,6 +449,7 @@ class SimBackend(Backend):
                     quantized_weight_bytes=self._quantized_bytes,
                     state_from=tracker.state_from,
                     optimizer_at=tracker.optimizer_at,
+                    operators=None if tracker.operators is None else list(tracker.operators),
                 )
         return super()._result(
             batch_size, error, seconds, work, device_peak, stats, evaluation, tracked
@@ -399,4 +457,6 @@ class SimBackend(Backend):
 
     def release(self) -> None:
         self._optimizer_record = None  # it numbers the tracker's allocations, which go too
+        if self._depth is not None:
+            self._depth.release()
         super().release()
