@@ -318,7 +318,7 @@ class DepthReplay:
     """
 
     layers: int
-    """The model's blocks (its config's layer count)."""
+    """The model's blocks (its config's layer count); 0 when its config gives none."""
     traced_depths: tuple[int, ...]
     """Depths (block counts) traced; () when the full model was traced."""
     traced_steps: int
@@ -338,7 +338,8 @@ class DepthReplay:
                 f"blocks ({plural(self.traced_steps, 'step')} traced, "
                 f"{self.replayed_steps:,} replayed)"
             )
-        full = f"the full model traced ({plural(self.layers, 'block')}, simulated)"
+        blocks = f"{plural(self.layers, 'block')}, " if self.layers else ""
+        full = f"the full model traced ({blocks}simulated)"
         return f"{full}: {self.fallback}" if self.fallback else full
 
     def to_dict(self) -> dict[str, Any]:

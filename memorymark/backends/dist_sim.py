@@ -164,6 +164,15 @@ class DistSimBackend(SimBackend):
         super().__init__(*args, **kwargs)
         self._stack: contextlib.ExitStack | None = None
         self._mesh: Any = None
+        self._group_owner: DistSimBackend | None = None
+        """The backend whose process group this one uses (the depth replay's shallower builds
+        share one: the group is process-wide); None: its own."""
+
+    def shallower(self, step: Any, group_owner: SimBackend | None = None) -> SimBackend:
+        backend = super().shallower(step)
+        assert isinstance(backend, DistSimBackend)
+        backend._group_owner = group_owner if isinstance(group_owner, DistSimBackend) else None
+        return backend
 
     @property
     def world_size(self) -> int:
@@ -174,6 +183,10 @@ class DistSimBackend(SimBackend):
         return count
 
     def _open_group(self) -> None:
+        if self._group_owner is not None:
+            self._group_owner._open_group()
+            self._mesh = self._group_owner._mesh
+            return
         if self._stack is not None:
             return
         stack = contextlib.ExitStack()

@@ -161,6 +161,8 @@ def simulated_backend(
         backend = CpuBackend(step, policy=policy, thread_workspace=workspace)
     # The step's time is estimated for the GPU simulated, not this machine's CPU.
     backend.roofline = throughput.Roofline.for_gpu(gpu, tf32=settings.workload.tf32)
+    if isinstance(backend, SimBackend) and settings.search.depth == "replay":
+        backend.replay_depth()
     return backend
 
 

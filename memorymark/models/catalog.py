@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memorymark import limits
-from memorymark.models import config_checks
+from memorymark.models import config_checks, depth
 
 # The tasks and the entry record live in entry.py, so that sources.py (entries for configs
 # outside the catalog) needs nothing from this module; the package re-exports them.
@@ -301,8 +301,12 @@ def build_model(
     image_size: int | None = None,
     attn_implementation: str = "sdpa",
     emulate_flash_attention: bool = False,
+    layers: int | None = None,
 ) -> nn.Module:
     """A randomly initialised model for `task`, on whatever device is current (meta, cpu, cuda).
+
+    `layers` builds the same model with that many blocks (memorymark/models/depth.py), as the
+    depth replay traces it; None: as many as its config says.
 
     `image_size` resizes models whose config fixes it (ViT's position embeddings), so they train
     at the size asked for, as fine-tuning at another resolution does. `attn_implementation` is
@@ -319,6 +323,11 @@ def build_model(
     import transformers
 
     config_data = dict(_config_dict(entry.config_file))
+    if layers is not None:
+        plan = depth.layer_plan(config_data)
+        if isinstance(plan, str):
+            raise ValueError(f"{entry.display_name} cannot be built with {layers} blocks: {plan}")
+        config_data = depth.with_layers(config_data, plan, layers)
     model_type = config_data.pop("model_type")
     config = transformers.AutoConfig.for_model(model_type, **config_data)
     # No KV cache: training never reads it, and it would keep every layer's keys alive.

@@ -14,6 +14,7 @@ from typing import Any
 
 from memorymark import models
 from memorymark.models import config_checks
+from memorymark.models.depth import LayerPlan, layer_plan
 from memorymark.settings import Settings
 
 # Seconds per transformer layer of a simulated probe, timed on the 2-core CPU machine this was
@@ -45,11 +46,19 @@ def layer_count(config: dict[str, Any]) -> int:
     return best
 
 
-def sweep_seconds(config: dict[str, Any], labels: int, probes: int) -> float:
-    """Estimated seconds of a simulated sweep of `probes` probes of this config."""
-    layers = max(layer_count(config), 1)
-    first = FIRST_PROBE_SECONDS_PER_LAYER * layers + SECONDS_PER_LABEL * labels
-    return first + (probes - 1) * LATER_PROBE_SECONDS_PER_LAYER * layers
+def sweep_seconds(
+    config: dict[str, Any], labels: int, probes: int, *, replay_depth: bool = False
+) -> float:
+    """Estimated seconds of a simulated sweep of `probes` probes of this config. With
+    `replay_depth`, where the depth replay holds (memorymark/backends/depth_replay.py), a
+    probe traces the model built shallower: four depths at the first, two at each later one."""
+    first_layers = later_layers = max(layer_count(config), 1)
+    plan = layer_plan(config) if replay_depth else None
+    if isinstance(plan, LayerPlan) and plan.worth_replaying():
+        depths = plan.depths()
+        first_layers, later_layers = sum(depths), depths[1] + depths[2]
+    first = FIRST_PROBE_SECONDS_PER_LAYER * first_layers + SECONDS_PER_LABEL * labels
+    return first + (probes - 1) * LATER_PROBE_SECONDS_PER_LAYER * later_layers
 
 
 def check_time_limit(settings: Settings, entry: models.ModelEntry) -> None:
@@ -62,7 +71,8 @@ def check_time_limit(settings: Settings, entry: models.ModelEntry) -> None:
     config = models.config_of(entry)
     if config is None:
         return
-    estimate = sweep_seconds(config, entry.num_labels, SHORTEST_SWEEP_PROBES)
+    replay = settings.search.depth == "replay"
+    estimate = sweep_seconds(config, entry.num_labels, SHORTEST_SWEEP_PROBES, replay_depth=replay)
     if estimate > limit:
         raise ValueError(
             f"{entry.display_name} ({layer_count(config)} layers) would take about "

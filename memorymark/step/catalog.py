@@ -43,6 +43,9 @@ class CatalogStep:
     catalog's implementation of `memorymark.step.protocol.TrainingStep`."""
 
     settings: Settings
+    layers: int | None = None
+    """Build the model with this many blocks (the depth replay's shallower steps); None: as
+    many as its config says."""
     user_code: ClassVar[bool] = False
     """MemoryMark wrote this step: it reads no values and names no device."""
 
@@ -71,6 +74,7 @@ class CatalogStep:
             image_size=image_size,
             attn_implementation=s.workload.attention,
             emulate_flash_attention=emulate_kernels,
+            layers=self.layers,
         )
         dtype = cuda_rules.parameter_dtype(s.workload.precision)
         if dtype is not None:

@@ -1,0 +1,217 @@
+"""The simulated backend's depth replay: a deep model's step read off the same model built with
+a few blocks (memorymark/accounting/depth.py), so a 70B model's step costs what 5 blocks cost.
+
+At the first batch size it traces the model built at four depths a period apart (the depths of
+`LayerPlan.depths`): the first two align the step's logs, the next two place the repeating
+stretches, and the fourth checks the whole record entry by entry. At every other batch size it
+traces the middle two and reads the full depth off them through the structure found. Each depth
+is a backend of its own, kept for the sweep (its model built once, its optimizer step recorded
+once), so the batch replay (memorymark/search/symbolic.py) sees full-depth steps as if traced.
+Wherever the structure is not found, a figure disagrees, or a shallower step fails, it falls
+back for good: the full model is traced from then on and `fallback` says why. This module knows
+nothing about search, reports or the UI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from memorymark.accounting.depth import DepthStep, DepthStructure
+from memorymark.accounting.symbolic import StepRecord
+from memorymark.limits import one_line
+from memorymark.measurement import DepthReplay, Measurement
+from memorymark.models.depth import LayerPlan
+from memorymark.step.catalog import CatalogStep
+
+if TYPE_CHECKING:
+    from memorymark.backends.sim import SimBackend
+
+
+_STRUCTURES: dict[tuple[Any, ...], list[DepthStructure]] = {}
+"""Structures found in this process, by what decides them (`_structure_key`)."""
+_KEPT_STEPS = 64
+"""Most steps whose structures are kept (a sweep opens a few dozen backends at most)."""
+
+
+def _structure_key(backend: SimBackend) -> tuple[Any, ...]:
+    """What decides a step's structure: the step (what is trained and how), the kind of
+    backend, how the model is spread, and the kernels the GPU runs. Not the GPU count (it
+    sizes the shards) nor the batch; each structure is checked against the steps it is fitted
+    to (its allocations, frees and operators at two depths) before a replay reads it."""
+    s = backend.training_step.settings
+    if len(_STRUCTURES) >= _KEPT_STEPS:
+        _STRUCTURES.clear()
+    return (
+        s.workload,
+        type(backend).__name__,
+        s.hardware.dist,
+        s.hardware.offload,
+        s.hardware.mp_policy,
+        backend.compute_capability,
+    )
+
+
+class DepthReplayer:
+    """Full-depth steps of `backend`'s model, read off shallower builds of it."""
+
+    def __init__(self, backend: SimBackend, plan: LayerPlan) -> None:
+        self._backend = backend
+        """The full-depth backend: it judges the steps replayed, and traces them on a fallback."""
+        self.plan = plan
+        self.fallback: str | None = None
+        """Why the full model is traced instead; None while the replay holds."""
+        self.traced_steps = 0
+        self.replayed_steps = 0
+        self._depths_traced: set[int] = set()
+        self._variants: dict[int, SimBackend] = {}
+        self._structures = _STRUCTURES.setdefault(_structure_key(backend), [])
+        """Every structure found so far for this step (in any backend of this process: the
+        ways out, GPU counts and lengths tried each open one), the latest first: batch 1's step
+        can run operators larger ones do not, and an FSDP model's first step some no later one
+        does."""
+
+    @property
+    def summary(self) -> DepthReplay:
+        """What was traced and what replayed, for the report."""
+        traced = tuple(sorted(self._depths_traced)) if self.fallback is None else ()
+        return DepthReplay(
+            self.plan.layers, traced, self.traced_steps, self.replayed_steps, self.fallback
+        )
+
+    def measure(self, batch_size: int) -> tuple[Measurement, StepRecord] | None:
+        """The full-depth step at `batch_size` and its record, read off shallower ones; None
+        once the replay has fallen back (the caller traces the full model)."""
+        if self.fallback is not None:
+            return None
+        try:
+            record, first = self._record(batch_size)
+        except Exception as exc:  # noqa: BLE001 - the full model is traced instead: what is real raises there
+            record = f"a shallower step failed: {one_line(exc, 200)}"
+        if isinstance(record, str):
+            self._fall_back(record)
+            return None
+        measurement = self._backend.measurement_of(batch_size, record)
+        self.replayed_steps += 1
+        # Traced as far as a batch search can tell (it fits its polynomials through it), and
+        # what autocast ran is what the shallower step ran.
+        replayed = dataclasses.replace(
+            measurement, replayed=False, autocast_dtypes=first.autocast_dtypes
+        )
+        return replayed, record
+
+    def release(self) -> None:
+        """Release every shallower backend (the first opened, which may hold a process group
+        the others share, last)."""
+        for depth in sorted(self._variants, reverse=True):
+            self._variants[depth].release()
+
+    def _record(self, batch_size: int) -> tuple[StepRecord | str, Measurement]:
+        """The full-depth record at `batch_size` (or why there is none) and a shallower step's
+        measurement."""
+        depths = self.plan.depths()
+        if self._structures:
+            traced, first = self._traced(depths[1:3], batch_size)
+            if isinstance(traced, str):
+                return traced, first
+            for structure in self._structures:
+                fitted = DepthStep.fit(
+                    structure,
+                    traced[depths[1]],
+                    traced[depths[2]],
+                    base=depths[0],
+                    period=self.plan.period,
+                )
+                if not isinstance(fitted, str):
+                    return self._at_full_depth(fitted), first
+        traced, first = self._traced(depths, batch_size)
+        if isinstance(traced, str):
+            return traced, first
+        found = DepthStructure.found([traced[d] for d in depths])
+        if isinstance(found, str):
+            return found, first
+        fitted = DepthStep.fit(
+            found, traced[depths[1]], traced[depths[2]], base=depths[0], period=self.plan.period
+        )
+        if isinstance(fitted, str):
+            return fitted, first
+        why = fitted.disagreement(depths[3], traced[depths[3]])
+        if why is not None:
+            return f"the step at {depths[3]} blocks differs from its replay: {why}", first
+        self._structures.insert(0, found)
+        return self._at_full_depth(fitted), first
+
+    def _at_full_depth(self, fitted: DepthStep) -> StepRecord | str:
+        record = fitted.at(self.plan.layers)
+        if record is None:
+            return f"no step at {self.plan.layers} blocks: a figure would be negative there"
+        return record
+
+    def _traced(
+        self, depths: tuple[int, ...], batch_size: int
+    ) -> tuple[dict[int, StepRecord] | str, Measurement]:
+        """The records of the model built at each of `depths`, traced at `batch_size`, and the
+        first one's measurement; or why one left none."""
+        records: dict[int, StepRecord] = {}
+        first: Measurement | None = None
+        for depth in depths:
+            backend = self._variant(depth)
+            measurement = backend.measure(batch_size)
+            self.traced_steps += 1
+            self._depths_traced.add(depth)
+            first = first or measurement
+            record = backend.last_record
+            if record is None:
+                why = measurement.error or "it ran an evaluation pass, whose log is not kept"
+                return f"the step at {depth} blocks left no record ({why})", first
+            records[depth] = record
+        assert first is not None
+        return records, first
+
+    def _variant(self, depth: int) -> SimBackend:
+        """The backend of the model built with `depth` blocks, as the full one is set up (its
+        GPU's kernels, workspaces, roofline, and the settings it steps now: a sequence-length
+        search changes them between probes)."""
+        full = self._backend
+        settings = full.training_step.settings
+        variant = self._variants.get(depth)
+        if variant is None:
+            owner = self._variants[min(self._variants)] if self._variants else None
+            variant = full.shallower(CatalogStep(settings, layers=depth), group_owner=owner)
+            variant.keep_records()
+            self._variants[depth] = variant
+        elif variant.training_step.settings != settings:
+            variant.training_step = CatalogStep(settings, layers=depth)
+        return variant
+
+    def _fall_back(self, why: str) -> None:
+        """Trace the full model from now on, saying why; the shallower backends go (a process
+        group they hold must be free for the full model's)."""
+        self.fallback = why
+        self.release()
+        self._variants.clear()
+
+
+def replayer_for(backend: Any) -> DepthReplayer | str:
+    """A depth replayer for `backend`'s step, or why its depth is traced in full."""
+    from memorymark import models
+    from memorymark.models import depth
+
+    step = backend.training_step
+    if not isinstance(step, CatalogStep):
+        return "your own training code is traced as written"
+    if step.layers is not None:
+        return "a shallower build is traced as it is"
+    config = models.config_of(step.entry)
+    if config is None:
+        return f"{step.entry.display_name} is built by its library, with no config to deepen"
+    plan = depth.layer_plan(config)
+    if isinstance(plan, str):
+        return plan
+    if not plan.worth_replaying():
+        traced = plan.depths()
+        return (
+            f"{plan.layers} blocks are too few to gain: the replay traces {traced[1]} and "
+            f"{traced[2]} blocks at each batch size"
+        )
+    return DepthReplayer(backend, plan)
