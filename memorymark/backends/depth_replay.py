@@ -15,7 +15,7 @@ nothing about search, reports or the UI.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from memorymark.accounting.depth import DepthStep, DepthStructure
 from memorymark.accounting.symbolic import StepRecord
@@ -23,9 +23,26 @@ from memorymark.limits import one_line
 from memorymark.measurement import DepthReplay, Measurement
 from memorymark.models.depth import LayerPlan
 from memorymark.step.catalog import CatalogStep
+from memorymark.step.protocol import TrainingStep
 
-if TYPE_CHECKING:
-    from memorymark.backends.sim import SimBackend
+
+class ShallowerBackend(Protocol):
+    """What the replay asks of a simulated backend (memorymark/backends/sim.py `SimBackend`,
+    which holds the replay: named here, not imported)."""
+
+    training_step: TrainingStep
+    compute_capability: tuple[int, int]
+    last_record: StepRecord | None
+
+    def measure(self, batch_size: int) -> Measurement: ...
+
+    def measurement_of(self, batch_size: int, record: StepRecord) -> Measurement: ...
+
+    def shallower(self, step: CatalogStep, group_owner: Any = None) -> ShallowerBackend: ...
+
+    def keep_records(self) -> Any: ...
+
+    def release(self) -> None: ...
 
 
 _STRUCTURES: dict[tuple[Any, ...], list[DepthStructure]] = {}
@@ -34,7 +51,7 @@ _KEPT_STEPS = 64
 """Most steps whose structures are kept (a sweep opens a few dozen backends at most)."""
 
 
-def _structure_key(backend: SimBackend) -> tuple[Any, ...]:
+def _structure_key(backend: ShallowerBackend) -> tuple[Any, ...]:
     """What decides a step's structure: the step (what is trained and how), the kind of
     backend, how the model is spread, and the kernels the GPU runs. Not the GPU count (it
     sizes the shards) nor the batch; each structure is checked against the steps it is fitted
@@ -55,7 +72,7 @@ def _structure_key(backend: SimBackend) -> tuple[Any, ...]:
 class DepthReplayer:
     """Full-depth steps of `backend`'s model, read off shallower builds of it."""
 
-    def __init__(self, backend: SimBackend, plan: LayerPlan) -> None:
+    def __init__(self, backend: ShallowerBackend, plan: LayerPlan) -> None:
         self._backend = backend
         """The full-depth backend: it judges the steps replayed, and traces them on a fallback."""
         self.plan = plan
@@ -64,7 +81,7 @@ class DepthReplayer:
         self.traced_steps = 0
         self.replayed_steps = 0
         self._depths_traced: set[int] = set()
-        self._variants: dict[int, SimBackend] = {}
+        self._variants: dict[int, ShallowerBackend] = {}
         self._structures = _STRUCTURES.setdefault(_structure_key(backend), [])
         """Every structure found so far for this step (in any backend of this process: the
         ways out, GPU counts and lengths tried each open one), the latest first: batch 1's step
@@ -168,7 +185,7 @@ class DepthReplayer:
         assert first is not None
         return records, first
 
-    def _variant(self, depth: int) -> SimBackend:
+    def _variant(self, depth: int) -> ShallowerBackend:
         """The backend of the model built with `depth` blocks, as the full one is set up (its
         GPU's kernels, workspaces, roofline, and the settings it steps now: a sequence-length
         search changes them between probes)."""

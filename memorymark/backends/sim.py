@@ -31,7 +31,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.amp.grad_scaler import OptState
 
-from memorymark import cuda_rules, gpus, models
+from memorymark import cuda_rules, gpus
 from memorymark.accounting.symbolic import Replays, StepRecord
 from memorymark.accounting.throughput import RATE_NONE, OpWork, WorkCounter, work_of
 from memorymark.accounting.tracker import MemoryTracker, Segment
@@ -40,7 +40,6 @@ from memorymark.backends.user_code import ReadingFakeMode
 from memorymark.cuda_rules.scoped_patch import ScopedPatch
 from memorymark.fit import FitPolicy
 from memorymark.measurement import DepthReplay, Measurement, ValueRead
-from memorymark.models.depth import LayerPlan, layer_plan
 from memorymark.settings import Settings
 from memorymark.step import liger
 from memorymark.step.catalog import CatalogStep
@@ -363,18 +362,15 @@ class SimBackend(Backend):
 
     @property
     def depth_replay(self) -> DepthReplay | None:
-        """What the depth replay traced and replayed, or why it traced the full model; None
-        when it was not asked for."""
-        if self._depth is not None:
-            return self._depth.summary
-        if self._depth_why is None:
-            return None
-        step = self.training_step
-        layers = 0
-        if isinstance(step, CatalogStep) and (config := models.config_of(step.entry)):
-            plan = layer_plan(config)
-            layers = plan.layers if isinstance(plan, LayerPlan) else 0
-        return DepthReplay(layers, (), 0, 0, self._depth_why)
+        """What the depth replay traced and replayed, or why it fell back to tracing the full
+        model; None where it does not apply (not asked for, no layer count, too few blocks to
+        gain, the user's own code: the full model is traced, as `depth_why` says)."""
+        return self._depth.summary if self._depth is not None else None
+
+    @property
+    def depth_why(self) -> str | None:
+        """Why the depth replay does not apply to this step, when it was asked for."""
+        return self._depth_why
 
     def shallower(self, step: CatalogStep, group_owner: SimBackend | None = None) -> SimBackend:
         """A backend of this one's kind and set-up for `step` (the model built shallower):
