@@ -92,9 +92,13 @@ def test_the_limits_round_trip_through_the_command_line_and_the_link() -> None:
 
 
 def test_a_config_too_slow_for_the_time_limit_is_refused_before_any_probe() -> None:
-    settings = Settings(model="llama-3.1-70b", gpu="a10", time_limit_seconds=5)
+    settings = Settings(model="llama-3.1-70b", gpu="a10", time_limit_seconds=2)
     with pytest.raises(ValueError, match=r"Llama-3.1-70B \(80 layers\) would take about \d+ s"):
         next(Session(settings).stream())
+    # The depth replay traces 2-5 of its 80 blocks at the first probe, 3 and 4 after.
+    llama = {"num_hidden_layers": 80}
+    replayed = estimate.sweep_seconds(llama, 2, 3, replay_depth=True)
+    assert replayed < estimate.sweep_seconds(llama, 2, 3) / 4
     # The estimate grows with layers and labels, not with widths (fake tensors do no arithmetic).
     small, deep = {"num_hidden_layers": 2}, {"num_hidden_layers": 200}
     assert estimate.sweep_seconds(deep, 2, 3) > 50 * estimate.sweep_seconds(small, 2, 3)
@@ -207,7 +211,7 @@ def test_the_app_refuses_the_cpu_backend_unless_the_server_allows_it(fresh_cache
 
 
 def test_the_cli_refuses_a_config_too_slow_for_its_time_limit_in_one_line(capsys) -> None:
-    assert main(["analyze", "llama-3.1-70b", "--gpu", "a10", "--time-limit", "5"]) == 2
+    assert main(["analyze", "llama-3.1-70b", "--gpu", "a10", "--time-limit", "2"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
-    assert "would take about" in err and "more than the time limit of 5 s" in err
+    assert "would take about" in err and "more than the time limit of 2 s" in err
