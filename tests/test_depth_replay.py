@@ -15,7 +15,11 @@ from memorymark.accounting.depth import canonical, difference, numbered_afresh
 from memorymark.models import CONFIG_DIR
 from memorymark.models.depth import LayerPlan, layer_plan, with_layers
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+# Config files from tmp_path: the app, once a test imported it, limits them to its uploads.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.usefixtures("any_config_path"),
+]
 
 # The figures a report reads off a step: a replay must give every one as the trace does.
 COMPARED = ("peak_bytes", "required_bytes", "demand_bytes", "predicted_allocated_bytes",
