@@ -82,6 +82,8 @@ class DepthReplayer:
         self.replayed_steps = 0
         self._depths_traced: set[int] = set()
         self._variants: dict[int, ShallowerBackend] = {}
+        self._steps: dict[int, int] = {}
+        """Steps each shallower backend has run."""
         self._structures = _STRUCTURES.setdefault(_structure_key(backend), [])
         """Every structure found so far for this step (in any backend of this process: the
         ways out, GPU counts and lengths tried each open one), the latest first: batch 1's step
@@ -171,8 +173,16 @@ class DepthReplayer:
         first one's measurement; or why one left none."""
         records: dict[int, StepRecord] = {}
         first: Measurement | None = None
+        # Steps are aligned only between backends that have run as many: a first step can run
+        # operators no later one does (FSDP's lazy initialisation). One that ran fewer (a depth
+        # traced only to find a structure) catches up first.
+        behind = max((self._steps.get(d, 0) for d in depths), default=0)
         for depth in depths:
             backend = self._variant(depth)
+            for _ in range(behind - self._steps.get(depth, 0)):
+                backend.measure(batch_size)
+                self.traced_steps += 1
+            self._steps[depth] = behind + 1
             measurement = backend.measure(batch_size)
             self.traced_steps += 1
             self._depths_traced.add(depth)
