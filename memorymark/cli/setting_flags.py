@@ -25,11 +25,11 @@ from memorymark.settings.sections import flat_types
 # step runs, then analyze's search.
 TRAINING_FLAGS = ("task", "seq_len", "image_size", "optimizer", "grad_accum", "max_grad_norm",
                   "eval_batch", "eval_accumulation", "mode", "loss")  # fmt: skip
-RUNNING_FLAGS = ("gpu", "gpu_memory_gib", "backend", "precision", "tf32", "attention", "kernels",
-                 "loss_chunks", "grad_checkpointing", "lora_rank", "lora_targets", "quantization",
-                 "double_quant", "forward_only", "dist", "gpus", "nodes", "offload",
-                 "mp_policy")  # fmt: skip
-SEARCH_FLAGS = ("find", "seq_step", "strategy", "depth", "step", "current_batch", "max_batch",
+RUNNING_FLAGS = ("gpu", "gpu_memory_gib", "backend", "depth", "precision", "tf32", "attention",
+                 "kernels", "loss_chunks", "grad_checkpointing", "lora_rank", "lora_targets",
+                 "quantization", "double_quant", "forward_only", "dist", "gpus", "nodes",
+                 "offload", "mp_policy")  # fmt: skip
+SEARCH_FLAGS = ("find", "seq_step", "strategy", "step", "current_batch", "max_batch",
                 "time_limit_seconds", "max_probes", "ways_out_time_limit_seconds", "margin",
                 "target_batch")  # fmt: skip
 
