@@ -187,9 +187,8 @@ class Session:
                     self.elapsed_seconds = time.perf_counter() - start
                     yield measurement
         finally:
-            # Kept however the sweep ends (a consumer that stops early reports what it has);
-            # only the simulated backend has it (memorymark/backends/sim.py).
-            self.depth_replay = getattr(backend, "depth_replay", None)
+            # Kept however the sweep ends (a consumer that stops early reports what it has).
+            self.depth_replay = backend.depth_replay
         self.stopped_by = limits.stopped_by
 
     def _strategy(self, measurer: Any, *, step: int, max_batch: int, degree: int = 1) -> Strategy:

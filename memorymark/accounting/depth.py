@@ -85,33 +85,30 @@ def _log(
     """An event log (`canonical`): kind, then bytes (allocation) or the sequence number freed
     (free)."""
     rows: list[tuple[int, int]] = []
-    tokens: list[tuple[int, ...]] = []
+    tokens: list[int] = []
     freed = None  # what the event before freed, if it was a free
     for event in canonical(events, cut):
         if event is None:
             rows.append((_EMPTY, 0))
-            tokens.append((_EMPTY, 0))
+            tokens.append(_token(_EMPTY, 0))
         elif event >= 0:
             rows.append((_ALLOC, event))
-            tokens.append((_ALLOC, event))
+            tokens.append(_token(_ALLOC, event))
         else:
             rows.append((_FREE, ~event))
             # Whether it frees the allocation after the last one freed: a run of frees of
             # every block's tensors grows inside each stretch of consecutive ones, so where
             # one stretch ends is where a block's entries go.
-            tokens.append((_FREE, sizes.get(~event, _UNKNOWN), freed == ~event - 1))
+            tokens.append(_token(_FREE, sizes.get(~event, _UNKNOWN), freed == ~event - 1))
         freed = ~event if event is not None and event < 0 else None
     table = np.array(rows, dtype=np.int64).reshape(-1, 2)
-    return _Sequence(table[:, 0].copy(), table[:, 1:].copy(), _token_ids(tokens))
+    return _Sequence(table[:, 0].copy(), table[:, 1:].copy(), np.array(tokens, dtype=np.int64))
 
 
-_TOKEN_IDS: dict[tuple[int, ...], int] = {}
-
-
-def _token_ids(tokens: Sequence[tuple[int, ...]]) -> np.ndarray:
-    """Each token as a small integer (the same token, the same integer), for array compares."""
-    ids = _TOKEN_IDS
-    return np.array([ids.setdefault(t, len(ids)) for t in tokens], dtype=np.int64)
+def _token(kind: int, nbytes: int, follows: bool = False) -> int:
+    """An event's token as one whole number >= 0: its kind, its bytes (-1 unknown) and whether
+    it frees the allocation after the one freed before it; equal tokens, equal numbers."""
+    return ((nbytes + 1) * 2 + follows) * 4 + kind
 
 
 def _sizes(record: StepRecord) -> dict[int, int]:
@@ -150,8 +147,8 @@ number times this plus its rate kind, so both must be the same at every depth.""
 
 
 def _scalars(record: StepRecord) -> np.ndarray:
-    """The record's single numbers that grow with depth, as one row (-1 for None)."""
-    record = numbered_afresh(record)
+    """The record's single numbers that grow with depth, as one row (-1 for None); `record`
+    numbered afresh."""
     quantized = record.quantized_weight_bytes
     return np.array(
         [
@@ -195,16 +192,24 @@ def numbered_afresh(record: StepRecord) -> StepRecord:
     )
 
 
-def _sequences(record: StepRecord) -> tuple[_Sequence, ...]:
-    """The record's step log, setting up's log and operators, in that order (its step numbered
-    afresh: `numbered_afresh`)."""
+@functools.lru_cache(maxsize=8)
+def _prepared(record: StepRecord) -> tuple[tuple[_Sequence, ...], np.ndarray]:
+    """The record's step log, setting up's log and operators, in that order, and its single
+    numbers (`_scalars`), its step numbered afresh (`numbered_afresh`). Kept for the last few
+    records: finding a structure and fitting it read the same steps."""
     record = numbered_afresh(record)
     sizes = _sizes(record)
-    return (
+    sequences = (
         _log(record.events_first_seq, record.events, sizes, record.optimizer_at),
         _log(*record.baseline_events, sizes, record.state_from),
         _operators(record),
     )
+    return sequences, _scalars(record)
+
+
+def _sequences(record: StepRecord) -> tuple[_Sequence, ...]:
+    """The record's sequences (`_prepared`)."""
+    return _prepared(record)[0]
 
 
 def _common_run(x: np.ndarray, i: int, y: np.ndarray, k: int) -> int:
@@ -517,7 +522,7 @@ class DepthStep:
             if not (pattern.matches(x, 1) and pattern.matches(y, 2)):
                 return f"the {name} does not have the structure found"
             fitted.append(_Affine.fit(pattern, x, y))
-        a, b = _scalars(one), _scalars(two)
+        a, b = _prepared(one)[1], _prepared(two)[1]
         if len(a) != len(b) or np.any((a < 0) != (b < 0)):
             return "where the optimizer's state is made is marked at one depth only"
         return cls(

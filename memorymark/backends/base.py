@@ -35,7 +35,7 @@ from memorymark.backends import user_code
 from memorymark.backends.oom import StepError, is_oom
 from memorymark.fit import FitPolicy
 from memorymark.limits import MAX_ERROR_CHARS, one_line
-from memorymark.measurement import Breakdown, Category, Measurement, ValueRead
+from memorymark.measurement import Breakdown, Category, DepthReplay, Measurement, ValueRead
 from memorymark.step import paging, quantization
 from memorymark.step.protocol import EvaluatingStep, Phase, TrainingStep, evaluates
 from memorymark.step.user_job import SimulationError
@@ -295,6 +295,12 @@ class Backend:
         return _EvalPass(
             apart.log, apart.peak_bytes, breakdown, step_device_peak, self._device_peak()
         )
+
+    @property
+    def depth_replay(self) -> DepthReplay | None:
+        """How the full-depth steps were had, where a simulation replayed the model's depth
+        (memorymark/backends/sim.py); None here: every step runs the whole model."""
+        return None
 
     def resident_bytes(self) -> dict[str, int]:
         """Bytes by category held before the first step: the model (spread over ranks when

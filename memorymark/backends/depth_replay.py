@@ -57,8 +57,6 @@ def _structure_key(backend: ShallowerBackend) -> tuple[Any, ...]:
     sizes the shards) nor the batch; each structure is checked against the steps it is fitted
     to (its allocations, frees and operators at two depths) before a replay reads it."""
     s = backend.training_step.settings
-    if len(_STRUCTURES) >= _KEPT_STEPS:
-        _STRUCTURES.clear()
     return (
         s.workload,
         type(backend).__name__,
@@ -84,6 +82,8 @@ class DepthReplayer:
         self._variants: dict[int, ShallowerBackend] = {}
         self._steps: dict[int, int] = {}
         """Steps each shallower backend has run."""
+        if len(_STRUCTURES) >= _KEPT_STEPS:
+            _STRUCTURES.clear()
         self._structures = _STRUCTURES.setdefault(_structure_key(backend), [])
         """Every structure found so far for this step (in any backend of this process: the
         ways out, GPU counts and lengths tried each open one), the latest first: batch 1's step
@@ -227,8 +227,6 @@ def replayer_for(backend: Any) -> DepthReplayer | str:
     step = backend.training_step
     if not isinstance(step, CatalogStep):
         return "your own training code is traced as written"
-    if step.layers is not None:
-        return "a shallower build is traced as it is"
     config = models.config_of(step.entry)
     if config is None:
         return f"{step.entry.display_name} is built by its library, with no config to deepen"

@@ -242,7 +242,8 @@ class SimBackend(Backend):
         """The optimizer phase's memory and work (None: no work counted), once reusable."""
         self._keeping = False
         self._depth: DepthReplayer | None = None
-        self._depth_why: str | None = None
+        self.depth_why: str | None = None
+        """Why the depth replay does not apply to this step, when it was asked for."""
         self.last_record: StepRecord | None = None
         """What the last probe's traced step left, when records are kept (`keep_records`);
         None after a probe that ran an evaluation pass or failed."""
@@ -354,11 +355,11 @@ class SimBackend(Backend):
     # -- the depth replay (memorymark/backends/depth_replay.py) -------------------------------
     def replay_depth(self) -> None:
         """From the first probe on, read the full-depth step off the model built shallower,
-        where its config says how (else trace it, and `depth_replay` says why)."""
+        where its config says how (else trace it, and `depth_why` says why)."""
         from memorymark.backends.depth_replay import replayer_for
 
         found = replayer_for(self)
-        self._depth, self._depth_why = (None, found) if isinstance(found, str) else (found, None)
+        self._depth, self.depth_why = (None, found) if isinstance(found, str) else (found, None)
 
     @property
     def depth_replay(self) -> DepthReplay | None:
@@ -366,11 +367,6 @@ class SimBackend(Backend):
         model; None where it does not apply (not asked for, no layer count, too few blocks to
         gain, the user's own code: the full model is traced, as `depth_why` says)."""
         return self._depth.summary if self._depth is not None else None
-
-    @property
-    def depth_why(self) -> str | None:
-        """Why the depth replay does not apply to this step, when it was asked for."""
-        return self._depth_why
 
     def shallower(self, step: CatalogStep, group_owner: SimBackend | None = None) -> SimBackend:
         """A backend of this one's kind and set-up for `step` (the model built shallower):
