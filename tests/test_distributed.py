@@ -105,27 +105,45 @@ def _fake_measure(needs_gpus: int | None, seen: list[int], a: int = 0, b: int = 
     return measure
 
 
-def test_min_gpus_predicts_from_both_ends_then_checks_the_count_before():
-    # Batch 1 needs 10 + 1000/n GiB-like units; 80 fit: 1000/n <= 70 from n = 15, so 16.
+def test_min_gpus_predicts_from_one_gpu_and_one_node():
+    # Batch 1 needs 10 + 1000/n GiB-like units; 80 fit: 1000/n <= 70 from n = 15, so 16, and
+    # the count before it (8) was the node measured second: three steps, none on 1,024 ranks.
     seen: list[int] = []
     measure = _fake_measure(16, seen, a=10, b=1000)
     search = min_gpus(_on("fsdp", 1), measure, capacity=lambda n: 80)
     assert search.min_gpus == 16
-    assert seen == [1, 1024, 16, 8]
+    assert seen == [1, 8, 16]
+
+
+def test_min_gpus_checks_the_count_before_a_prediction():
+    # 10 + 2000/n <= 80 from n = 28.6: predicted 32, and 24 is checked (it does not run).
+    seen: list[int] = []
+    search = min_gpus(_on("fsdp", 1), _fake_measure(32, seen, a=10, b=2000), capacity=lambda n: 80)
+    assert search.min_gpus == 32
+    assert seen == [1, 8, 32, 24]
+
+
+def test_min_gpus_answers_inside_a_node_without_a_prediction():
+    seen: list[int] = []
+    assert min_gpus(_on("fsdp", 1), _fake_measure(3, seen)).min_gpus == 3
+    assert seen[:2] == [1, 8] and max(seen) == 8
 
 
 def test_min_gpus_bisects_over_what_a_cluster_offers():
     seen: list[int] = []
     search = min_gpus(_on("fsdp", 1), _fake_measure(40, seen))
     assert search.min_gpus == 40
-    assert seen[:2] == [1, 1024]
-    assert len(seen) <= 2 + 8  # log2 of the 135 counts
+    assert seen[:3] == [1, 8, 1024]  # no fit without a capacity: the largest count is needed
+    assert len(seen) <= 3 + 8  # log2 of the 135 counts
 
 
 def test_min_gpus_is_none_when_no_count_trains():
     seen: list[int] = []
     assert min_gpus(_on("ddp", 1), _fake_measure(None, seen)).min_gpus is None
-    assert seen == [1, 1024]
+    assert seen == [1, 8, 1024]
+    seen.clear()
+    flat = min_gpus(_on("ddp", 1), _fake_measure(None, seen, a=90), capacity=lambda n: 80)
+    assert flat.min_gpus is None and seen == [1, 8, 1024]
 
 
 def test_cluster_counts_are_one_node_then_whole_nodes():
@@ -188,9 +206,10 @@ def test_cpu_offload_keeps_states_in_host_memory():
 
 
 def test_min_gpus_keeps_bisecting_below_a_prediction_that_was_too_high():
-    # Predicted 32 (the fit through the ends is off), 24 trains too: the answer is below both.
+    # Predicted 32 (the fit is off), 24 trains too: the answer is below both, and 16 is the
+    # bisection's (the fit through 8 and 24 still says 32).
     seen: list[int] = []
     measure = _fake_measure(24, seen, a=10, b=1000)
     search = min_gpus(_on("fsdp", 1), measure, capacity=lambda n: 45)
     assert search.min_gpus == 24
-    assert seen.count(24) == 1 and seen[:4] == [1, 1024, 32, 24]
+    assert seen == [1, 8, 32, 24, 16]
