@@ -213,3 +213,39 @@ def test_min_gpus_keeps_bisecting_below_a_prediction_that_was_too_high():
     search = min_gpus(_on("fsdp", 1), measure, capacity=lambda n: 45)
     assert search.min_gpus == 24
     assert seen == [1, 8, 32, 24, 16]
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_rank_chunks_are_fsdp2s_chunks_made_when_read(dim):
+    import torch
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
+
+    from memorymark.backends.dist_sim import RankChunks
+
+    for size in range(10):
+        for count in range(1, 7):
+            shape = (size, 3) if dim == 0 else (3, size)
+            tensor = torch.arange(3 * size, dtype=torch.float32).reshape(shape)
+            want, got = _chunk_with_empty(tensor, count, dim), RankChunks(tensor, count, dim)
+            assert len(got) == len(want) == count
+            for i in range(-count, count):
+                a, b = want[i], got[i]
+                assert (a.shape, a.stride(), a.storage_offset()) == (
+                    b.shape, b.stride(), b.storage_offset()
+                )  # fmt: skip
+                assert torch.equal(a, b)
+            assert [c.shape for c in got[1:]] == [c.shape for c in want[1:]]
+            with pytest.raises(IndexError, match="chunk"):
+                got[count]
+
+
+def test_sharding_with_chunks_made_when_read_steps_alike(monkeypatch):
+    # 3 ranks pad every shard of the 2-layer GPT-2 (no dimension divides by 3).
+    settings = _on("fsdp", 3)
+    lazy = Session(settings).measure(2)
+    from memorymark.backends import dist_sim
+
+    monkeypatch.setattr(dist_sim, "_sharding_patches", lambda: ())
+    eager = Session(settings).measure(2)
+    assert lazy.peak_bytes == eager.peak_bytes and lazy.required_bytes == eager.required_bytes
+    assert lazy.breakdown == eager.breakdown

@@ -3,7 +3,8 @@
 `min_gpus` searches the counts a cluster offers (memorymark/distributed/topology.py) for the
 smallest that trains batch 1: a fit of what batch 1 needs against the count, checked, and a
 bisection where the fit misses, one simulated batch-1 step per count tried, since per-rank
-memory only falls as ranks are added (for DDP it stays). `GpuSearch` is its answer, a plain value the report carries.
+memory only falls as ranks are added (for DDP it stays). `GpuSearch` is its answer, a plain
+value the report carries.
 
 Must not know: how a step is measured (the caller passes `measure`), torch, or how anything is
 shown.
