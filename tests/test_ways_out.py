@@ -123,6 +123,20 @@ def test_no_more_gpus_are_stepped_once_activations_overflow_alone():
     assert stepped == [3] and fix is not None and not fix.fits and fix.gpus == 3
 
 
+def test_no_more_gpus_are_stepped_once_a_fit_says_what_stays_overflows():
+    stepped = []
+
+    def step(settings, gpu):
+        stepped.append(settings.hardware.gpu_count)
+        # 22 GiB stay whatever the count (not activations: gathered weights, say), past 21.
+        return _step(22 + 50 / settings.hardware.gpu_count)
+
+    settings = Settings(model="tiny-bert", gpu="a10")
+    fix = hardware.fewest_gpus(settings, gpus.find_gpu("a10"), step, states=50 * GIB,
+                               parameters=10**9)  # fmt: skip
+    assert stepped == [3, 4] and fix is not None and not fix.fits and fix.gpus == 4
+
+
 def test_a_cost_is_not_guessed_when_the_time_cannot_be_estimated():
     fix = Fix(label=hardware.SEVERAL_GPUS, settings=Settings(model="tiny-bert", gpu="a10",
               dist="fsdp", gpus="16"), gpu=gpus.find_gpu("a10"), peak_bytes=GIB,
@@ -209,7 +223,7 @@ def test_each_stated_peak_is_what_applying_the_way_out_measures(monkeypatch):
 
 def test_when_no_count_trains_the_model_qlora_is_sharded_over_the_fewest(monkeypatch):
     # Llama-3.1-70B on A10s: no count trains it in fp32, with or without checkpointing, but its
-    # 4-bit base weights shard over 4 (each step here a fake: 500 GiB unless QLoRA on >= 4).
+    # 4-bit base weights shard over 4 (each step here a fake: 500 GiB unless QLoRA).
     from memorymark.analyses import fixes
 
     stepped = []
@@ -222,8 +236,9 @@ def test_when_no_count_trains_the_model_qlora_is_sharded_over_the_fewest(monkeyp
                 settings.hardware.gpu_count,
             )
         )
-        fits = settings.workload.quantization == "nf4" and (settings.hardware.gpu_count or 1) >= 4
-        return _step(15 if fits else 500)
+        n = settings.hardware.gpu_count or 1
+        # QLoRA: 5 GiB stay, 60 shard (within 21 GiB from 4 GPUs); 500 stay otherwise.
+        return _step(5 + 60 / n if settings.workload.quantization == "nf4" else 500)
 
     monkeypatch.setattr(hardware, "cheapest_gpu", lambda *a, **k: None)
     a10 = gpus.find_gpu("a10")

@@ -121,12 +121,14 @@ def fewest_gpus(
         return replace(steps[n], runs=within, fits=within and steps[n].fits)
 
     found = None
-    for n in counts[:COUNTS_IN_ORDER]:
+    for i, n in enumerate(counts[:COUNTS_IN_ORDER]):
         if fits(gpu_count.with_gpus(base, n)).runs:
             found = n
             break
         if _unsharded(steps[n]) > limit(counts[-1]):
             break  # no count trains it
+        if len(steps) >= 2 and not _reachable(counts[i + 1 :], steps, limit):
+            break  # what stays at every count already passes the limit: no count trains it
     else:
         rest = _reachable(counts[COUNTS_IN_ORDER:], steps, limit)
         if rest:
