@@ -194,3 +194,14 @@ def test_numbered_afresh_drops_what_steps_before_took() -> None:
     assert fresh.events_first_seq == 4  # after setting up's 3, and the one number for others
     assert fresh.events == [8, ~4, ~1, ~3, 4]
     assert fresh.baseline_events == record.baseline_events
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.usefixtures("any_depth")
+def test_states_counted_at_two_depths_are_the_whole_model_s(tmp_path: Path, case: str) -> None:
+    from memorymark.backends import states
+
+    name, changes, extra = CASES[case]
+    settings = Settings(model=_config(tmp_path, name, **changes), gpu="a10", **extra)
+    assert states._layer_plan(settings) is not None
+    assert states.counted_states(settings) == states._counted(settings, None)

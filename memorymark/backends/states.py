@@ -27,13 +27,45 @@ def counted_states(settings: Settings) -> tuple[int, int]:
     and, for the parameters that train, their gradients and the optimizer's state, all alive
     at the optimizer step; the model's parameter count as built, what a distributed step's
     traffic is estimated from), from one model on the meta device: nothing is allocated or
-    run."""
+    run.
+
+    A model deep enough for the depth replay (memorymark/models/depth.py) is counted at two
+    depths a period apart and extended by whole periods: every period of blocks holds the same
+    tensors, and building 80 blocks, even on the meta device, took 1-2 s a count here."""
+    plan = _layer_plan(settings)
+    if plan is None:
+        return _counted(settings, None)
+    shallow, deeper = plan.depths()[1:3]
+    (states, parameters), (more_states, more_parameters) = (
+        _counted(settings, shallow),
+        _counted(settings, deeper),
+    )
+    periods = (plan.layers - shallow) // plan.period
+    return (
+        states + periods * (more_states - states),
+        parameters + periods * (more_parameters - parameters),
+    )
+
+
+def _layer_plan(settings: Settings) -> Any:
+    """The catalog model's layer plan where the depth replay would use it, else None."""
+    from memorymark import models
+    from memorymark.models import depth
+
+    entry = models.find_model(settings.workload.model)
+    config = models.config_of(entry)
+    plan = None if config is None else depth.layer_plan(config)
+    return plan if isinstance(plan, depth.LayerPlan) and plan.worth_replaying() else None
+
+
+def _counted(settings: Settings, layers: int | None) -> tuple[int, int]:
+    """`counted_states` of the model built with `layers` blocks (None: as configured)."""
     import torch
 
     from memorymark.step.catalog import CatalogStep
 
     with torch.device("meta"):
-        model = CatalogStep(settings).build_model()
+        model = CatalogStep(settings, layers=layers).build_model()
     parameters = sum(p.numel() for p in model.parameters())
     # Buffers live beside the weights: a 4-bit layer's absmax (1 GiB for a 70B model with
     # double quant) is one, not a parameter (memorymark/step/quantization.py).
