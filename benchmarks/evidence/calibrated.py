@@ -109,22 +109,15 @@ def capped(device: Device, plan: Plan, out: Path, day: datetime.date) -> dict[st
     skipped: list[str] = []
     for cap in (CAP_BALLAST, CAP_FRACTION):
         for capacity in dict.fromkeys(r.capacity for r in plan.capped):
-            found = [
-                row
-                for r in plan.capped
-                if r.capacity == capacity
-                for row in rows(
-                    device,
-                    r,
-                    plan.gpu(capacity),
-                    skipped,
-                    cap=cap,
-                    boundary_rows=False,
-                    steps=plan.capped_steps,
-                    start=PROBE,
-                )
-            ]
-            files += _write(found, out, day, f"capped-{cap}")
+            found: list[CalibrationRow] = []
+            written: list[str] = []
+            for r in plan.capped:
+                if r.capacity != capacity:
+                    continue
+                options = {"cap": cap, "boundary_rows": False, "steps": plan.capped_steps}
+                found += rows(device, r, plan.gpu(capacity), skipped, start=PROBE, **options)
+                written = _write(found, out, day, f"capped-{cap}")  # each row kept as it lands
+            files += written
     return {"files": files, "skipped": skipped}
 
 
@@ -134,13 +127,14 @@ def quantized(device: Device, plan: Plan, out: Path, day: datetime.date) -> dict
     skipped with the reason (the manifest carries it)."""
     skipped: list[str] = []
     found: list[CalibrationRow] = []
+    files: list[str] = []
     for row in plan.quantized:
         why = needs(device, row.settings)
         if why:
             skipped.append(f"{row.settings}: {why}")
             continue
         found += rows(device, row, None, skipped)
-    files = _write(found, out, day, "quantized")
+        files = _write(found, out, day, "quantized")  # rewritten as each row lands
     edge = plan.quantized_boundary
     why = needs(device, edge.settings)
     if why:

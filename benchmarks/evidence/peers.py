@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import gc
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from benchmarks.evidence.device import Device, missing
 from benchmarks.evidence.loops import _measure
 from benchmarks.evidence.plan import Plan
 from memorymark.calibration.record import file_stem
-from memorymark.calibration.run import RECOMMENDED_MARGIN, capped
+from memorymark.calibration.run import RECOMMENDED_MARGIN, as_run, capped
 from memorymark.engine import Session
 from memorymark.settings import Settings
 
@@ -132,8 +133,9 @@ def peers(device: Device, plan: Plan, out: Path, day: datetime.date) -> dict[str
     common.update(model="UserNet", loop_steps=plan.loop_steps, eval_every=plan.eval_every)
     path = out / f"peers-{file_stem(env['gpu_name'], day=day)}.csv"
     settings = Settings(backend="sim", margin=RECOMMENDED_MARGIN, max_batch=plan.peers_max_batch)
+    run_as = as_run(device.gpu, gpu.usable_bytes, gpu.name)  # the device's kernels, capped
     start = time.perf_counter()
-    report = Session(settings, gpu=gpu, training=Job(plan, None).training()).analyze(
+    report = Session(settings, gpu=run_as, training=Job(plan, None).training()).analyze(
         fixes=False, plan=False
     )
     seconds = time.perf_counter() - start
@@ -162,6 +164,8 @@ def peers(device: Device, plan: Plan, out: Path, day: datetime.date) -> dict[str
         writer.writeheader()
         for finder in (lightning_finder, accelerate_finder):
             answers.append(finder(job, plan, device))
+            gc.collect()  # what a finder's trainer or trials held, before the next one
+            device.cuda.empty_cache()
         for tool, version, batch, trials, took, note in answers:
             loop = survives(job, batch, plan, device) if batch else {"note": "no answer to loop"}
             note = "; ".join(filter(None, (note, loop.pop("note", ""))))
