@@ -21,7 +21,13 @@ probes: state primed, the cache emptied before step 1); `--loop-start "training 
 every row as the loop people write starts instead, to see how far that model is from what a
 probe measured. It takes minutes (a few seconds a row on two cores).
 
-    python benchmarks/calibration_table.py [--dir docs/calibration] [--summary]
+`--write` puts the `--summary` table into the README, docs/accuracy.md and docs/calibration's
+README, and rewrites the latter's evidence section from the evidence run's files
+(benchmarks/evidence/summary.py): the one command after committing `make gpu-evidence`'s files.
+Only calibration CSVs are read as rows (a peers table is not), and a folder holding a dry run's
+files (`make gpu-evidence DRY=1`: no measurements) is refused in one line.
+
+    python benchmarks/calibration_table.py [--dir docs/calibration] [--summary | --write]
     python benchmarks/calibration_table.py --repredict --only a10 steady-state [--limit 10]
 """
 

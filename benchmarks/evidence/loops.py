@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from benchmarks.evidence.device import Device
 from benchmarks.evidence.plan import Plan
 from memorymark import gpus, models
@@ -102,6 +104,11 @@ def answer(
 def measured(backend: Backend, batch: int, plan: Plan, cuda: Any) -> list[dict[str, Any]]:
     """`plan.loop_steps` training steps at `batch` on the device, the evaluation pass every
     `plan.eval_every`, each measured apart; stops at the first out-of-memory error."""
+    # As a fresh process has none (and as memorymark/calibration/loop.py's training loop does):
+    # each thread's cuBLAS workspace, kept by torch for the process's life, handed back first.
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if cuda is torch.cuda and clear is not None:
+        clear()
     model, optimizer = backend.fresh_loop()
     step = backend.training_step
     out: list[dict[str, Any]] = []

@@ -104,10 +104,7 @@ GPU = Plan(
 DRY_SMALL, DRY_LARGE = "dry 0.5 GiB", "dry 0.6 GiB"
 DRY = Plan(
     smoke=Row("", {"model": "tiny-gpt2", "seq_len": 16}, (2,)),
-    capped=(
-        Row(DRY_SMALL, {"model": "tiny-resnet", "image_size": 32, "precision": "32-true"}, (4,)),
-        Row(DRY_LARGE, {"model": "tiny-resnet", "image_size": 32, "precision": "32-true"}, (4,)),
-    ),
+    capped=(Row(DRY_SMALL, {"model": "tiny-resnet", "image_size": 32}, (4,)),),
     capped_steps=2,
     quantized=(
         Row("", {"model": "tiny-llama", **QLORA, "seq_len": 16}, (2,)),
@@ -117,7 +114,7 @@ DRY = Plan(
         Row("", {"model": "tiny-llama", **LLM, "seq_len": 16, "kernels": "liger"}, (2,)),
     ),
     quantized_boundary=Row(
-        DRY_SMALL, {"model": "tiny-llama", **QLORA, "seq_len": 16, "max_batch": 64}, ()
+        DRY_SMALL, {"model": "tiny-llama", **QLORA, "seq_len": 16, "max_batch": 32}, ()
     ),
     loop_models=({"model": "tiny-gpt2", "seq_len": 32, "max_batch": 8},),
     loop_capacities=(DRY_SMALL, DRY_LARGE),
