@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -282,3 +283,13 @@ def test_the_summary_groups_rows_by_quantization_kernels_and_ballast(tmp_path):
     assert [p.name for p in calibration_files(tmp_path)] == [
         "nvidia-h100-80gb-hbm3-as-a10-2026-11-23.csv"
     ]
+
+
+def test_a_finder_that_fails_is_a_row_saying_how_not_the_end_of_the_chunk():
+    def broken_finder(job, plan, device):
+        raise RuntimeError("scale_batch_size() got an unexpected keyword argument")
+
+    device = SimpleNamespace(cuda=DryCuda())
+    answer = peers._found(broken_finder, peers.Job(DRY, None), DRY, device)
+    assert answer[:5] == ("broken", "", 0, 0, 0.0)
+    assert "unexpected keyword argument" in answer[5]

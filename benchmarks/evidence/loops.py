@@ -19,7 +19,7 @@ import datetime
 import gc
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,18 +48,28 @@ def loops(device: Device, plan: Plan, out: Path, day: datetime.date) -> dict[str
             gpu = plan.gpu(capacity)
             for chosen in plan.loop_models:
                 settings = Settings(**chosen, eval_batch=plan.eval_batch, margin=RECOMMENDED_MARGIN)
-                head, predicted = answer(device, settings, gpu, plan.loop_steps)
-                head.update(env, dry_run=device.dry, emulated_gpu=gpu.name)
-                _line(f, head)
-                if not head["batch_size"]:
-                    continue
-                with capped(device.cuda, gpu, device.gpu):
-                    with device.real(settings, gpu).session() as backend:
-                        for line in measured(backend, head["batch_size"], plan, device.cuda):
-                            line.update(_beside(line, predicted), **_key(head))
-                            _line(f, line)
-                done += 1
+                try:
+                    done += _loop(f, device, plan, settings, gpu, env)
+                except Exception as exc:  # noqa: BLE001 - one line says how; the next loop runs
+                    error = {"kind": "error", "model": settings.workload.model, "error": repr(exc)}
+                    _line(f, {**error, "emulated_gpu": gpu.name, "dry_run": device.dry})
     return {"files": [path.name], "loops": done}
+
+
+def _loop(
+    f: Any, device: Device, plan: Plan, settings: Settings, gpu: gpus.GPU, env: dict[str, Any]
+) -> int:
+    """One model's loop at its recommended batch on `gpu`'s capacity, its lines written to `f`
+    as they come; 1 when it ran."""
+    head, predicted = answer(device, settings, gpu, plan.loop_steps)
+    head.update(env, dry_run=device.dry, emulated_gpu=gpu.name)
+    _line(f, head)
+    if not head["batch_size"]:
+        return 0
+    with capped(device.cuda, gpu, device.gpu), device.real(settings, gpu).session() as backend:
+        for line in measured(backend, head["batch_size"], plan, device.cuda):
+            _line(f, {**line, **_beside(line, predicted), **_key(head)})
+    return 1
 
 
 def answer(
@@ -101,9 +111,10 @@ def answer(
     return head, {"train": train.steps, "eval": probe}
 
 
-def measured(backend: Backend, batch: int, plan: Plan, cuda: Any) -> list[dict[str, Any]]:
+def measured(backend: Backend, batch: int, plan: Plan, cuda: Any) -> Iterator[dict[str, Any]]:
     """`plan.loop_steps` training steps at `batch` on the device, the evaluation pass every
-    `plan.eval_every`, each measured apart; stops at the first out-of-memory error."""
+    `plan.eval_every`, each measured apart and yielded as it ends; stops at the first
+    out-of-memory error."""
     # As a fresh process has none (and as memorymark/calibration/loop.py's training loop does):
     # each thread's cuBLAS workspace, kept by torch for the process's life, handed back first.
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
@@ -111,26 +122,22 @@ def measured(backend: Backend, batch: int, plan: Plan, cuda: Any) -> list[dict[s
         clear()
     model, optimizer = backend.fresh_loop()
     step = backend.training_step
-    out: list[dict[str, Any]] = []
     try:
         for n in range(1, plan.loop_steps + 1):
-            out.append(
-                _measure(cuda, n, "train", step.run_step, model, optimizer, batch, backend.device)
+            line = _measure(
+                cuda, n, "train", step.run_step, model, optimizer, batch, backend.device
             )
-            if out[-1]["oom"]:
-                break
-            if plan.eval_every and n % plan.eval_every == 0:
+            yield line
+            if not line["oom"] and plan.eval_every and n % plan.eval_every == 0:
                 run_eval = step.run_eval
-                out.append(
-                    _measure(cuda, n, "eval", run_eval, model, plan.eval_batch, backend.device)
-                )
-                if out[-1]["oom"]:
-                    break
+                line = _measure(cuda, n, "eval", run_eval, model, plan.eval_batch, backend.device)
+                yield line
+            if line["oom"]:
+                break
     finally:
         del model, optimizer
         gc.collect()
         cuda.empty_cache()
-    return out
 
 
 def _measure(cuda: Any, n: int, phase: str, run: Callable[..., None], *args: Any) -> dict[str, Any]:

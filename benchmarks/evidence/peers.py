@@ -124,8 +124,8 @@ class Job:
 
 
 def peers(device: Device, plan: Plan, out: Path, day: datetime.date) -> dict[str, Any]:
-    """MemoryMark's answer, then each finder's, then each answer's loop; rows written at the end
-    of each finder."""
+    """MemoryMark's answer, then each finder's, each followed by its loop and written as a row
+    as soon as both are in (a chunk cut off keeps the rows before)."""
     gpu = plan.gpu(plan.peers_capacity)
     env = device.environment(gpu.name).to_dict()
     common = {k: env[k] for k in COLUMNS if k in env}
@@ -159,14 +159,15 @@ def peers(device: Device, plan: Plan, out: Path, day: datetime.date) -> dict[str
             "the largest batch the simulation says runs, no margin: not a recommendation",
         ),
     ]
+    finders: list[Any] = [*answers, lightning_finder, accelerate_finder]
+    answers = []
     with capped(device.cuda, gpu, device.gpu), path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
-        for finder in (lightning_finder, accelerate_finder):
-            answers.append(finder(job, plan, device))
-            gc.collect()  # what a finder's trainer or trials held, before the next one
-            device.cuda.empty_cache()
-        for tool, version, batch, trials, took, note in answers:
+        for finder in finders:  # each row written as its answer and loop land
+            answer = finder if isinstance(finder, tuple) else _found(finder, job, plan, device)
+            tool, version, batch, trials, took, note = answer
+            answers.append(answer)
             loop = survives(job, batch, plan, device) if batch else {"note": "no answer to loop"}
             note = "; ".join(filter(None, (note, loop.pop("note", ""))))
             row = {**common, "tool": tool, "tool_version": version, "answer_batch": batch}
@@ -174,6 +175,19 @@ def peers(device: Device, plan: Plan, out: Path, day: datetime.date) -> dict[str
             writer.writerow({k: _cell(v) for k, v in row.items()})
             f.flush()
     return {"files": [path.name], "answers": {a[0]: a[2] for a in answers}}
+
+
+def _found(finder: Callable[..., tuple[Any, ...]], job: Job, plan: Plan, device: Device) -> Any:
+    """A finder's answer; one that fails (a library's API moved) is a row saying how, not the
+    end of the chunk. What its trainer or trials held is freed before the next."""
+    try:
+        return finder(job, plan, device)
+    except Exception as exc:  # noqa: BLE001 - written in the row's note
+        name = finder.__name__.removesuffix("_finder")
+        return name, "", 0, len(dict.fromkeys(job.tried)), 0.0, f"failed: {exc!r}"[:300]
+    finally:
+        gc.collect()
+        device.cuda.empty_cache()
 
 
 def _cell(value: Any) -> Any:

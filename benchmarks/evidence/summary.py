@@ -119,8 +119,13 @@ def _retries(row: dict[str, str] | None, side: str) -> str:
 def loops_table(lines: list[dict[str, Any]]) -> str:
     """One line per loop: its batch, steps run, evaluations, OOM, retries, reserved peaks."""
     heads = [line for line in lines if line.get("kind") == "loop"]
+    errors = [
+        f"- {e['model']} on {e['emulated_gpu']} failed: {e['error']}"
+        for e in lines
+        if e.get("kind") == "error"
+    ]
     if not heads:
-        return ""
+        return "\n".join(errors)
     out = [
         "**Loops** with evaluation at the recommended batch (`loops-*.jsonl`): reserved GiB, "
         "peak over the loop, measured / predicted.",
@@ -148,7 +153,7 @@ def loops_table(lines: list[dict[str, Any]]) -> str:
             f"| {sum(s['measured_retries'] for s in steps)} "
             f"| {measured / 2**30:.2f} / {predicted / 2**30:.2f} |"
         )
-    return "\n".join(out)
+    return "\n".join([*out, *([""] if errors else []), *errors])
 
 
 def peers_table(rows: list[dict[str, str]]) -> str:
