@@ -155,12 +155,15 @@ def table(folder: Path = DEFAULT_DIR) -> str:
 
 def _gpu(row: dict[str, str]) -> str:
     """The summary's group: the GPU (as the one it emulated), what else shaped the step
-    (quantization, kernels) and a cap other than the memory fraction; columns a file written
-    before them lacks read as their defaults."""
+    (quantization, kernels, a bitsandbytes optimizer) and a cap other than the memory fraction;
+    columns a file written before them lacks read as their defaults."""
     name = row["gpu_name"] + (f" as {row['emulated_gpu']}" if row["emulated_gpu"] else "")
     if row.get("cap_method") == "ballast":
         name += " (cudaMalloc ballast)"
+    optimizer = row["optimizer"]
+    bitsandbytes = "8bit" in optimizer or optimizer.startswith("paged")
     extras = [row.get("quantization") or "none", row.get("kernels") or ""]
+    extras += [optimizer] if bitsandbytes else []
     extras = [e for e in extras if e not in ("", "none")]
     return name + (f", {', '.join(extras)}" if extras else "")
 

@@ -270,7 +270,7 @@ def test_no_chunk_starts_once_the_budget_is_spent(tmp_path):
 
 
 def test_the_summary_groups_rows_by_quantization_kernels_and_ballast(tmp_path):
-    row = {"gpu_name": "NVIDIA H100 80GB HBM3", "emulated_gpu": "A10"}
+    row = {"gpu_name": "NVIDIA H100 80GB HBM3", "emulated_gpu": "A10", "optimizer": "adamw"}
     assert _gpu(row) == "NVIDIA H100 80GB HBM3 as A10"  # a file from before the columns
     assert (
         _gpu({**row, "cap_method": "ballast"})
@@ -278,6 +278,8 @@ def test_the_summary_groups_rows_by_quantization_kernels_and_ballast(tmp_path):
     )
     quantized = {**row, "emulated_gpu": "", "quantization": "nf4 double-quant", "kernels": "liger"}
     assert _gpu(quantized) == "NVIDIA H100 80GB HBM3, nf4 double-quant, liger"
+    paged = {**row, "emulated_gpu": "", "optimizer": "paged-adamw-8bit"}
+    assert _gpu(paged) == "NVIDIA H100 80GB HBM3, paged-adamw-8bit"
     (tmp_path / "peers-x.csv").write_text("gpu_name,tool\nH100,lightning\n")
     shutil.copy(ROOT / "docs/calibration/nvidia-h100-80gb-hbm3-as-a10-2026-11-23.csv", tmp_path)
     assert [p.name for p in calibration_files(tmp_path)] == [
