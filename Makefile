@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-fast test-hosted lint bench browser-deps clean
+.PHONY: run test test-fast test-hosted lint bench gpu-evidence evidence-wheels browser-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,25 @@ bench: $(VENV)/.dev-installed  ## prints the figures the README and closing note
 	PYTHONPATH=. $(BIN)/python benchmarks/cuda_rules.py
 	PYTHONPATH=. $(BIN)/python benchmarks/big_models.py
 	PYTHONPATH=. $(BIN)/python benchmarks/published.py
+
+# The real-GPU evidence in one call of the device tool (docs/development.md#the-evidence-run).
+# No .venv and no install: on a lent GPU machine nothing can be fetched, and its python3 holds
+# torch; the wheels it lacks travel in .whl/ (make evidence-wheels, here, first). DRY=1 runs
+# every chunk on CPU with tiny models (tests/test_gpu_evidence.py runs it).
+EVIDENCE_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+EVIDENCE_WHEELS := bitsandbytes==0.50.2 liger-kernel==0.8.5
+
+gpu-evidence:  ## the real-GPU evidence run: OUT=dir [BUNDLE=file.tar.gz] [CHUNKS="loops peers"] [DRY=1]
+	@test -n "$(OUT)" || { echo "usage: make gpu-evidence OUT=DIR [BUNDLE=FILE] [CHUNKS=...] [DRY=1]"; exit 2; }
+	PYTHONPATH=.$${PYTHONPATH:+:$$PYTHONPATH} $(EVIDENCE_PYTHON) benchmarks/gpu_evidence.py \
+	  --out $(OUT) $(if $(BUNDLE),--bundle $(BUNDLE)) $(if $(CHUNKS),--chunks $(CHUNKS)) $(if $(DRY),--dry)
+
+# Wheels for the device's Python (3.12, x86-64, manylinux), as the device tool's README says.
+evidence-wheels:  ## the wheels a GPU lease carries for make gpu-evidence, into .whl/
+	$(EVIDENCE_PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+	  --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d .whl $(EVIDENCE_WHEELS)
 
 # The browser test drives Debian's Chromium (a tool's own browser download fails offline).
 browser-deps:

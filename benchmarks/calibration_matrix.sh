@@ -9,6 +9,10 @@
 # the day, so chunks must not share a folder). A chunk is cut off after its own time limit, and
 # no chunk starts once SECONDS (default 540) have passed, so the run ends inside a lease's
 # command limit with every finished chunk's files on disk. Logs go to OUT_DIR/NN-name.log.
+#
+# It re-measures what the 2026-11-23 files hold. What a lease should run first is the evidence
+# the project still lacks: `make gpu-evidence` (benchmarks/gpu_evidence.py, docs/development.md
+# "The evidence run").
 set -u
 out=${1:?usage: calibration_matrix.sh OUT_DIR [SECONDS]}
 budget=${2:-540}

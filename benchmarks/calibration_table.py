@@ -21,7 +21,13 @@ probes: state primed, the cache emptied before step 1); `--loop-start "training 
 every row as the loop people write starts instead, to see how far that model is from what a
 probe measured. It takes minutes (a few seconds a row on two cores).
 
-    python benchmarks/calibration_table.py [--dir docs/calibration] [--summary]
+`--write` puts the `--summary` table into the README, docs/accuracy.md and docs/calibration's
+README, and rewrites the latter's evidence section from the evidence run's files
+(benchmarks/evidence/summary.py): the one command after committing `make gpu-evidence`'s files.
+Only calibration CSVs are read as rows (a peers table is not), and a folder holding a dry run's
+files (`make gpu-evidence DRY=1`: no measurements) is refused in one line.
+
+    python benchmarks/calibration_table.py [--dir docs/calibration] [--summary | --write]
     python benchmarks/calibration_table.py --repredict --only a10 steady-state [--limit 10]
 """
 
@@ -55,18 +61,50 @@ HEADER = (
 )
 
 
-def load(folder: Path) -> list[dict[str, str]]:
-    """Every row of every CSV in `folder`, files in name order (GPU, then date)."""
-    rows: list[dict[str, str]] = []
+DRY_PREFIX = "DRY RUN"
+"""How a dry evidence run (benchmarks/gpu_evidence.py --dry) names its device: never data."""
+
+
+class DryRunError(ValueError):
+    """A dry run's files are in the folder: they are no measurements."""
+
+
+def calibration_files(folder: Path) -> list[Path]:
+    """The CSVs in `folder` that hold calibration rows (not the peers' or other tables), in
+    name order (GPU, then date)."""
+    files = []
     for path in sorted(folder.glob("*.csv")):
         with path.open(newline="") as f:
+            header = next(csv.reader(f), [])
+        if "measured_allocated_bytes" in header:
+            files.append(path)
+    return files
+
+
+def load(folder: Path) -> list[dict[str, str]]:
+    """Every row of every calibration CSV in `folder`, files in name order (GPU, then date).
+    Raises DryRunError when a dry run's rows are among them."""
+    rows: list[dict[str, str]] = []
+    for path in calibration_files(folder):
+        with path.open(newline="") as f:
             rows.extend(csv.DictReader(f))
+    dry = sorted({r["gpu_name"] for r in rows if r["gpu_name"].startswith(DRY_PREFIX)})
+    dry += sorted(p.name for p in folder.glob("*dry-run*"))
+    if dry:
+        raise DryRunError(
+            f"{folder} holds a dry run's files ({dry[0]}): they are no measurements; remove "
+            "the *dry-run* files"
+        )
     return rows
 
 
 def settings_label(row: dict[str, str]) -> str:
     """The settings that shape the step, short: "full bf16-mixed adamw, checkpointing, seq 128"."""
     parts = [f"{row['protocol']} {row['precision']} {row['optimizer']}"]
+    if row.get("quantization") not in (None, "", "none"):
+        parts.append(row["quantization"])
+    if row.get("kernels"):
+        parts.append(row["kernels"])
     if row["grad_checkpointing"] == "true":
         parts.append("checkpointing")
     if row["lora_rank"] not in ("", "0"):
@@ -116,7 +154,18 @@ def table(folder: Path = DEFAULT_DIR) -> str:
 
 
 def _gpu(row: dict[str, str]) -> str:
-    return row["gpu_name"] + (f" as {row['emulated_gpu']}" if row["emulated_gpu"] else "")
+    """The summary's group: the GPU (as the one it emulated), what else shaped the step
+    (quantization, kernels, a bitsandbytes optimizer) and a cap other than the memory fraction;
+    columns a file written before them lacks read as their defaults."""
+    name = row["gpu_name"] + (f" as {row['emulated_gpu']}" if row["emulated_gpu"] else "")
+    if row.get("cap_method") == "ballast":
+        name += " (cudaMalloc ballast)"
+    optimizer = row["optimizer"]
+    bitsandbytes = "8bit" in optimizer or optimizer.startswith("paged")
+    extras = [row.get("quantization") or "none", row.get("kernels") or ""]
+    extras += [optimizer] if bitsandbytes else []
+    extras = [e for e in extras if e not in ("", "none")]
+    return name + (f", {', '.join(extras)}" if extras else "")
 
 
 def _errors(rows: list[dict[str, str]], column: str) -> str:
@@ -164,7 +213,7 @@ def evidence(folder: Path = DEFAULT_DIR) -> list[Evidence]:
     from memorymark.calibration.evidence import from_csv_row, from_steady_state
 
     rows: list[Evidence] = []
-    for path in sorted(folder.glob("*.csv")):
+    for path in calibration_files(folder):
         with path.open(newline="") as f:
             rows += [from_csv_row(r, path.name) for r in csv.DictReader(f)]
     for path in sorted(folder.glob("steady-state-*.jsonl")):
@@ -332,12 +381,27 @@ def main() -> None:
     )
     parser.add_argument("--limit", type=int, default=None, help="re-simulate the first N rows")
     parser.add_argument(
+        "--write",
+        action="store_true",
+        help="rewrite the READMEs' accuracy tables and docs/calibration's evidence section",
+    )
+    parser.add_argument(
         "--loop-start",
         default=None,
         choices=list(LOOP_STARTS),
         help="replay every row started this way, not as it ran",
     )
     args = parser.parse_args()
+    try:
+        load(args.dir)
+    except DryRunError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    if args.write:
+        from benchmarks.evidence.summary import write_readmes
+
+        for path in write_readmes(args.dir, summary(args.dir)):
+            print(f"rewrote {path}")
+        return
     if not args.repredict:
         print(summary(args.dir) if args.summary else table(args.dir))
         return

@@ -96,6 +96,10 @@ CONTRACT = (
     "predicted_retries_per_step",
     # How both loops reached step 1: after the loop columns, for the same reason.
     "loop_start",
+    # What else shaped the step, and how a capped run was capped: last, likewise.
+    "quantization",
+    "kernels",
+    "cap_method",
 )
 
 

@@ -76,6 +76,7 @@ def from_csv_row(row: Mapping[str, str], source: str) -> Evidence:
         grad_accum=int(row["grad_accum"] or 1),
         seq_len=row["seq_len"],
         image_size=row["image_size"],
+        **_step_extras(row),
     )
     device = replace(gpus.find_gpu(row["gpu_name"]), total_bytes=int(row["gpu_total_bytes"]))
     loop_steps = int(row.get("loop_steps") or 0)
@@ -131,6 +132,18 @@ def from_steady_state(line: Mapping[str, Any], source: str) -> Evidence:
         measured_steps=steps,
         loop_start=line.get("loop_start") or PROBE.name,
     )
+
+
+def _step_extras(row: Mapping[str, str]) -> dict[str, Any]:
+    """The `quantization` and `kernels` columns (files from 2026-11-28 on) as settings:
+    "nf4 double-quant" is quantization nf4 with double_quant; an absent column, the default."""
+    quantization, _, double = (row.get("quantization") or "none").partition(" ")
+    extras: dict[str, Any] = {}
+    if quantization != "none":
+        extras.update(quantization=quantization, double_quant=double == "double-quant")
+    if row.get("kernels"):
+        extras["kernels"] = row["kernels"]
+    return extras
 
 
 def _settings(

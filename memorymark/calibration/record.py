@@ -103,6 +103,18 @@ class CalibrationRow:
     """How both loops reached step 1 (`allocator.LoopStart.name`): "training loop" (no flush,
     the optimizer state made in step 1) or "probe" (state primed, the cache emptied first);
     empty in files written before the column, whose rows ran as probes."""
+    # What else shaped the step and the cap (EXTRA_COLUMNS: after the loop's, for the same
+    # reason; from 2026-11-28).
+    quantization: str = "none"
+    """The base weights' quantization: "none", "nf4", "fp4" or "int8", with " double-quant"
+    when the 4-bit absmax is quantized too (QLoRA's `bnb_4bit_use_double_quant`)."""
+    kernels: str = ""
+    """Kernels replacing the model's own: "liger" (Liger-Kernel), else empty."""
+    cap_method: str = ""
+    """How an emulated GPU's capacity was imposed: "fraction"
+    (`set_per_process_memory_fraction`, PyTorch's allocator alone) or "ballast" (the rest of
+    the card held by raw `cudaMalloc`, so `cudaMemGetInfo` sees the smaller card too); empty
+    for an uncapped run, and in files written before the column (they were capped by fraction)."""
 
     @property
     def allocated_error(self) -> float | None:
@@ -125,7 +137,7 @@ class CalibrationRow:
         per-step figures as lists)."""
         record: dict[str, Any] = self.environment.to_dict()
         for f in fields(self):
-            if f.name != "environment" and f.name not in LOOP_COLUMNS:
+            if f.name != "environment" and f.name not in (*LOOP_COLUMNS, *EXTRA_COLUMNS):
                 record[f.name] = getattr(self, f.name)
         record["allocated_error"] = self.allocated_error
         record["reserved_error"] = self.reserved_error
@@ -133,6 +145,8 @@ class CalibrationRow:
         for name in LOOP_COLUMNS:
             value = getattr(self, name)
             record[name] = list(value) if isinstance(value, tuple) else value
+        for name in EXTRA_COLUMNS:
+            record[name] = getattr(self, name)
         return record
 
 
@@ -155,15 +169,22 @@ LOOP_COLUMNS: tuple[str, ...] = (
     "predicted_retries_per_step",
     "loop_start",
 )
-"""The columns a loop's steps fill, last in a file."""
+"""The columns a loop's steps fill, after the derived columns."""
+EXTRA_COLUMNS: tuple[str, ...] = ("quantization", "kernels", "cap_method")
+"""The columns added on 2026-11-28, last in a file."""
 
 COLUMNS: tuple[str, ...] = (
     *(f.name for f in fields(GpuEnvironment)),
-    *(f.name for f in fields(CalibrationRow) if f.name not in ("environment", *LOOP_COLUMNS)),
+    *(
+        f.name
+        for f in fields(CalibrationRow)
+        if f.name not in ("environment", *LOOP_COLUMNS, *EXTRA_COLUMNS)
+    ),
     "allocated_error",
     "reserved_error",
     "verdict_agrees",
     *LOOP_COLUMNS,
+    *EXTRA_COLUMNS,
 )
 
 
@@ -180,12 +201,14 @@ def _slug(name: str) -> str:
 
 
 def write(
-    rows: list[CalibrationRow], out_dir: Path, day: datetime.date | None = None
+    rows: list[CalibrationRow], out_dir: Path, day: datetime.date | None = None, suffix: str = ""
 ) -> tuple[Path, Path]:
     """Write the rows as `<stem>.csv` and `<stem>.json` into `out_dir` (a file of the same GPU
-    and day is replaced); returns both paths."""
+    and day is replaced); returns both paths. `suffix` ("llm") names a file apart from others
+    of the same GPU and day: `<stem>-llm.csv`, as the committed files were renamed."""
     env = rows[0].environment if rows else None
     stem = file_stem(env.gpu_name if env else "gpu", env.emulated_gpu if env else "", day)
+    stem += f"-{_slug(suffix)}" if suffix else ""
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.json"
     records = [r.to_dict() for r in rows]

@@ -22,8 +22,10 @@ from typing import Any
 import torch
 
 from memorymark import gpus, models
+from memorymark.accounting import allocator
 from memorymark.backends.base import Backend
 from memorymark.backends.resolve import cuda_available, detect_cuda_gpu
+from memorymark.calibration import ballast
 from memorymark.calibration.loop import LOOP_STEPS, Loop, run_loop, simulated_loop
 from memorymark.calibration.record import (
     BOUNDARY_MAX,
@@ -37,6 +39,12 @@ from memorymark.settings import Search, Settings
 from memorymark.settings.choices import PROTOCOLS
 
 DEFAULT_BATCH_SIZES = (4, 8, 16)
+CAP_FRACTION = "fraction"
+"""Capped with `torch.cuda.set_per_process_memory_fraction`: PyTorch's allocator alone."""
+CAP_BALLAST = "ballast"
+"""Capped by holding the rest of the card with raw `cudaMalloc` (memorymark/calibration/
+ballast.py): `cudaMemGetInfo` and every library that reads it see the smaller card."""
+CAPS = (CAP_FRACTION, CAP_BALLAST)
 
 BackendFactory = Callable[[Settings, gpus.GPU], Backend]
 """Settings and the GPU whose capacity judges the verdicts -> a backend."""
@@ -95,6 +103,10 @@ def calibrate(
     boundary: BoundaryPredictor | None = None,
     nvml: Any = None,
     on_skip: Callable[[Settings, str], None] | None = None,
+    cap: str = CAP_FRACTION,
+    runtime: ballast.Runtime | None = None,
+    boundary_rows: bool = True,
+    start: allocator.LoopStart = allocator.TRAINING_LOOP,
 ) -> Iterator[CalibrationRow]:
     """Yield one row per settings combination and batch size as each pair of loops lands
     (`steps` consecutive steps measured, the same steps replayed), then, with `emulate`, the
@@ -107,6 +119,11 @@ def calibrate(
     `nvml` replaces pynvml for the driver stamp. A combination the model cannot build (a
     ValueError before its first step: checkpointing on ResNet, say) is passed to `on_skip`
     with the reason and the grid goes on; without `on_skip` the error is raised.
+
+    With `emulate`, `cap` says how the capacity is capped (`capped`): CAP_FRACTION or
+    CAP_BALLAST (`runtime`: the CUDA runtime the ballast is taken with, a fake in tests);
+    `boundary_rows=False` measures the batch sizes asked only. `start`: how each loop reaches
+    step 1 (`allocator.PROBE` re-runs a row committed before loops were measured as it ran).
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1 (got {steps})")
@@ -122,7 +139,7 @@ def calibrate(
     boundary = boundary or predicted_boundary
     batch_sizes = tuple(batch_sizes)
     sim_gpu = as_run(device_gpu, target.usable_bytes, target.name)
-    with capped(cuda, emulate, device_gpu):
+    with capped(cuda, emulate, device_gpu, cap, runtime):
         for settings in grid:
             try:
                 # One backend per combination: model and optimizer state stay resident across
@@ -132,12 +149,13 @@ def calibrate(
                     simulated(settings, sim_gpu).session() as sim,
                 ):
                     checks = [(batch, "") for batch in batch_sizes]
-                    if emulate is not None:
+                    if emulate is not None and boundary_rows:
                         checks += boundary_checks(*boundary(settings, target))
                     for batch, label in checks:
-                        measured = run_loop(device, batch, steps, cuda)
-                        predicted = simulated_loop(sim, batch, steps)
-                        yield _row(env, settings, target, batch, measured, predicted, label)
+                        measured = run_loop(device, batch, steps, cuda, start)
+                        predicted = simulated_loop(sim, batch, steps, start)
+                        row = _row(env, settings, target, batch, measured, predicted, label)
+                        yield replace(row, cap_method=cap if emulate is not None else "")
             except ValueError as exc:
                 if on_skip is None:
                     raise
@@ -189,9 +207,20 @@ def boundary_checks(max_batch: int, step: int, recommended: int = 0) -> list[tup
 
 
 @contextlib.contextmanager
-def capped(cuda: Any, emulated: gpus.GPU | None, device_gpu: gpus.GPU) -> Iterator[None]:
+def capped(
+    cuda: Any,
+    emulated: gpus.GPU | None,
+    device_gpu: gpus.GPU,
+    how: str = CAP_FRACTION,
+    runtime: ballast.Runtime | None = None,
+) -> Iterator[None]:
     """Within the block, the caching allocator on device 0 reserves at most `emulated`'s
     capacity (nothing changes without `emulated`); the cap is lifted on the way out.
+
+    `how` is CAP_FRACTION (below) or CAP_BALLAST: the rest of the card held by raw
+    `cudaMalloc` through `runtime` (memorymark/calibration/ballast.py; libcudart by default),
+    after the cache is emptied, so that `cudaMemGetInfo`, which cuDNN sizes its workspaces from,
+    reports the emulated capacity free, as the smaller card would.
 
     `set_per_process_memory_fraction(fraction, device)` makes the allocator refuse a new segment
     once its reserved bytes would pass fraction x the device's total (the total
@@ -209,7 +238,14 @@ def capped(cuda: Any, emulated: gpus.GPU | None, device_gpu: gpus.GPU) -> Iterat
     if emulated is None:
         yield
         return
-    fraction = cap_fraction(cuda, emulated, device_gpu)
+    if how not in CAPS:
+        raise ValueError(f"cap must be one of {', '.join(CAPS)} (got {how!r})")
+    fraction = cap_fraction(cuda, emulated, device_gpu)  # refuses a larger GPU either way
+    if how == CAP_BALLAST:
+        cuda.empty_cache()
+        with ballast.held(runtime or ballast.CudaRuntime(), emulated.usable_bytes):
+            yield
+        return
     cuda.set_per_process_memory_fraction(fraction, 0)
     try:
         yield
@@ -274,7 +310,15 @@ def _row(
         predicted_reserved_per_step=_bytes(predicted, "reserved_bytes"),
         predicted_retries_per_step=tuple(s.retries for s in predicted.steps),
         loop_start=measured.start,
+        quantization=quantization_label(settings),
+        kernels="" if settings.workload.kernels == "none" else settings.workload.kernels,
     )
+
+
+def quantization_label(settings: Settings) -> str:
+    """The `quantization` column: "none", "nf4", or "nf4 double-quant" and the like."""
+    w = settings.workload
+    return w.quantization + (" double-quant" if w.double_quant else "")
 
 
 def _bytes(loop: Loop, name: str) -> tuple[int, ...]:
