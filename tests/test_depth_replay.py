@@ -12,6 +12,7 @@ import pytest
 
 from memorymark import Session, Settings
 from memorymark.accounting.depth import canonical, difference, numbered_afresh
+from memorymark.backends import depth_replay
 from memorymark.models import CONFIG_DIR
 from memorymark.models.depth import LayerPlan, layer_plan, with_layers
 
@@ -123,10 +124,23 @@ def test_t5_is_traced_in_full_saying_where_its_replay_breaks(tmp_path: Path) -> 
 
 
 @pytest.mark.usefixtures("any_depth")
-def test_fsdp_replays_its_first_step_and_a_later_one(tmp_path: Path) -> None:
-    # FSDP's first step runs operators no later one does: each has its structure.
+def test_fsdp_replays_its_first_step_and_a_later_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # FSDP's first step runs operators no later one does: each has its structure. The second
+    # step's search for one starts from the two steps its fit was tried on.
     model = _config(tmp_path, "tiny-llama.json", num_hidden_layers=8)
-    _assert_same(model, (2, 4), dist="fsdp", gpus="4", precision="bf16-mixed")
+    _assert_same(model, (2, 4, 3), dist="fsdp", gpus="4", precision="bf16-mixed")
+    monkeypatch.setattr(depth_replay, "_STRUCTURES", {})  # none found yet in this process
+    runs = _both(model, (1, 2), dist="fsdp", gpus="4", precision="bf16-mixed")
+    for replayed, record, traced, traced_record, _ in runs:
+        assert difference(record, traced_record) is None
+        assert replayed.required_bytes == traced.required_bytes
+    summary = runs[-1][-1]
+    # Batch 1 at 2, 3, 4 and 5 blocks (first steps); batch 2, a second step, at 3 and 4 (the
+    # first step's structure does not hold there), then at 2 and 5 only: the steps at 3 and 4
+    # are not traced again, nor are 2 and 5 stepped more than the others.
+    assert summary.fallback is None and summary.traced_steps == 4 + 2 + 2
 
 
 def test_layer_patterns_are_read_from_the_config() -> None:

@@ -129,6 +129,7 @@ class DepthReplayer:
         """The full-depth record at `batch_size` (or why there is none) and a shallower step's
         measurement."""
         depths = self.plan.depths()
+        have: dict[int, tuple[StepRecord, Measurement]] = {}
         if self._structures:
             traced, first = self._traced(depths[1:3], batch_size)
             if isinstance(traced, str):
@@ -143,7 +144,10 @@ class DepthReplayer:
                 )
                 if not isinstance(fitted, str):
                     return self._at_full_depth(fitted), first
-        traced, first = self._traced(depths, batch_size)
+            # No structure found before holds at this batch (batch 1 runs operators larger
+            # ones do not): these two steps start the search for one.
+            have = {d: (traced[d], first) for d in depths[1:3]}
+        traced, first = self._traced(depths, batch_size, have)
         if isinstance(traced, str):
             return traced, first
         found = DepthStructure.found([traced[d] for d in depths])
@@ -167,22 +171,32 @@ class DepthReplayer:
         return record
 
     def _traced(
-        self, depths: tuple[int, ...], batch_size: int
+        self,
+        depths: tuple[int, ...],
+        batch_size: int,
+        have: dict[int, tuple[StepRecord, Measurement]] | None = None,
     ) -> tuple[dict[int, StepRecord] | str, Measurement]:
         """The records of the model built at each of `depths`, traced at `batch_size`, and the
-        first one's measurement; or why one left none."""
+        first one's measurement; or why one left none. `have` holds steps just traced at this
+        batch (a depth's latest), kept where they line up with the others."""
+        have = have or {}
         records: dict[int, StepRecord] = {}
         first: Measurement | None = None
         # Steps are aligned only between backends that have run as many: a first step can run
         # operators no later one does (FSDP's lazy initialisation). One that ran fewer (a depth
-        # traced only to find a structure) catches up first.
-        behind = max((self._steps.get(d, 0) for d in depths), default=0)
+        # traced only to find a structure) catches up first; a step in `have` is already the
+        # step the others are brought to, or is traced again.
+        target = max(self._steps.get(d, 0) + (d not in have) for d in depths)
         for depth in depths:
+            if depth in have and self._steps.get(depth) == target:
+                records[depth], measurement = have[depth]
+                first = first or measurement
+                continue
             backend = self._variant(depth)
-            for _ in range(behind - self._steps.get(depth, 0)):
+            for _ in range(target - 1 - self._steps.get(depth, 0)):
                 backend.measure(batch_size)
                 self.traced_steps += 1
-            self._steps[depth] = behind + 1
+            self._steps[depth] = target
             measurement = backend.measure(batch_size)
             self.traced_steps += 1
             self._depths_traced.add(depth)
