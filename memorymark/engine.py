@@ -494,7 +494,13 @@ class Session:
         def measure(s: Settings) -> Measurement:
             return Session(s, cuda=self._cuda).measure(1)
 
-        return gpu_count.min_gpus(self.settings, measure, counts, capacity)
+        hw = self.settings.hardware
+        sharded = None
+        if hw.dist in ("fsdp", "fsdp-no-reshard") and hw.offload == "none":
+            # FSDP2 shards every weight, gradient and optimizer state over all ranks (HSDP only
+            # inside a node, DDP none; offloaded ones live on the host).
+            sharded = self.bench.counted_states(self.settings)[0]
+        return gpu_count.min_gpus(self.settings, measure, counts, capacity, sharded)
 
     def with_min_gpus(self, counts: tuple[int, ...] | None = None) -> Session:
         """A session on the smallest count that trains (the largest tried when none does),

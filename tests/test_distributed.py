@@ -129,6 +129,21 @@ def test_min_gpus_answers_inside_a_node_without_a_prediction():
     assert seen[:2] == [1, 8] and max(seen) == 8
 
 
+def test_min_gpus_does_not_step_counts_the_sharded_states_alone_overflow():
+    # 900 units of states need 900/80 > 11 ranks: 16 is the first stepped, then 24.
+    seen: list[int] = []
+    measure = _fake_measure(24, seen, a=10, b=1000)
+    search = min_gpus(_on("fsdp", 1), measure, capacity=lambda n: 80, sharded_states=900)
+    assert search.min_gpus == 24 and seen == [16, 24]
+    assert search.to_dict()["first_count_stepped"] == 16
+    assert search.to_dict()["searched_counts"][0]["gpus"] == 16
+    # States no count holds: the largest is stepped, to say how far off it is.
+    seen.clear()
+    measure = _fake_measure(None, seen, a=10, b=10**6)
+    none = min_gpus(_on("fsdp", 1), measure, capacity=lambda n: 80, sharded_states=10**6)
+    assert none.min_gpus is None and seen == [1024] and none.first_count == 1024
+
+
 def test_min_gpus_bisects_over_what_a_cluster_offers():
     seen: list[int] = []
     search = min_gpus(_on("fsdp", 1), _fake_measure(40, seen))

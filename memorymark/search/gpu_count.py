@@ -42,11 +42,18 @@ class GpuSearch:
     min_gpus: int | None
     tried: tuple[tuple[int, Measurement], ...]
     """(count, its batch-1 step) for each count simulated, in the order tried."""
+    states_bytes: int | None = None
+    """The sharded states that ruled out smaller counts unstepped; None when none were."""
+    first_count: int | None = None
+    """The smallest count a rank's share of `states_bytes` leaves room on (the first stepped)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able: the count and each probe's count, verdict and reserved GiB."""
+        """JSON-able: the count and each probe's count, verdict and reserved GiB, and the
+        counts the states alone ruled out."""
         return {
             "min_gpus": self.min_gpus,
+            "states_gb": None if self.states_bytes is None else gib(self.states_bytes),
+            "first_count_stepped": self.first_count,
             "searched_counts": [
                 {
                     "gpus": n,
@@ -63,9 +70,14 @@ def min_gpus(
     measure: Callable[[Settings], Measurement],
     counts: tuple[int, ...] | None = None,
     capacity: Callable[[int], int] | None = None,
+    sharded_states: int | None = None,
 ) -> GpuSearch:
     """The smallest of `counts` (a cluster's, by default) on which batch 1 runs, with
     `measure(settings)` simulating batch 1 of the settings on a count.
+
+    With `sharded_states` (bytes every rank holds a 1/n share of at least: FSDP's weights,
+    gradients and optimizer state) and `capacity`, a count on which that share alone passes a
+    rank's capacity is not stepped: Llama-3.1-70B's 1,051 GiB rule out fewer than 16 H100s.
 
     The smallest count is measured first, then one node's (`FIRST_PROBE_GPUS`), not the
     largest: a simulated FSDP step costs more the more ranks it shards over (Llama-3.1-70B's
@@ -77,17 +89,27 @@ def min_gpus(
     count is measured only when nothing smaller is known to run."""
     counts = counts or topology.cluster_counts()
     tried: list[tuple[int, Measurement]] = []
+    floor: dict[str, Any] = {}
+    if sharded_states is not None and capacity is not None:
+        room = tuple(n for n in counts if sharded_states <= n * capacity(n))
+        # None left: the largest count is still stepped, to say how far off it is.
+        counts = room or counts[-1:]
+        floor = {"states_bytes": sharded_states, "first_count": counts[0]}
 
     def runs(i: int) -> bool:
         m = measure(with_gpus(settings, counts[i]))
         tried.append((counts[i], m))
         return bool(m.runs)  # (None, not known, does not run)
 
+    def found(index: int | None) -> GpuSearch:
+        return GpuSearch(None if index is None else counts[index], tuple(tried), **floor)
+
     if runs(0):
-        return GpuSearch(counts[0], tuple(tried))
+        return found(0)
     last = len(counts) - 1
     low, high = 0, None  # counts[low] does not run; counts[high] runs (None: none known to)
-    probe = min(last, bisect.bisect_left(counts, FIRST_PROBE_GPUS))
+    # One node second, or the next count where the states rule out the first node.
+    probe = min(last, max(1, bisect.bisect_left(counts, FIRST_PROBE_GPUS)))
     if probe > 0:
         if runs(probe):
             high = probe
@@ -100,7 +122,7 @@ def min_gpus(
         if guess is None:
             guess = last if high is None else (low + high) // 2
         if guess == low:  # only when none is known to run and low is the largest count
-            return GpuSearch(None, tuple(tried))
+            return found(None)
         if not runs(guess):
             low = guess
             continue
@@ -110,7 +132,7 @@ def min_gpus(
                 high = guess - 1
             else:
                 low = guess - 1
-    return GpuSearch(counts[high], tuple(tried))
+    return found(high)
 
 
 def _predicted(

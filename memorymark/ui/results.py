@@ -150,9 +150,14 @@ def distributed_note(report: Report) -> str | None:
     search = report.gpu_search
     found = ""
     if search is not None:
+        ruled_out = (
+            f"; fewer than {search.first_count} ruled out by the sharded states alone"
+            if search.first_count is not None and search.first_count > 1
+            else ""
+        )
         found = (
             f"Smallest GPU count that trains batch 1: {search.min_gpus} "
-            f"({plural(len(search.tried), 'count')} simulated). "
+            f"({plural(len(search.tried), 'count')} simulated{ruled_out}). "
             if search.min_gpus is not None
             else f"No count up to {plural(max(n for n, _ in search.tried), 'GPU')} trains batch 1. "
         )
