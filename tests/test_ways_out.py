@@ -137,6 +137,20 @@ def test_no_more_gpus_are_stepped_once_a_fit_says_what_stays_overflows():
     assert stepped == [3, 4] and fix is not None and not fix.fits and fix.gpus == 4
 
 
+def test_a_first_count_far_off_steps_the_most_gpus_next():
+    stepped = []
+
+    def step(settings, gpu):
+        stepped.append(settings.hardware.gpu_count)
+        return _step(45 + 60 / settings.hardware.gpu_count)  # 45 GiB stay, past 21
+
+    settings = Settings(model="tiny-bert", gpu="a10")
+    fix = hardware.fewest_gpus(settings, gpus.find_gpu("a10"), step, states=60 * GIB,
+                               parameters=10**9)  # fmt: skip
+    # 3 A10s hold the states' shares (20 GiB each) but need 65 GiB: 1,024 is stepped next.
+    assert stepped == [3, 1024] and fix is not None and not fix.fits and fix.gpus == 1024
+
+
 def test_a_cost_is_not_guessed_when_the_time_cannot_be_estimated():
     fix = Fix(label=hardware.SEVERAL_GPUS, settings=Settings(model="tiny-bert", gpu="a10",
               dist="fsdp", gpus="16"), gpu=gpus.find_gpu("a10"), peak_bytes=GIB,

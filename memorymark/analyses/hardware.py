@@ -43,6 +43,13 @@ at batch 1 the states dominate, so the first or second usually fits (Llama-3.1-7
 the first)."""
 
 
+FAR_OFF = 2
+"""How many times its limit the first count's batch 1 must need before the largest count is
+stepped second: Llama-3.1-70B in fp32 needs 59.9 GiB of 21 on 56 A10s, where its states alone
+just fit (1,051 GiB over 56), and no count trains it; its QLoRA needs little past the limit on 2
+and trains on 4."""
+
+
 def limit_bytes(settings: Settings, gpu: gpus.GPU) -> int:
     """What batch 1 must stay within on one rank of `settings` on `gpu`: usable memory (less
     NCCL's buffers on many GPUs) less the margin, as every sweep judges it."""
@@ -127,6 +134,11 @@ def fewest_gpus(
             break
         if _unsharded(steps[n]) > limit(counts[-1]):
             break  # no count trains it
+        if i == 0 and required(steps[n]) > FAR_OFF * limit(n) and len(counts) > COUNTS_IN_ORDER:
+            # Far off where the states alone just fit: the most GPUs say whether any count
+            # can (a step on 1,024 fake ranks costs about what one on 64 does).
+            if not fits(gpu_count.with_gpus(base, counts[-1])).runs:
+                break
         if len(steps) >= 2 and not _reachable(counts[i + 1 :], steps, limit):
             break  # what stays at every count already passes the limit: no count trains it
     else:
