@@ -12,50 +12,51 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
-
-def _op(path: str) -> Any:
-    """The op at `path` under torch.ops (e.g. "aten.mm.default"), or None where this build of
-    PyTorch lacks it."""
-    found: Any = torch.ops
-    for part in path.split("."):
-        found = getattr(found, part, None)
-        if found is None:
-            return None
-    return found
-
+if TYPE_CHECKING:
+    from torch import nn
 
 # torchtitan's `_save_list`, the outputs selective op checkpointing keeps (and does not
 # recompute): torchtitan/models/llama3/infra/parallelize.py at pytorch/torchtitan@81c1243 (mm,
 # SDPA's efficient and flash kernels, reduce_scatter, max), with the SDPA kernels its later
 # `_op_sac_save_list` adds (cudnn, math, overrideable) and without those needing torch.compile
-# (flex_attention, inductor_compiled_code); plus `addmm`: a
-# linear layer with a bias runs as addmm where Llama's bias-free ones run as mm, so biased
-# models (GPT-2, BERT) keep their matmuls too. `bmm` is not in torchtitan's list: eager
-# attention's score matmuls are recomputed, as torchtitan's SDPA-only models never meet them.
-_MM_OPS = frozenset(op for op in (_op("aten.mm.default"), _op("aten.addmm.default")) if op)
-_SAVE_OPS = _MM_OPS | frozenset(
-    op
-    for op in map(
-        _op,
-        (
-            "aten._scaled_dot_product_efficient_attention.default",
-            "aten._scaled_dot_product_flash_attention.default",
-            "aten._scaled_dot_product_cudnn_attention.default",
-            "aten._scaled_dot_product_attention_math.default",
-            "aten._scaled_dot_product_fused_attention_overrideable.default",
-            "_c10d_functional.reduce_scatter_tensor.default",
-            # torchtitan: "for low precision training, it's useful to always save the result
-            # of max, since the absolute maximum is used to compute the scaling factor"
-            "aten.max.default",
-        ),
-    )
-    if op
+# (flex_attention, inductor_compiled_code); plus `addmm`: a linear layer with a bias runs as
+# addmm where Llama's bias-free ones run as mm, so biased models (GPT-2, BERT) keep their
+# matmuls too. `bmm` is not in torchtitan's list: eager attention's score matmuls are
+# recomputed, as torchtitan's SDPA-only models never meet them. Names under torch.ops, so the
+# snippets (memorymark/reporting/snippets.py) write the same list without importing torch.
+MATMUL_OPS: tuple[str, ...] = ("aten.mm.default", "aten.addmm.default")
+SAVED_OPS: tuple[str, ...] = (
+    *MATMUL_OPS,
+    "aten._scaled_dot_product_efficient_attention.default",
+    "aten._scaled_dot_product_flash_attention.default",
+    "aten._scaled_dot_product_cudnn_attention.default",
+    "aten._scaled_dot_product_attention_math.default",
+    "aten._scaled_dot_product_fused_attention_overrideable.default",
+    "_c10d_functional.reduce_scatter_tensor.default",
+    # torchtitan: "for low precision training, it's useful to always save the result of max,
+    # since the absolute maximum is used to compute the scaling factor for quantization."
+    "aten.max.default",
 )
+
+
+@cache
+def _ops(paths: tuple[str, ...]) -> frozenset[Any]:
+    """The ops at `paths` under torch.ops that this build of PyTorch has."""
+    import torch
+
+    found = set()
+    for path in paths:
+        op: Any = torch.ops
+        for part in path.split("."):
+            op = getattr(op, part, None)
+            if op is None:
+                break
+        if op is not None:
+            found.add(op)
+    return frozenset(found)
 
 
 def _selective_op_policy() -> Callable[..., Any]:
@@ -68,14 +69,15 @@ def _selective_op_policy() -> Callable[..., Any]:
     from torch.utils.checkpoint import CheckpointPolicy
 
     meta: defaultdict[str, int] = defaultdict(int)
+    matmuls, saved = _ops(MATMUL_OPS), _ops(SAVED_OPS)
 
     def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         mode = "recompute" if ctx.is_recompute else "forward"
         mm_count_key = f"{mode}_mm_count"
-        if func in _MM_OPS:
+        if func in matmuls:
             meta[mm_count_key] += 1
         # "Saves output of all compute ops, except every second mm"
-        to_save = func in _SAVE_OPS and not (func in _MM_OPS and meta[mm_count_key] % 2 == 0)
+        to_save = func in saved and not (func in matmuls and meta[mm_count_key] % 2 == 0)
         return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
 
     return policy
