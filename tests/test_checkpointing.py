@@ -151,3 +151,21 @@ def test_a_bad_mode_is_one_line_with_the_way_forward(bad: str) -> None:
         "whole number of at least 1 (layers:2 checkpoints every second block) "
         f"(got {bad!r})"
     ]
+
+
+def test_the_ways_out_offer_full_checkpointing_from_any_other_mode() -> None:
+    from memorymark import gpus
+    from memorymark.analyses.changes import settings_changes
+
+    a10 = gpus.find_gpu("A10")
+
+    def offered(mode: str) -> dict[str, str]:
+        s = Settings(model="tiny-llama", checkpointing=mode)
+        return {label: c.workload.checkpointing for label, c in settings_changes(s, a10)}
+
+    assert offered("none")["gradient checkpointing"] == "full"
+    assert offered("selective-op")["full checkpointing (instead of selective-op)"] == "full"
+    assert offered("layers:2")["full checkpointing (instead of layers:2)"] == "full"
+    assert not any(label.startswith(("gradient", "full")) for label in offered("full"))
+    # The recipes that combine changes checkpoint in full, as before.
+    assert offered("selective-op")["QLoRA: NF4 + LoRA + checkpointing"] == "full"
