@@ -100,7 +100,7 @@ def test_protocol_line_as_each_protocol_lands() -> None:
     [
         ("unknown GPU 'B300'; known: T4, A10", "pick another GPU"),
         ("no default LoRA targets for resnet; name the modules", "LoRA target modules"),
-        ("ResNet does not support gradient checkpointing; turn it off", "untick Gradient"),
+        ("ResNet does not support gradient checkpointing; turn it off", "Activation checkpointing"),
         ("could not fetch x's config.json from the Hugging Face hub (OSError)", "upload it"),
         ("unknown model 'bret'; did you mean 'bert'?", "pick a model from the list"),
         ("seq_len 9999 exceeds bert's 512 positions", "lower the sequence length"),

@@ -138,8 +138,8 @@ def test_nothing_fits_shows_how_far_off_each_fix_is_and_applies_one(fake) -> Non
     assert "still too big" in next(s for s in lines if "LoRA" in s)
     at.button(key="apply_fix_0").click().run()
     assert not at.exception
-    assert at.checkbox(key="mm_grad_checkpointing").value is True
-    assert at.query_params["grad_checkpointing"] == "true"
+    assert at.selectbox(key="mm_checkpointing").value == "full"
+    assert at.query_params["checkpointing"] == "full"
     assert fake.created[-1].workload.grad_checkpointing and len(fake.created) == 2
     assert metrics(at)["Optimal batch size"] == "192"  # checkpointing made it fit
 
@@ -164,7 +164,7 @@ def test_each_way_out_shows_with_its_button_as_it_is_found(fake) -> None:
         fake.fixes_gate.set()
     run_until(at, lambda at: bool(at.metric))
     assert not at.exception
-    assert at.checkbox(key="mm_grad_checkpointing").value is True
+    assert at.selectbox(key="mm_checkpointing").value == "full"
     assert fake.created[-1].workload.grad_checkpointing and len(fake.created) == 2
     assert metrics(at)["Optimal batch size"] == "192"
 
@@ -199,14 +199,30 @@ def test_settings_appear_only_when_they_apply() -> None:
     at.selectbox(key="mm_model").set_value("tiny-gpt2").run()
     assert at.number_input(key="mm_seq_len").value == 64  # kept for when it applies again
     at.text_input(key="mm_model_spec").set_value("torchvision:resnet18").run()
-    assert "mm_grad_checkpointing" not in widget_keys(at, "checkbox")  # no switch there
+    assert "mm_checkpointing" not in widget_keys(at, "selectbox")  # no switch there
+
+
+def test_the_checkpointing_mode_is_chosen_and_an_old_link_still_turns_it_on() -> None:
+    at = app(model="tiny-gpt2", grad_checkpointing="true")  # a link from before the modes
+    assert not at.exception and not at.error
+    assert at.selectbox(key="mm_checkpointing").value == "full"
+    assert (
+        at.query_params["checkpointing"] == "full" and "grad_checkpointing" not in at.query_params
+    )
+    assert at.selectbox(key="mm_checkpointing").options[:4] == [
+        "none", "full", "selective-op", "layers:2"
+    ]  # fmt: skip
+    at.selectbox(key="mm_checkpointing").set_value("selective-op").run()
+    assert at.query_params["checkpointing"] == "selective-op"
+    at.selectbox(key="mm_checkpointing").set_value("none").run()
+    assert "checkpointing" not in at.query_params
 
 
 def test_every_setting_round_trips_through_the_link() -> None:
     link = {
         "model": "tiny-gpt2", "task": "sequence-classification", "seq_len": "64",
         "optimizer": "adafactor", "mode": "eval", "loss": "logits-mean",
-        "precision": "bf16-true", "attention": "eager", "grad_checkpointing": "true",
+        "precision": "bf16-true", "attention": "eager", "checkpointing": "layers:3",
         "lora_rank": "8", "lora_targets": "c_attn", "forward_only": "true", "gpu": "L4",
         "backend": "sim", "strategy": "linear", "step": "4", "current_batch": "8",
         "max_batch": "256", "target_batch": "64", "margin": "5%", "depth": "trace",
@@ -214,7 +230,7 @@ def test_every_setting_round_trips_through_the_link() -> None:
     at = app(**link)  # bf16 needs a GPU with bf16: an L4, not a T4 (tests/test_app_gpu_choice.py)
     assert not at.exception and not at.error
     assert dict(at.query_params) == link
-    assert at.checkbox(key="mm_grad_checkpointing").value is True
+    assert at.selectbox(key="mm_checkpointing").value == "layers:3"  # listed, though not common
     assert at.number_input(key="mm_lora_rank").value == 8
     assert at.text_input(key="mm_lora_targets").value == "c_attn"
     assert at.number_input(key="mm_target_batch").value == 64

@@ -94,6 +94,15 @@ CASES = {
         {"num_hidden_layers": 8},
         {"lora_rank": 8, "grad_checkpointing": True, "precision": "bf16-mixed"},
     ),
+    "llama-selective-op": (
+        "tiny-llama.json",
+        {"num_hidden_layers": 8},
+        {"checkpointing": "selective-op"},
+    ),
+    # Every second block checkpointed: a period of 2 blocks.
+    "llama-layers-2": ("tiny-llama.json", {"num_hidden_layers": 10}, {"checkpointing": "layers:2"}),
+    # Every third, blocks 2, 5, 8, ...: the shallower builds keep that phase (4, 7, 10, 13 blocks).
+    "llama-layers-3": ("tiny-llama.json", {"num_hidden_layers": 16}, {"checkpointing": "layers:3"}),
     "llama-qlora": (
         "tiny-llama.json",
         {"num_hidden_layers": 8},
@@ -153,6 +162,19 @@ def test_layer_patterns_are_read_from_the_config() -> None:
     assert shallower["num_hidden_layers"] == 4 and shallower["mlp_only_layers"] == [0]
     assert "no layer count" in layer_plan({"model_type": "resnet"})
     assert "differ in depth" in layer_plan(dict(TINY_T5, num_decoder_layers=6))
+
+
+def test_checkpointing_every_k_blocks_sets_the_period_and_its_phase() -> None:
+    from memorymark.step.checkpointing import checkpointed_block
+
+    llama = {"num_hidden_layers": 16}
+    assert layer_plan(llama, checkpoint_every=2) == LayerPlan(("num_hidden_layers",), 16, period=2)
+    assert layer_plan(llama, checkpoint_every=3).depths() == (4, 7, 10, 13)
+    # With Gemma 3's pattern of 2, layers:3 repeats every 6 blocks.
+    assert layer_plan(TINY_GEMMA3, checkpoint_every=3).period == 6
+    assert layer_plan(llama, checkpoint_every=1) == layer_plan(llama)  # full: every block
+    # The plan's phase is the step's: blocks 2, 5, 8, ... under layers:3, as torchtitan counts.
+    assert [i for i in range(9) if checkpointed_block(i, 3)] == [2, 5, 8]
 
 
 def test_a_shallow_model_is_traced_in_full(tmp_path: Path) -> None:

@@ -93,7 +93,7 @@ EVERY_FIELD_CHANGED = (
         "loss": "logits-mean",
         "precision": "bf16-mixed",
         "attention": "eager",
-        "grad_checkpointing": True,
+        "checkpointing": "selective-op",
         "lora_rank": 8,
         "lora_targets": "c_attn",
         "quantization": "nf4",
@@ -125,7 +125,7 @@ EVERY_FIELD_CHANGED = (
         "find": "seq-len",
         "seq_step": 512,
     },
-    {"model": "gpt2", "loss_chunks": 4, "tf32": True},
+    {"model": "gpt2", "loss_chunks": 4, "tf32": True, "checkpointing": "layers:3"},
     {"dist": "hsdp", "gpus": "16", "nodes": 2, "offload": "cpu", "mp_policy": "none"},
 )
 

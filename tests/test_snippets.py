@@ -400,3 +400,54 @@ def test_every_distributed_strategy_parses_and_says_how_to_launch(fmt, dist):
         assert "ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW" in code
     if fmt == "hf" and dist.startswith("fsdp"):
         assert '"fsdp_version": 2' in code
+
+
+# -- checkpointing modes ---------------------------------------------------------------------------
+@pytest.mark.filterwarnings(OLD_CHECKPOINTING_NAMES)
+@pytest.mark.parametrize(
+    ("mode", "checkpointed"),
+    [("full", [True, True]), ("layers:2", [False, True]), ("selective-op", [True, True])],
+)
+def test_plain_torch_loop_checkpoints_the_blocks_measured(mode, checkpointed):
+    settings = Settings(model="tiny-bert", seq_len=8, checkpointing=mode)
+    code = snippet("torch", settings, TINY_PLAN).replace('device = "cuda"', 'device = "cpu"')
+    names = run(code, model=tiny_model(), dataset=tiny_dataset())
+    # The blocks the snippet checkpoints are the ones the measured model did.
+    measured = CatalogStep(settings).build_model()
+    assert [layer.gradient_checkpointing for layer in names["model"].bert.encoder.layer] == [
+        layer.gradient_checkpointing for layer in measured.bert.encoder.layer
+    ] == checkpointed  # fmt: skip
+
+
+def test_the_selective_op_snippet_runs_the_measured_policy():
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from memorymark.step import checkpointing
+
+    code = snippet("torch", Settings(model="tiny-llama", checkpointing="selective-op"), PLAN)
+    kw = calls(code, "gradient_checkpointing_enable")[0].keywords[0].value
+    assert ast.unparse(kw) == "{'use_reentrant': False, 'context_fn': selective_op_context}"
+    policy_code = code[: code.index("model.gradient_checkpointing_enable(")]
+    policy_code = policy_code[policy_code.index("MATMULS") :]
+    names = run(
+        policy_code,
+        torch=torch,
+        CheckpointPolicy=CheckpointPolicy,
+        create_selective_checkpoint_contexts=lambda policy: policy,
+    )
+    assert names["SAVED"] == checkpointing._ops(checkpointing.SAVED_OPS)
+    snippet_policy, ours = names["selective_op_context"](), checkpointing._selective_op_policy()
+    forward = type("Ctx", (), {"is_recompute": False})()
+    aten = torch.ops.aten
+    ops = [aten.mm.default, aten.mm.default, aten.addmm.default, aten.relu.default,
+           aten._scaled_dot_product_efficient_attention.default]  # fmt: skip
+    assert [snippet_policy(forward, op) for op in ops] == [ours(forward, op) for op in ops]
+
+
+def test_hf_sets_the_selective_modes_on_the_model_not_in_its_arguments():
+    for mode in ("selective-op", "layers:3"):
+        code = snippet("hf", Settings(model="tiny-llama", checkpointing=mode), PLAN)
+        assert "gradient_checkpointing" not in keywords(code, "TrainingArguments")
+        assert calls(code, "gradient_checkpointing_enable")
+        ast.parse(code)
+    assert "% 3 == 0" in snippet("lightning", Settings(checkpointing="layers:3"), PLAN)

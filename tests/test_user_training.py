@@ -325,7 +325,7 @@ def test_a_jobs_real_step_on_the_cpu_backend():
     [
         ({"precision": "bf16-mixed"}, "--precision describes the model or its step"),
         ({"lora_rank": 8, "model": "gpt2"}, "--lora-rank describes"),
-        ({"grad_checkpointing": True, "optimizer": "sgd"}, "--optimizer, --grad-checkpointing"),
+        ({"grad_checkpointing": True, "optimizer": "sgd"}, "--optimizer, --checkpointing"),
         ({"dist": "ddp", "gpus": "2"}, "sized on one GPU for now"),
         ({"target_batch": 256}, "drop --target-batch"),
     ],

@@ -21,8 +21,8 @@ def _together(s: Settings, combined: Settings) -> str | None:
     ("gradient checkpointing + bf16-true + LoRA rank 16 together"); None when fewer than two
     change, as that fix is then one already listed."""
     parts = []
-    if combined.workload.grad_checkpointing != s.workload.grad_checkpointing:
-        parts.append("gradient checkpointing")
+    if combined.workload.checkpointing != s.workload.checkpointing:
+        parts.append(_full_checkpointing(s))
     if combined.workload.precision != s.workload.precision:
         parts.append(combined.workload.precision)
     if combined.workload.lora_rank != s.workload.lora_rank:
@@ -35,8 +35,9 @@ def settings_changes(s: Settings, gpu: gpus.GPU) -> list[tuple[str, Settings]]:
     a search tries them; a change the GPU cannot run (bf16 on a T4) or the model does not take
     is not listed."""
     out = []
-    if not s.workload.grad_checkpointing:
-        out.append(("gradient checkpointing", s.replace(grad_checkpointing=True)))
+    # Full checkpointing keeps the least of any mode: offered from selective ones too.
+    if s.workload.checkpointing != "full":
+        out.append((_full_checkpointing(s), s.replace(checkpointing="full")))
     # bf16 only where the GPU has it: a fix that would fail there is no fix.
     precision = "bf16-true" if gpu.supports_bf16 else s.workload.precision
     if s.workload.precision != precision:
@@ -46,7 +47,7 @@ def settings_changes(s: Settings, gpu: gpus.GPU) -> list[tuple[str, Settings]]:
     if s.workload.optimizer in ("adamw", "adamw-fused", "adamw-forloop"):
         out.append(("8-bit AdamW (bitsandbytes)", s.replace(optimizer="adamw-8bit")))
     combined = s.replace(
-        grad_checkpointing=True, precision=precision, lora_rank=s.workload.lora_rank or LORA_RANK
+        checkpointing="full", precision=precision, lora_rank=s.workload.lora_rank or LORA_RANK
     )
     together = _together(s, combined)
     if together is not None:
@@ -58,6 +59,14 @@ def settings_changes(s: Settings, gpu: gpus.GPU) -> list[tuple[str, Settings]]:
     if fused is not None:
         out.append(("Liger kernels (fused cross-entropy, no full logits)", fused))
     return out
+
+
+def _full_checkpointing(s: Settings) -> str:
+    """The label of full checkpointing as a change of `s`: "gradient checkpointing" from none,
+    naming the mode it replaces otherwise."""
+    if s.workload.checkpointing == "none":
+        return "gradient checkpointing"
+    return f"full checkpointing (instead of {s.workload.checkpointing})"
 
 
 def qlora_recipe(s: Settings, gpu: gpus.GPU) -> Settings | None:
@@ -72,7 +81,7 @@ def qlora_recipe(s: Settings, gpu: gpus.GPU) -> Settings | None:
             quantization="nf4",
             double_quant=True,
             lora_rank=s.workload.lora_rank or LORA_RANK,
-            grad_checkpointing=True,
+            checkpointing="full",
             precision=precision,
         )
     except ValueError:

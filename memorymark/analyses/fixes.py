@@ -221,8 +221,8 @@ def _several_gpus_plan(settings: Settings, gpu: gpus.GPU) -> list[_SeveralGpus]:
     Llama-3.1-70B on 4 x A10, where 72 in fp32 do not train it: docs/cli.md, "When nothing
     fits")."""
     plan = [_SeveralGpus(hardware.SEVERAL_GPUS, settings, own_states=False)]
-    if not settings.workload.grad_checkpointing:
-        on = settings.replace(grad_checkpointing=True)
+    if settings.workload.checkpointing != "full":
+        on = settings.replace(checkpointing="full")
         plan.append(_SeveralGpus(CHECKPOINTED_SEVERAL, on, own_states=False))
     qlora = qlora_recipe(settings, gpu)
     if qlora is not None and qlora != settings:

@@ -244,7 +244,7 @@ def replayer_for(backend: Any) -> DepthReplayer | str:
     config = models.config_of(step.entry)
     if config is None:
         return f"{step.entry.display_name} is built by its library, with no config to deepen"
-    plan = depth.layer_plan(config)
+    plan = depth.layer_plan(config, step.settings.workload.checkpoint_every)
     if isinstance(plan, str):
         return plan
     if not plan.worth_replaying():

@@ -26,7 +26,7 @@ from memorymark.settings.sections import flat_types
 TRAINING_FLAGS = ("task", "seq_len", "image_size", "optimizer", "grad_accum", "max_grad_norm",
                   "eval_batch", "eval_accumulation", "mode", "loss")  # fmt: skip
 RUNNING_FLAGS = ("gpu", "gpu_memory_gib", "backend", "depth", "precision", "tf32", "attention",
-                 "kernels", "loss_chunks", "grad_checkpointing", "lora_rank", "lora_targets",
+                 "kernels", "loss_chunks", "checkpointing", "lora_rank", "lora_targets",
                  "quantization", "double_quant", "forward_only", "dist", "gpus", "nodes",
                  "offload", "mp_policy")  # fmt: skip
 SEARCH_FLAGS = ("find", "seq_step", "strategy", "step", "current_batch", "max_batch",
@@ -53,9 +53,15 @@ _METAVARS = {
     "ways_out_time_limit_seconds": "SECONDS",
     "max_probes": "N",
     "depth": "replay|trace",
+    "checkpointing": "none|full|selective-op|layers:K",
 }
 # The name `measure` and `validate-backward` give their own batch size, kept for analyze's.
 _ALIASES = {"current_batch": ("--batch-size",)}
+# Flags that set a setting to one value, after its own flag: --grad-checkpointing, the on/off
+# switch from before `checkpointing` named a mode, stays for the scripts and docs that use it.
+_SWITCHES = {
+    "checkpointing": (("--grad-checkpointing", "full", "the same as --checkpointing full"),),
+}
 
 
 def add_setting_flags(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
@@ -75,6 +81,8 @@ def add_setting_flags(parser: argparse.ArgumentParser, names: Iterable[str]) -> 
         if name in _METAVARS:
             options["metavar"] = _METAVARS[name]
         parser.add_argument(flag_of(name), *_ALIASES.get(name, ()), **options)
+        for flag, value, text in _SWITCHES.get(name, ()):
+            parser.add_argument(flag, dest=name, action="store_const", const=value, help=text)
 
 
 def help_text(name: str) -> str:

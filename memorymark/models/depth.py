@@ -56,8 +56,11 @@ class LayerPlan:
         return self.layers > depths[-1] and 2 * (depths[1] + depths[2]) <= self.layers
 
 
-def layer_plan(config: dict[str, Any]) -> LayerPlan | str:
-    """The depth of the model `config` describes, or why it has none a replay can use."""
+def layer_plan(config: dict[str, Any], checkpoint_every: int | None = None) -> LayerPlan | str:
+    """The depth of the model `config` describes, or why it has none a replay can use. With
+    `checkpoint_every` K (layers:K checkpointing), a block checkpointed differs from one that is
+    not: the period is then a multiple of K (the least common one with the config's), in phase
+    with the blocks checkpointed (memorymark/step/checkpointing.py's `checkpointed_block`)."""
     keys = next((row for row in LAYER_COUNTS if row[0] in config), None)
     if keys is None:
         return "its config gives no layer count"
@@ -68,6 +71,10 @@ def layer_plan(config: dict[str, Any]) -> LayerPlan | str:
     kinds = _layer_kinds(config, layers)
     if isinstance(kinds, str):
         return kinds
+    if checkpoint_every:
+        # The blocks layers:K checkpoints, counted from 1 as torchtitan's `_apply_layer_sac`
+        # does: (i + 1) % K == 0 (memorymark/step/checkpointing.py, which must agree).
+        kinds = [(*kind, (i + 1) % checkpoint_every == 0) for i, kind in enumerate(kinds)]
     prefix, period = _repeat(kinds)
     return LayerPlan(keys, layers, period, prefix)
 

@@ -171,7 +171,7 @@ def _settings(r: Report) -> list[str]:
             else f"eval batch {s.workload.eval_batch}, "
             f"accumulation {s.workload.eval_accumulation or 'unset'}",
         ),
-        ("Gradient checkpointing", "on" if s.workload.grad_checkpointing else "off"),
+        ("Activation checkpointing", s.workload.checkpointing),
         (
             "LoRA rank",
             str(s.workload.lora_rank) if s.workload.lora_rank else "off (every weight trains)",

@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 from memorymark import models
+from memorymark.reporting import checkpointing_code
 from memorymark.search.plan import TrainingPlan
 from memorymark.settings import HF_OPTIM_NAMES, Settings
 from memorymark.step import adapters
@@ -58,8 +59,6 @@ _HF_INSTANCE_WHY = {
     "sgd-forloop": "# Trainer has no name for SGD's for-loop (foreach=False) kernels: pass it.",
     "adamw-forloop": "# Trainer has no name for AdamW's for-loop (foreach=False) kernels: pass it.",
 }
-
-_CHECKPOINTING_KWARGS = '{"use_reentrant": False}'  # non-reentrant, as adapters.py enables it
 
 _NO_OPTIMIZER = "# The measured step had no optimizer (inference-style): forward and backward only."
 
@@ -105,13 +104,7 @@ def _training_arguments(settings: Settings, plan: TrainingPlan) -> list[str]:
     ]
     if settings.workload.kernels == "liger":
         lines.append("    use_liger_kernel=True,  # pip install liger-kernel")
-    if settings.workload.grad_checkpointing:
-        # Newer transformers call both activation_checkpointing*; the old names, which every
-        # supported version reads, work until v6.
-        lines += [
-            "    gradient_checkpointing=True,",
-            f"    gradient_checkpointing_kwargs={_CHECKPOINTING_KWARGS},",
-        ]
+    lines += checkpointing_code.trainer_arguments(settings.workload.checkpointing)
     if settings.workload.optimizer in _HF_OPTIM:
         lines.append(f'    optim="{_HF_OPTIM[settings.workload.optimizer]}",')
     lines += _hf_distributed(settings)
@@ -367,7 +360,7 @@ def _prepare_model(
     """Quantized loading, bf16 weights, Liger, LoRA, then checkpointing: the order
     Workload.build_model applies them in. `weights` / `checkpointing` / `liger`: the code
     converts / checkpoints / patches the model itself (Trainer does the last two from its
-    arguments)."""
+    arguments, full checkpointing only: the other modes are set on the model)."""
     lines = _quantized_loading(settings)
     if (
         weights
@@ -394,11 +387,9 @@ def _prepare_model(
         lines.append("lora_config = LoraConfig(")
         lines += [f"    {key}={_literal(value)}," for key, value in kwargs.items()]
         lines += [")", "model = get_peft_model(model, lora_config)"]
-    if checkpointing and settings.workload.grad_checkpointing:
-        lines.append(
-            "model.gradient_checkpointing_enable("
-            f"gradient_checkpointing_kwargs={_CHECKPOINTING_KWARGS})"
-        )
+    lines += checkpointing_code.model_code(
+        settings.workload.checkpointing, trainer=not checkpointing
+    )
     return lines
 
 
@@ -497,6 +488,7 @@ def _program(imports: list[str], body: list[str]) -> str:
             *imports,
             "from liger_kernel.transformers import _apply_liger_kernel_to_instance",
         ]
+    imports = [*imports, *checkpointing_code.imports_for(code)]
     peft_names = [n for n in ("LoraConfig", "get_peft_model") if f"{n}(" in code]
     if "prepare_model_for_kbit_training(" in code:
         peft_names.append("prepare_model_for_kbit_training")

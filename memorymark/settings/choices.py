@@ -45,6 +45,18 @@ ProtocolName = Literal["full", "inference-style"]
 # None, bitsandbytes' 4-bit NF4 or FP4, or LLM.int8(): what memorymark/step/quantization.py builds.
 Quantization = Literal["none", "nf4", "fp4", "int8"]
 
+# Activation checkpointing, as torchtitan's `activation_checkpoint` config names the modes
+# (torchtitan/config/job_config.py: mode none|full|selective, selective_ac_option op|<int>): no
+# checkpointing, every block, op-level selective (matmul and attention outputs kept), or every
+# K-th block. memorymark/step/checkpointing.py applies them.
+CHECKPOINTING_MODES: tuple[str, ...] = ("none", "full", "selective-op", "layers:K")
+# A bound on K, so a pasted number stays a number: past a model's depth no block is checkpointed.
+MAX_CHECKPOINT_EVERY = 1024
+_CHECKPOINTING_HELP = (
+    "none, full, selective-op or layers:K with K a whole number of at least 1 "
+    "(layers:2 checkpoints every second block)"
+)
+
 OPTIMIZERS: tuple[str, ...] = typing.get_args(Optimizer)
 MODES: tuple[str, ...] = typing.get_args(Mode)
 LOSSES: tuple[str, ...] = typing.get_args(Loss)
@@ -142,6 +154,21 @@ def validate(obj: Any) -> None:
         if f.name in RANGES:
             low, high, why = RANGES[f.name]
             limits.check_range(f.name, value, low, high, why)
+
+
+def checkpointing_mode(value: object) -> str:
+    """`value` as the `checkpointing` setting stores it ("off" reads as "none"), or a one-line
+    ValueError that lists the modes."""
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text == "off":
+        return "none"
+    if text in ("none", "full", "selective-op"):
+        return text
+    if text is not None and text.startswith("layers:"):
+        every = text.removeprefix("layers:").strip()
+        if every.isdigit() and 1 <= int(every) <= MAX_CHECKPOINT_EVERY:
+            return f"layers:{int(every)}"
+    raise ValueError(f"checkpointing must be {_CHECKPOINTING_HELP} (got {limits.shown(value)})")
 
 
 @cache

@@ -44,6 +44,7 @@ from memorymark.settings.choices import (
     Quantization,
     StrategyName,
     check_choice,
+    checkpointing_mode,
     field_types,
     parse_margin,
     validate,
@@ -85,8 +86,12 @@ class Workload:
     attention: Attention = "sdpa"
     """sdpa (torch's scaled_dot_product_attention, as CUDA dispatches it), eager (matmuls) or
     flash_attention_2 (the flash-attn package, Ampere or newer, fp16/bf16 only)."""
-    grad_checkpointing: bool = False
-    """Recompute activations in backward instead of keeping them (the model's own switch)."""
+    checkpointing: str = "none"
+    """Activation checkpointing: recompute in backward what the forward did not keep. none;
+    full (every block, the model's own switch; --grad-checkpointing is the same); selective-op
+    (every block, keeping the matmul and attention outputs and recomputing the rest, as
+    torchtitan's selective op mode); layers:K (every K-th block in full: blocks K, 2K, ...,
+    as torchtitan's selective layer mode counts them)."""
     lora_rank: int = 0
     """Rank of LoRA adapters (peft); 0 trains every weight."""
     lora_targets: str = ""
@@ -129,6 +134,7 @@ class Workload:
         if self.optimizer in OPTIMIZER_ALIASES:
             object.__setattr__(self, "optimizer", OPTIMIZER_ALIASES[self.optimizer])
         validate(self)
+        object.__setattr__(self, "checkpointing", checkpointing_mode(self.checkpointing))
         # No I/O here: a `file:` or `hf:` model is read, and what depends on it checked, where
         # it is resolved (`check_model`, which the engine's Session calls). A catalog model's
         # entry is in memory, so its checks come at once.
@@ -143,6 +149,17 @@ class Workload:
             raise ValueError("eval_accumulation needs an evaluation pass: set --eval-batch N")
         if source == "catalog":
             _check_model_entry(self, models.find_model(self.model))
+
+    @property
+    def grad_checkpointing(self) -> bool:
+        """True when any block recomputes its activations in backward (any mode but none)."""
+        return self.checkpointing != "none"
+
+    @property
+    def checkpoint_every(self) -> int | None:
+        """K for layers:K (every K-th block checkpointed), else None."""
+        mode = self.checkpointing
+        return int(mode.removeprefix("layers:")) if mode.startswith("layers:") else None
 
     @property
     def paged_optimizer(self) -> bool:
@@ -321,6 +338,7 @@ class Settings:
         search: Search | None = None,
         **flat: Any,
     ) -> None:
+        flat = _legacy_names(flat)
         unknown = sorted(set(flat) - set(_SECTION_OF))
         if unknown:
             raise TypeError(f"Settings() got an unexpected keyword argument {unknown[0]!r}")
@@ -365,6 +383,7 @@ class Settings:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Settings:
         """Build from a dict such as `to_dict` writes; unknown keys are an error."""
+        data = _legacy_names(data)
         unknown = sorted(set(data) - set(_SECTION_OF))
         if unknown:
             known = ", ".join(sorted(_SECTION_OF))
@@ -383,7 +402,34 @@ class Settings:
     @classmethod
     def from_query(cls, params: Mapping[str, str]) -> Settings:
         """Parse URL query parameters (strings); unknown keys are ignored, bad values raise."""
-        return cls(**codecs.parse_query(flat_types(), params))
+        parsed = codecs.parse_query(flat_types(), params)
+        if LEGACY_CHECKPOINTING in params:
+            raw = str(params[LEGACY_CHECKPOINTING])
+            try:
+                parsed[LEGACY_CHECKPOINTING] = codecs.parse_value(raw, bool)
+            except ValueError:
+                raise ValueError(
+                    f"bad value for {LEGACY_CHECKPOINTING}: {limits.shown(raw)}"
+                ) from None
+        return cls(**parsed)
+
+
+LEGACY_CHECKPOINTING = "grad_checkpointing"
+"""The on/off setting `checkpointing` replaced: still read (True is full), never written, so
+saved JSON, history rows, links and scripts from before keep working."""
+
+
+def _legacy_names(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """`flat` with `grad_checkpointing` read as `checkpointing` (on: full, off: none); a
+    `checkpointing` given beside it wins."""
+    out = dict(flat)
+    if LEGACY_CHECKPOINTING not in out:
+        return out
+    on = out.pop(LEGACY_CHECKPOINTING)
+    if not isinstance(on, bool):
+        raise ValueError(f"{LEGACY_CHECKPOINTING} must be a bool (got {limits.shown(on)})")
+    out.setdefault("checkpointing", "full" if on else "none")
+    return out
 
 
 @cache

@@ -1,11 +1,10 @@
-"""What changes the trained model itself: LoRA adapters and gradient checkpointing.
+"""What changes the trained model itself: LoRA adapters (activation checkpointing is
+memorymark/step/checkpointing.py's).
 
 LoRA goes through `peft`: base weights are frozen (no gradients, no optimizer state), small
-adapter matrices train, and classification heads stay trainable. Gradient checkpointing uses each
-library's own switch (transformers' `gradient_checkpointing_enable`, timm's
-`set_grad_checkpointing`), so the step recomputes exactly what the real training run would.
-This module knows nothing about devices or measurement, and imports torch and peft only when a
-function needs them, so the snippets can ask it for the LoRA config without loading torch.
+adapter matrices train, and classification heads stay trainable. This module knows nothing
+about devices or measurement, and imports torch and peft only when a function needs them, so
+the snippets can ask it for the LoRA config without loading torch.
 """
 
 from __future__ import annotations
@@ -121,27 +120,3 @@ def apply_lora(model: nn.Module, task: str, rank: int, targets: str) -> nn.Modul
             return get_peft_model(model, config)
     except ValueError as exc:  # peft: "Target modules {...} not found in the base model"
         raise ValueError(f"LoRA: {str(exc).splitlines()[0]}") from None
-
-
-def enable_checkpointing(model: nn.Module) -> None:
-    """Turn on gradient checkpointing with the model's own switch, or say it has none."""
-    # Non-reentrant, as PyTorch recommends: it needs no input that requires grad (LoRA).
-    kwargs = {"use_reentrant": False}
-    supported = getattr(model, "supports_gradient_checkpointing", True)
-    # Each library's own switch, found by name (an nn.Module's attributes type as tensors).
-    switch_5 = getattr(model, "activation_checkpointing_enable", None)  # transformers 5
-    switch_4 = getattr(model, "gradient_checkpointing_enable", None)  # transformers 4
-    switch_timm = getattr(model, "set_grad_checkpointing", None)
-    if supported and switch_5 is not None:
-        switch_5(activation_checkpointing_kwargs=kwargs)
-        return
-    if supported and switch_4 is not None:
-        switch_4(gradient_checkpointing_kwargs=kwargs)
-        return
-    if switch_timm is not None:
-        switch_timm(True)
-        return
-    raise ValueError(
-        f"{type(model).__name__} does not support gradient checkpointing; "
-        "turn --grad-checkpointing off or pick another model"
-    )

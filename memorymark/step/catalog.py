@@ -27,7 +27,7 @@ from torch import nn
 
 from memorymark import cuda_rules, models
 from memorymark.settings import Settings
-from memorymark.step import adapters, fused_loss, liger, optimizers, quantization
+from memorymark.step import adapters, checkpointing, fused_loss, liger, optimizers, quantization
 from memorymark.step.protocol import OnPhase, Phase, RunOptimizer, no_phase, run_now
 
 # 16-mixed: the GradScaler of each optimizer, created with its state at the first step and kept
@@ -96,7 +96,7 @@ class CatalogStep:
                 model, self.task, s.workload.lora_rank, s.workload.lora_targets
             )
         if s.workload.grad_checkpointing:
-            adapters.enable_checkpointing(model)
+            checkpointing.enable(model, s.workload.checkpointing)
         return model
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:

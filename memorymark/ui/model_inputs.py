@@ -71,7 +71,7 @@ def applicable(entry: models.ModelEntry) -> dict[str, bool]:
         "image_size": not text,
         "attention": text,
         "kernels": entry.default_task == models.CAUSAL_LM,
-        "grad_checkpointing": entry.source != "torchvision",
+        "checkpointing": entry.source != "torchvision",
         # bitsandbytes quantizes transformers' linear layers (memorymark/step/quantization.py).
         "quantization": entry.source not in ("timm", "torchvision"),
         "double_quant": entry.source not in ("timm", "torchvision"),

@@ -171,6 +171,24 @@ def _batch_inputs(sb: Any, use: dict[str, bool]) -> None:
     )
 
 
+CHECKPOINTING_SHOWN = ("none", "full", "selective-op", "layers:2", "layers:4")
+"""The checkpointing modes the select box lists; another layers:K can be typed in."""
+
+
+def _checkpointing_input(sb: Any) -> None:
+    """The checkpointing mode: a select box of the common ones, taking any other typed in
+    (the settings check it); one set by a link stays listed."""
+    current = st.session_state.get(key("checkpointing"), "none")
+    shown = [*CHECKPOINTING_SHOWN, *([current] if current not in CHECKPOINTING_SHOWN else [])]
+    sb.selectbox(
+        "Activation checkpointing",
+        shown,
+        key=key("checkpointing"),
+        help=field_help("checkpointing"),
+        accept_new_options=True,
+    )
+
+
 def training_inputs(sb: Any, entry: models.ModelEntry | None) -> dict[str, Any]:
     """Draw the training and search widgets; return values that override their state."""
     use = applicable(entry) if entry is not None else {}
@@ -182,12 +200,8 @@ def training_inputs(sb: Any, entry: models.ModelEntry | None) -> dict[str, Any]:
     )
     sb.checkbox("TF32 matmuls (allow_tf32)", key=key("tf32"), help=field_help("tf32"))
     sb.selectbox("Optimizer", choices.OPTIMIZERS, key=key("optimizer"), help=OPTIMIZER_HELP)
-    if use.get("grad_checkpointing", True):
-        sb.checkbox(
-            "Gradient checkpointing",
-            key=key("grad_checkpointing"),
-            help=field_help("grad_checkpointing"),
-        )
+    if use.get("checkpointing", True):
+        _checkpointing_input(sb)
     overrides = _lora_inputs(sb)
     overrides |= _quantization_inputs(sb, use)
     overrides |= _loop_inputs(sb)

@@ -49,6 +49,7 @@ FLAG_WIDGETS = {  # a CLI flag the engine's one-line refusals name -> the widget
     "--precision": "Precision",
     "--attention": "Attention",
     "--backend": "Backend (Advanced)",
+    "--checkpointing": "Activation checkpointing",
 }
 NEXT_STEPS = (  # (any of these words, and any of these too, or none needed) -> the next step
     (("unknown model",), (), "pick a model from the list, or check the spec's spelling."),
@@ -60,7 +61,11 @@ NEXT_STEPS = (  # (any of these words, and any of these too, or none needed) -> 
     (("gpu",), ("unknown", "sees no"), "pick another GPU, or set Backend to sim under Advanced."),
     (("seq_len", "position"), (), "lower the sequence length in the sidebar."),
     (("lora",), (), "name the modules to adapt in 'LoRA target modules', or set the rank to 0."),
-    (("checkpointing",), (), "untick Gradient checkpointing, or pick another model."),
+    (
+        ("checkpointing",),
+        (),
+        "set Activation checkpointing to none (or full), or pick another model.",
+    ),  # fmt: skip
     (("hub",), (), "download the model's config.json and upload it in the sidebar instead."),
     (("config file", "model_type"), (), "upload a transformers config.json (it has a model_type)."),
     (("not usable here",), (), "install that library next to torch, or pick a catalog model."),
