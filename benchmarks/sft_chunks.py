@@ -1,0 +1,115 @@
+"""Prints what sizing TRL's SFTTrainer costs here against a plain Trainer of the same model:
+issue 31's target is within 3x.
+
+The model has TinyLlama-1.1B's dimensions (random weights, built from the config: no hub), with
+LoRA (rank 16 on the attention projections), 512-token samples, bf16, sized for an A10 through
+the Hugging Face integration (`hf.find_batch_size`). Each case runs in a fresh process (imports,
+building the Trainer and the sweep, as a user's script pays them), twice by default; the
+figures are whole-process seconds, the sweep's own seconds, and the SFT case as a multiple of
+the plain one. It needs trl (and its `datasets`) importable: `pip install trl` (TRL before 1.0,
+e.g. 0.24, logs the entropy of the logits in chunks of 128 rows; 1.x projects the LM head in
+tiles of 4096 rows instead).
+
+    PYTHONPATH=. python benchmarks/sft_chunks.py [--repeat 2] [--layers 22]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_CHILD = """
+import json, sys, tempfile, time, warnings
+warnings.filterwarnings("ignore")
+import datasets, torch
+from peft import LoraConfig, get_peft_model
+from tokenizers import Tokenizer, models
+from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Trainer,
+                          TrainingArguments)
+from memorymark.integrations import hf
+
+kind, layers = sys.argv[1], int(sys.argv[2])
+TOKENS = 512
+config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
+                     num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+                     max_position_embeddings=2048)  # TinyLlama-1.1B's config.json
+lora = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+rows = [[1] * TOKENS] * 16
+out = tempfile.mkdtemp()
+with hf.target_gpu("a10"):
+    if kind == "sft":
+        import trl
+        vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
+            pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+        args = trl.SFTConfig(output_dir=out, report_to=[], bf16=True, max_length=TOKENS,
+                             per_device_train_batch_size=8)
+        trainer = trl.SFTTrainer(model=LlamaForCausalLM(config), args=args, peft_config=lora,
+                                 train_dataset=datasets.Dataset.from_dict({"input_ids": rows}),
+                                 processing_class=tokenizer)
+    else:
+        args = TrainingArguments(output_dir=out, report_to=[], bf16=True,
+                                 per_device_train_batch_size=8)
+        data = datasets.Dataset.from_dict({"input_ids": rows, "labels": rows})
+        trainer = Trainer(model=get_peft_model(LlamaForCausalLM(config), lora), args=args,
+                          train_dataset=data)
+start = time.perf_counter()
+report = hf.find_batch_size(trainer, gpu="a10").report
+print(json.dumps({
+    "sweep_seconds": time.perf_counter() - start,
+    "optimal": report.optimal and report.optimal.batch_size,
+    "traced": sum(not m.replayed for m in report.measurements),
+    "replayed": sum(m.replayed for m in report.measurements),
+    "search_note": report.search_note,
+    "trl": sys.modules["trl"].__version__ if "trl" in sys.modules else None,
+}))
+"""
+
+
+def _case(kind: str, layers: int) -> tuple[float, dict[str, object]]:
+    """Whole-process seconds of one sizing, and what its child printed."""
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, kind, str(layers)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"TRANSFORMERS_VERBOSITY": "error", "PYTHONPATH": str(ROOT), **os.environ},
+    )
+    seconds = time.perf_counter() - start
+    if proc.returncode:
+        raise SystemExit(f"{kind} failed: {proc.stderr.strip()[-600:]}")
+    return seconds, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=22, help="TinyLlama-1.1B has 22")
+    args = parser.parse_args()
+    for run in range(args.repeat):
+        times = {}
+        for kind in ("plain", "sft"):
+            seconds, child = _case(kind, args.layers)
+            times[kind] = seconds
+            print(
+                f"  run {run + 1} {kind:<5} {seconds:6.1f} s whole process "
+                f"({child['sweep_seconds']:.1f} s sweep), optimal {child['optimal']}, "
+                f"{child['traced']} traced, {child['replayed']} replayed"
+                + (f" (trl {child['trl']})" if child["trl"] else ""),
+                flush=True,
+            )
+            print(f"             {child['search_note']}", flush=True)
+        print(f"  run {run + 1} SFTTrainer / Trainer: {times['sft'] / times['plain']:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
