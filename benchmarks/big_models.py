@@ -75,11 +75,12 @@ class RawStep:
         return time.perf_counter() - start
 
 
-def _process(args: list[str]) -> tuple[float, dict[str, Any]]:
-    """Wall seconds of `python -m memorymark analyze ARGS --json`, and its JSON."""
+def timed_python(argv: list[str], what: str) -> tuple[float, str]:
+    """Wall seconds of `python ARGV` run from the checkout (a whole process, as a user's),
+    and what it printed; exits saying `what` failed, with the end of its errors."""
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "memorymark", "analyze", *args, "--backend", "sim", "--json"],
+        [sys.executable, *argv],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -87,8 +88,15 @@ def _process(args: list[str]) -> tuple[float, dict[str, Any]]:
     )
     seconds = time.perf_counter() - start
     if proc.returncode:
-        raise SystemExit(f"analyze {' '.join(args)} failed: {proc.stderr.strip()[-400:]}")
-    return seconds, json.loads(proc.stdout)
+        raise SystemExit(f"{what} failed: {proc.stderr.strip()[-600:]}")
+    return seconds, proc.stdout
+
+
+def _process(args: list[str]) -> tuple[float, dict[str, Any]]:
+    """Wall seconds of `python -m memorymark analyze ARGS --json`, and its JSON."""
+    argv = ["-m", "memorymark", "analyze", *args, "--backend", "sim", "--json"]
+    seconds, out = timed_python(argv, f"analyze {' '.join(args)}")
+    return seconds, json.loads(out)
 
 
 def _answer(report: dict[str, Any]) -> tuple[Any, ...]:

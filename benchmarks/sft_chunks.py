@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from big_models import timed_python
 
 _CHILD = """
 import json, sys, tempfile, time, warnings
@@ -76,18 +74,8 @@ print(json.dumps({
 
 def _case(kind: str, layers: int) -> tuple[float, dict[str, object]]:
     """Whole-process seconds of one sizing, and what its child printed."""
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, kind, str(layers)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={"TRANSFORMERS_VERBOSITY": "error", "PYTHONPATH": str(ROOT), **os.environ},
-    )
-    seconds = time.perf_counter() - start
-    if proc.returncode:
-        raise SystemExit(f"{kind} failed: {proc.stderr.strip()[-600:]}")
-    return seconds, json.loads(proc.stdout.strip().splitlines()[-1])
+    seconds, out = timed_python(["-c", _CHILD, kind, str(layers)], kind)
+    return seconds, json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
