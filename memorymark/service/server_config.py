@@ -39,7 +39,7 @@ DEFAULT_MAX_WAYS_OUT_TIME_LIMIT_SECONDS = 300.0
 """When nothing fits, the search for ways out gets its own time after the sweep's: for
 Llama-3.1-70B on an A10 it counts the states of each change, then steps the model on bigger GPUs
 and sharded over many A10s; with the depth replay every stage ends inside 300 s here (in the
-app, the sweep and all 11 ways out took 97 s on a shared 2-core machine: docs/cli.md)."""
+app, the sweep and all 11 ways out took 39 s on a 2-core machine: docs/cli.md)."""
 DEFAULT_MAX_PROBES = 64
 HOSTED_WORKERS = 1
 """Sweep workers on a hosted server. Streamlit Community Cloud gives an app at most 2 cores and
