@@ -169,9 +169,8 @@ def _reachable(
     if len(steps) < 2 or not counts:
         return tuple(counts)
     (n1, m1), (n2, m2) = sorted(steps.items())[-2:]
-    b = (required(m1) - required(m2)) / (1 / n1 - 1 / n2)
-    a = required(m1) - b / n1
-    first = next((n for n in counts if a + b / n <= limit(n)), None)
+    needs_at = gpu_count.fitted_needs((n1, required(m1)), (n2, required(m2)))
+    first = next((n for n in counts if needs_at(n) <= limit(n)), None)
     return () if first is None else tuple(n for n in counts if n <= 2 * first)
 
 

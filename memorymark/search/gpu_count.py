@@ -153,7 +153,16 @@ def _predicted(
     points = below[-1:] + above[:1] if above else below[-2:]
     if len(points) < 2 or below[-1:] != [counts[low]]:
         return None
-    (n1, n2), (r1, r2) = points, (needs[points[0]], needs[points[1]])
+    needs_at = fitted_needs((points[0], needs[points[0]]), (points[1], needs[points[1]]))
+    return next(
+        (i for i in range(low + 1, top) if needs_at(counts[i]) <= capacity(counts[i])), None
+    )
+
+
+def fitted_needs(one: tuple[int, int], other: tuple[int, int]) -> Callable[[int], float]:
+    """What a step needs on n GPUs as a + b/n, through two (count, bytes needed) points: the
+    sharded states fall as 1/n, the rest stays."""
+    (n1, r1), (n2, r2) = one, other
     b = (r1 - r2) / (1 / n1 - 1 / n2)
     a = r1 - b / n1
-    return next((i for i in range(low + 1, top) if a + b / counts[i] <= capacity(counts[i])), None)
+    return lambda n: a + b / n
