@@ -135,7 +135,7 @@ def test_min_gpus_does_not_step_counts_the_sharded_states_alone_overflow():
     measure = _fake_measure(24, seen, a=10, b=1000)
     search = min_gpus(_on("fsdp", 1), measure, capacity=lambda n: 80, sharded_states=900)
     assert search.min_gpus == 24 and seen == [16, 24]
-    assert search.to_dict()["first_count_stepped"] == 16
+    assert search.to_dict()["first_count_stepped"] == 16 and search.ruled_out_below == 16
     assert search.to_dict()["searched_counts"][0]["gpus"] == 16
     # States no count holds: the largest is stepped, to say how far off it is.
     seen.clear()

@@ -52,10 +52,8 @@ def _layer_plan(settings: Settings) -> Any:
     from memorymark import models
     from memorymark.models import depth
 
-    entry = models.find_model(settings.workload.model)
-    config = models.config_of(entry)
-    plan = None if config is None else depth.layer_plan(config)
-    return plan if isinstance(plan, depth.LayerPlan) and plan.worth_replaying() else None
+    config = models.config_of(models.find_model(settings.workload.model))
+    return None if config is None else depth.replayed_plan(config)
 
 
 def _counted(settings: Settings, layers: int | None) -> tuple[int, int]:

@@ -101,14 +101,10 @@ def seq_probe_line(seq_len: int, m: Measurement, usable_bytes: int) -> str:
 
 def print_gpu_search(search: GpuSearch) -> None:
     """Each GPU count tried for batch 1, and the fewest that train it."""
-    if (
-        search.states_bytes is not None
-        and search.first_count is not None
-        and search.first_count > 1
-    ):
+    if search.ruled_out_below is not None and search.states_bytes is not None:
         print(
-            f"  fewer than {plural(search.first_count, 'GPU')} not stepped: a rank's share of "
-            f"the sharded states alone ({gib(search.states_bytes):,.1f} GiB in all) passes "
+            f"  fewer than {plural(search.ruled_out_below, 'GPU')} not stepped: a rank's share "
+            f"of the sharded states alone ({gib(search.states_bytes):,.1f} GiB in all) passes "
             "its memory"
         )
     for n, m in search.tried:

@@ -56,6 +56,13 @@ class LayerPlan:
         return self.layers > depths[-1] and 2 * (depths[1] + depths[2]) <= self.layers
 
 
+def replayed_plan(config: dict[str, Any]) -> LayerPlan | None:
+    """The layer plan of the model `config` describes where a depth replay of it pays off
+    (`LayerPlan.worth_replaying`), else None."""
+    plan = layer_plan(config)
+    return plan if isinstance(plan, LayerPlan) and plan.worth_replaying() else None
+
+
 def layer_plan(config: dict[str, Any], checkpoint_every: int | None = None) -> LayerPlan | str:
     """The depth of the model `config` describes, or why it has none a replay can use. With
     `checkpoint_every` K (layers:K checkpointing), a block checkpointed differs from one that is

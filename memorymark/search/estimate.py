@@ -14,7 +14,7 @@ from typing import Any
 
 from memorymark import models
 from memorymark.models import config_checks
-from memorymark.models.depth import LayerPlan, layer_plan
+from memorymark.models.depth import replayed_plan
 from memorymark.settings import Settings
 
 # Seconds per transformer layer of a simulated probe, timed on the 2-core CPU machine this was
@@ -53,8 +53,8 @@ def sweep_seconds(
     `replay_depth`, where the depth replay holds (memorymark/backends/depth_replay.py), a
     probe traces the model built shallower: four depths at the first, two at each later one."""
     first_layers = later_layers = max(layer_count(config), 1)
-    plan = layer_plan(config) if replay_depth else None
-    if isinstance(plan, LayerPlan) and plan.worth_replaying():
+    plan = replayed_plan(config) if replay_depth else None
+    if plan is not None:
         depths = plan.depths()
         first_layers, later_layers = sum(depths), depths[1] + depths[2]
     first = FIRST_PROBE_SECONDS_PER_LAYER * first_layers + SECONDS_PER_LABEL * labels

@@ -47,6 +47,12 @@ class GpuSearch:
     first_count: int | None = None
     """The smallest count a rank's share of `states_bytes` leaves room on (the first stepped)."""
 
+    @property
+    def ruled_out_below(self) -> int | None:
+        """The count below which the states alone ruled every count out; None where none was."""
+        below = self.first_count if self.states_bytes is not None else None
+        return below if below is not None and below > 1 else None
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able: the count and each probe's count, verdict and reserved GiB, and the
         counts the states alone ruled out."""

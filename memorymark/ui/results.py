@@ -150,10 +150,9 @@ def distributed_note(report: Report) -> str | None:
     search = report.gpu_search
     found = ""
     if search is not None:
+        below = search.ruled_out_below
         ruled_out = (
-            f"; fewer than {search.first_count} ruled out by the sharded states alone"
-            if search.first_count is not None and search.first_count > 1
-            else ""
+            "" if below is None else f"; fewer than {below} ruled out by the sharded states alone"
         )
         found = (
             f"Smallest GPU count that trains batch 1: {search.min_gpus} "
