@@ -28,7 +28,8 @@ TRAINING_FLAGS = ("task", "seq_len", "image_size", "optimizer", "grad_accum", "m
 RUNNING_FLAGS = ("gpu", "gpu_memory_gib", "backend", "depth", "precision", "tf32", "attention",
                  "kernels", "loss_chunks", "checkpointing", "lora_rank", "lora_targets",
                  "quantization", "double_quant", "forward_only", "dist", "gpus", "nodes",
-                 "offload", "mp_policy")  # fmt: skip
+                 "offload", "mp_policy", "tp", "cp", "pp", "pp_schedule", "microbatches",
+                 "virtual_stages")  # fmt: skip
 SEARCH_FLAGS = ("find", "seq_step", "strategy", "step", "current_batch", "max_batch",
                 "time_limit_seconds", "max_probes", "ways_out_time_limit_seconds", "margin",
                 "target_batch")  # fmt: skip
@@ -37,7 +38,8 @@ SEARCH_FLAGS = ("find", "seq_step", "strategy", "step", "current_batch", "max_ba
 # numbers reach Settings, whose range check names the setting.
 _AT_LEAST_1 = frozenset(
     {"grad_accum", "nodes", "seq_step", "step", "current_batch", "max_batch", "max_probes",
-     "target_batch", "eval_batch", "eval_accumulation"}
+     "target_batch", "eval_batch", "eval_accumulation", "tp", "cp", "pp", "microbatches",
+     "virtual_stages"}
 )  # fmt: skip
 _METAVARS = {
     "grad_accum": "N",

@@ -25,7 +25,7 @@ from functools import cache
 from typing import Any
 
 from memorymark import limits, models
-from memorymark.distributed import topology
+from memorymark.distributed import layout, topology
 from memorymark.settings import codecs
 from memorymark.settings.choices import (
     DEFAULT_MAX_BATCH,
@@ -215,16 +215,62 @@ class Hardware:
     """auto: FSDP2's MixedPrecisionPolicy from the precision (bf16 compute, fp32 reduction);
     none: fp32 parameters and autocast alone."""
 
+    # Model parallelism beside the data parallelism `dist` names: memorymark/distributed/
+    # layout.py's degrees, on one device mesh as torchtitan builds it.
+    tp: int = 1
+    """Tensor-parallel degree: each block's attention and MLP split over this many GPUs of a
+    node (parallelize_module with the model's plan, sequence parallel norms); 1: none."""
+    cp: int = 1
+    """Context-parallel degree: the sequence split over this many GPUs, attention as a ring
+    (torch's context_parallel); 1: none."""
+    pp: int = 1
+    """Pipeline-parallel degree: the blocks split into this many stages on different GPUs;
+    1: none."""
+    pp_schedule: str = "1f1b"
+    """The pipeline schedule: 1f1b, gpipe, or interleaved-1f1b (with --virtual-stages)."""
+    microbatches: int | None = None
+    """Microbatches each pipeline step splits the local batch into; None: one per stage."""
+    virtual_stages: int = 1
+    """Pipeline stages each GPU holds (interleaved-1f1b takes 2 or more)."""
+
     def __post_init__(self) -> None:
         validate(self)
+        for name in ("tp", "cp", "pp"):  # before the GPU count is checked against them
+            limits.check_range(name, getattr(self, name), 1, topology.MAX_GPUS, "the GPU cap")
         self._check_distribution()
+        self._check_layout()
+
+    def _check_layout(self) -> None:
+        check_choice("pp_schedule", self.pp_schedule, layout.PP_SCHEDULES)
+        limits.check_range("virtual_stages", self.virtual_stages, 1, 64, "a stage a layer")
+        if self.microbatches is not None:
+            limits.check_range("microbatches", self.microbatches, 1, 4096, "a pipeline step")
+        if self.virtual_stages > 1 and self.pp_schedule != "interleaved-1f1b":
+            raise ValueError(
+                f"--virtual-stages {self.virtual_stages} is for --pp-schedule interleaved-1f1b"
+            )
+        if self.pp_schedule == "interleaved-1f1b" and self.pp > 1 and self.virtual_stages < 2:
+            raise ValueError("interleaved-1f1b holds 2 or more stages a GPU: add "
+                             "--virtual-stages 2")  # fmt: skip
+        count = self.gpu_count
+        if count is not None:
+            self.layout(count)
+
+    def layout(self, gpus: int | None = None) -> layout.Layout:
+        """The parallel layout over `gpus` GPUs (the count asked for when not given)."""
+        count = gpus if gpus is not None else (self.gpu_count or 1)
+        return layout.Layout(
+            gpus=count, dist=self.dist, tp=self.tp, cp=self.cp, pp=self.pp,
+            nodes=topology.nodes_for(count, self.nodes),
+        )  # fmt: skip
 
     def _check_distribution(self) -> None:
         check_choice("dist", self.dist, topology.DIST_STRATEGIES)
         check_choice("offload", self.offload, topology.OFFLOADS)
         check_choice("mp_policy", self.mp_policy, topology.MP_POLICIES)
         count = self.gpu_count
-        if self.dist == "none" and (count is None or count > 1):
+        model_parallel = self.tp * self.cp * self.pp
+        if self.dist == "none" and (count is None or count > model_parallel):
             raise ValueError(
                 f"--gpus {self.gpus} needs a distributed strategy: --dist ddp, zero1, fsdp, "
                 "fsdp-no-reshard or hsdp"
