@@ -181,7 +181,9 @@ class Session:
         if s.hardware.gpu_count is None:
             raise ValueError("--gpus auto: find the count first (Session.with_min_gpus)")
         backend = self.open_backend()
-        strategy = self._strategy(backend, step=s.search.step, max_batch=s.search.max_batch)
+        strategy = self._strategy(
+            backend, step=s.search.step, max_batch=s.search.max_batch, floor=self._states_floor()
+        )
         limits = SweepLimits(
             time_limit_seconds=s.search.time_limit_seconds, max_probes=s.search.max_probes
         )
@@ -198,7 +200,21 @@ class Session:
             self.depth_replay = backend.depth_replay
         self.stopped_by = limits.stopped_by
 
-    def _strategy(self, measurer: Any, *, step: int, max_batch: int, degree: int = 1) -> Strategy:
+    def _states_floor(self) -> int:
+        """Bytes every step of the sweep holds at least, where they are known without a step:
+        a simulated catalog model's states, counted on the meta device, on one GPU or
+        replicated (DDP); 0 elsewhere. Past the capacity, the sweep traces batch 1 alone
+        (Llama-3.1-70B in fp32 on an A10: 1,051 GB of states, 5 probes before)."""
+        s = self.settings
+        if self.backend_name != "sim" or self.model_entry is None:
+            return 0
+        if s.hardware.dist not in ("none", "ddp"):
+            return 0  # shards, or states on the host: what one rank holds is not the model's
+        return self.bench.counted_states(s)[0]
+
+    def _strategy(
+        self, measurer: Any, *, step: int, max_batch: int, degree: int = 1, floor: int = 0
+    ) -> Strategy:
         """The settings' strategy over `measurer`'s axis; the symbolic one replays where the
         measurer keeps records of its traced steps (a simulation), else it is the fast one and
         says why (`search_fallback`)."""
@@ -211,6 +227,7 @@ class Session:
             limit_bytes=self.policy.limit_bytes,
             degree=degree,
             why_not=f"the {self.backend_name} backend traces every probe: nothing to replay",
+            floor_bytes=floor,
         )
         if isinstance(strategy, SymbolicStrategy):
             self._symbolic = strategy

@@ -285,6 +285,18 @@ def test_nothing_fits_below_the_first_grid_point_says_why(function_backend):
     assert strategy.fallback == "batch 8 does not fit, nor any smaller size: nothing to replay"
 
 
+def test_states_past_the_capacity_leave_batch_1_the_one_probe(function_backend):
+    tiny = dict(limit_bytes=5_000, capacity_bytes=5_000, floor_bytes=5_001)
+    _, fast, fast_tried = _below(function_backend, **tiny)
+    strategy, results, tried = _below(function_backend, replayer={}, **tiny)
+    assert _answers(results) == _answers(fast) == (None, None)
+    assert tried == fast_tried == [1]
+    assert strategy.fallback.endswith("a step may use, so batch 1 was the one probe")
+    # A floor within the capacity changes nothing: the search is the one without it.
+    _, _, searched = _below(function_backend, replayer={}, **{**tiny, "floor_bytes": 4_999})
+    assert searched == [8, 4, 2, 1]
+
+
 def test_small_sizes_that_do_not_align_search_as_the_fast_strategy(function_backend):
     _, fast, fast_tried = _below(function_backend)
     strategy, results, tried = _below(
@@ -329,6 +341,15 @@ def test_a_first_grid_point_that_does_not_fit_traces_three_steps_below_it():
     verdicts = {b: session.measure(b) for b in (optimal + 1, largest, largest + 1)}
     assert not verdicts[optimal + 1].fits
     assert verdicts[largest].runs and not verdicts[largest + 1].runs
+
+
+def test_a_model_whose_states_pass_the_gpu_traces_batch_1_and_the_current_batch():
+    # GPT-2's fp32 AdamW states (about 2 GiB) on a 1 GiB GPU: no batch can run.
+    settings = Settings(**{**SMALL, "model": "gpt2", "seq_len": 32, "current_batch": 16})
+    report = Session(settings).analyze(fixes=False, plan=False)
+    assert [m.batch_size for m in report.measurements] == [1, 16]
+    assert report.optimal is None and not report.measurements[0].runs
+    assert "states alone" in report.search_note
 
 
 def test_a_sweep_with_an_evaluation_pass_traces_every_probe_and_says_why():

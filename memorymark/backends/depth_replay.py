@@ -31,7 +31,6 @@ class ShallowerBackend(Protocol):
     which holds the replay: named here, not imported)."""
 
     training_step: TrainingStep
-    compute_capability: tuple[int, int]
     last_record: StepRecord | None
 
     def measure(self, batch_size: int) -> Measurement: ...
@@ -53,9 +52,11 @@ _KEPT_STEPS = 64
 
 def _structure_key(backend: ShallowerBackend) -> tuple[Any, ...]:
     """What decides a step's structure: the step (what is trained and how), the kind of
-    backend, how the model is spread, and the kernels the GPU runs. Not the GPU count (it
-    sizes the shards) nor the batch; each structure is checked against the steps it is fitted
-    to (its allocations, frees and operators at two depths) before a replay reads it."""
+    backend and how the model is spread. Not the GPU count (it sizes the shards), the batch, or
+    the GPU's kernels: each structure is checked against the steps it is fitted to (their
+    allocations, frees and operators at two depths) before a replay reads it, so a structure
+    another GPU's kernels do not follow is passed over and one is found for them. (The ways out
+    of a 70B model step QLoRA on an L40S, then an A100: one structure serves both.)"""
     s = backend.training_step.settings
     return (
         s.workload,
@@ -63,7 +64,6 @@ def _structure_key(backend: ShallowerBackend) -> tuple[Any, ...]:
         s.hardware.dist,
         s.hardware.offload,
         s.hardware.mp_policy,
-        backend.compute_capability,
     )
 
 

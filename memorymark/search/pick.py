@@ -30,27 +30,25 @@ def pick_strategy(
     confirmed: Replayer | None = None,
     traces: tuple[Measurement, Measurement] | None = None,
     find_max: bool | None = None,
+    floor_bytes: int = 0,
 ) -> Strategy:
     """The strategy `name` over `measurer`'s axis, within the fit policy's `capacity_bytes` and
     `limit_bytes`, on the grid `step`..`max_batch`. For `symbolic`: `degree` of its polynomials
     (2 for a sequence length), `why_not` what its fallback says when the measurer keeps no
     records, `confirmed` a replayer whose step was confirmed elsewhere (nothing traced then).
     `traces` (two borrowed steps) and `find_max` (False: stop at the recommended batch) are the
-    fast strategy's, and so the symbolic one's; left out, each strategy's default."""
+    fast strategy's, and so the symbolic one's; left out, each strategy's default.
+    `floor_bytes`: what every batch's step holds at least (the model's states), when known;
+    past the capacity, every strategy traces batch 1 alone."""
     # The fast strategy's own options, passed only when given (the linear one takes none).
     fast: dict[str, Any] = {}
+    limits = dict(capacity_bytes=capacity_bytes, limit_bytes=limit_bytes, floor_bytes=floor_bytes)
     if traces is not None:
         fast["traces"] = traces
     if find_max is not None:
         fast["find_max"] = find_max
     if name != "symbolic":
-        return STRATEGY_CLASSES[name](
-            step=step,
-            max_batch=max_batch,
-            capacity_bytes=capacity_bytes,
-            limit_bytes=limit_bytes,
-            **fast,
-        )
+        return STRATEGY_CLASSES[name](step=step, max_batch=max_batch, **limits, **fast)
     # A step confirmed elsewhere is replayed alone; else this measurer's records, if it keeps any.
     replayer = confirmed
     keep_records = getattr(measurer, "keep_records", None)
@@ -63,7 +61,6 @@ def pick_strategy(
         why_not=why_not,
         step=step,
         max_batch=max_batch,
-        capacity_bytes=capacity_bytes,
-        limit_bytes=limit_bytes,
+        **limits,
         **fast,
     )

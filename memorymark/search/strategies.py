@@ -50,6 +50,7 @@ class Strategy:
         max_batch: int = 4096,
         capacity_bytes: int = 0,
         limit_bytes: int | None = None,
+        floor_bytes: int = 0,
     ) -> None:
         if step < 1 or max_batch < step:
             raise ValueError(f"step must be at least 1 and max_batch at least step ({step})")
@@ -57,7 +58,16 @@ class Strategy:
         self.max_grid = max_batch // step * step
         self.capacity_bytes = capacity_bytes
         self.limit_bytes = capacity_bytes if limit_bytes is None else limit_bytes
+        self.floor_bytes = floor_bytes
+        """Bytes every batch's step needs at least (the model's states), known before any
+        probe; 0: not known."""
         self.results: dict[int, Measurement] = {}
+
+    @property
+    def hopeless(self) -> bool:
+        """No batch can run: what every step holds at least already passes the capacity. The
+        search is then batch 1 alone, traced for its figure (what the ways out start from)."""
+        return self.floor_bytes > self.capacity_bytes > 0
 
     def observe(self, measurement: Measurement) -> None:
         """Record a result; `propose` reads it before choosing the next batch size."""
@@ -252,6 +262,9 @@ class LinearStrategy(Strategy):
 
     def propose(self) -> Iterator[int]:
         """Every grid point in order until one does not run, then below the grid if needed."""
+        if self.hopeless:
+            yield 1
+            return
         batch = self.step
         while batch <= self.max_grid:
             yield batch
@@ -287,6 +300,9 @@ class FastStrategy(Strategy):
         """About four probes when the prediction holds: two traces, the answer, the one above;
         one or two more when the margin moves the recommended batch below the maximum. With
         borrowed traces, two: the answer and the one above."""
+        if self.hopeless:
+            yield 1
+            return
         if self._borrowed:
             yield from self._converge(0, None, self._fits)
         else:

@@ -31,6 +31,7 @@ from typing import Protocol
 from memorymark.measurement import Measurement
 from memorymark.search.strategies import FastStrategy
 from memorymark.search.sweep import best_fit
+from memorymark.units import size_text
 
 
 class Replayer(Protocol):
@@ -103,6 +104,13 @@ class SymbolicStrategy(FastStrategy):
 
     def propose(self) -> Iterator[int]:
         """The traces, the traced answer, and traced probes only where replays do not hold."""
+        if self.hopeless:
+            self.fallback = (
+                f"the model's states alone ({size_text(self.floor_bytes)}) pass the "
+                f"{size_text(self.capacity_bytes)} a step may use, so batch 1 was the one probe"
+            )
+            yield 1
+            return
         if self.confirmed:
             replays = self._search()
             if replays is None:
