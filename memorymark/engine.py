@@ -23,6 +23,7 @@ Example (a two-layer BERT on a simulated A10, a few seconds on a laptop):
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
@@ -151,10 +152,11 @@ class Session:
         """A fresh backend for `settings` (this session's by default) on this session's GPU."""
         return self._resolution.open_backend(settings)
 
-    @property
+    @functools.cached_property
     def bench(self) -> Bench:
         """The door the analyses come in through (memorymark/analyses/bench.py): steps of
-        any settings on any GPU, resolved as this session was, through its CUDA module."""
+        any settings on any GPU, resolved as this session was, through its CUDA module. One
+        per session, so what it counts once (a model's states) the sweep and the ways out share."""
         return _Bench(self._cuda)
 
     # -- one batch, a sweep, its report -----------------------------------------------------------
@@ -596,6 +598,7 @@ class _Bench:
 
     def __init__(self, cuda: Any) -> None:
         self._cuda = cuda
+        self._counted: dict[Settings, tuple[int, int]] = {}
 
     def backend(self, settings: Settings, gpu: GPU) -> Backend:
         """A fresh backend for `settings` answering for `gpu` as one of their ranks sees it."""
@@ -619,7 +622,9 @@ class _Bench:
         """(bytes of the model's states, its parameter count), counted on the meta device."""
         from memorymark.backends import states
 
-        return states.counted_states(settings)
+        if settings not in self._counted:
+            self._counted[settings] = states.counted_states(settings)
+        return self._counted[settings]
 
     def analyze(self, settings: Settings) -> Report:
         """A whole sweep of `settings` in a Session of its own, with no ways out or plan."""
