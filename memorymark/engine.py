@@ -29,10 +29,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from memorymark import gpus, models
-from memorymark.analyses import compare, scale_out
+from memorymark.analyses import compare, layouts, scale_out
 from memorymark.analyses.bench import Bench
 from memorymark.analyses.compare import GpuFit
 from memorymark.analyses.fixes import WaysOutSearch
+from memorymark.analyses.layouts import LayoutSearch
 from memorymark.analyses.proof import PROOF_STEPS, BackwardProof, ProtocolResult, protocol_settings
 from memorymark.analyses.scale_out import ScaleOutRow
 from memorymark.backends import selection
@@ -532,6 +533,29 @@ class Session:
         price = (costs or Costs()).usd_per_hour or self.gpu.usd_per_hour
 
         return scale_out.scale_out(s, self.bench, counts, params, samples_per_run, price)
+
+    def layouts(
+        self, costs: Costs | None = None, samples_per_run: float = layouts.DEFAULT_SAMPLES_PER_RUN
+    ) -> LayoutSearch:
+        """The data x tensor x pipeline (x context) layouts of these settings' GPU count that
+        train, best first by estimated throughput; with `--gpus auto`, the fewest GPUs on
+        which one does, and its layouts (memorymark/analyses/layouts.py)."""
+        entry = self._catalog_entry("the layout search")
+        s, count = self.settings, self.settings.hardware.gpu_count
+        layouts.check_settings(s)
+        gpu = self.gpu
+        inputs = layouts.Inputs(
+            shape=layouts.shape_of(models.config_of(entry)),
+            param_count=models.parameter_count(entry, s.workload.resolved_task),
+            states_bytes=self.bench.counted_states(s)[0],  # once: every layout shares it
+            gpu=gpu,
+            capacity=lambda chosen: selection.fit_policy(chosen, gpu).capacity_bytes,
+            usd_per_hour=(costs or Costs()).usd_per_hour or gpu.usd_per_hour,
+            samples_per_run=samples_per_run,
+        )
+        if count is None:
+            return layouts.fewest_gpus(s, self.bench, inputs)
+        return layouts.search_layouts(s, self.bench, count, inputs)
 
     # -- across GPUs and protocols ---------------------------------------------------------------
     def compare(
