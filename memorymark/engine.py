@@ -91,13 +91,7 @@ class Session:
         # validate with no I/O), so a model that cannot be read fails before torch loads.
         self.model_entry: models.ModelEntry | None = None
         """The catalog model the settings name, resolved once (None for a training job)."""
-        if settings.hardware.tp * settings.hardware.cp * settings.hardware.pp > 1:
-            # The degrees are settings before the simulation runs them (issue 32's layouts):
-            # an answer that ignored them would be one GPU's, silently.
-            raise ValueError(
-                "--tp, --cp and --pp are not simulated yet: size the data-parallel layout "
-                "(--dist fsdp) and see docs/many-gpus.md"
-            )
+        _refuse_unsimulated(settings)
         if training is None:
             self.model_entry = check_model(settings)
         else:
@@ -606,6 +600,7 @@ class _Bench:
 
     def backend(self, settings: Settings, gpu: GPU) -> Backend:
         """A fresh backend for `settings` answering for `gpu` as one of their ranks sees it."""
+        _refuse_unsimulated(settings)  # as a Session does: the layout search steps through here
         from memorymark.backends import resolve  # torch loads here
 
         return resolve.resolve(settings, self._cuda, gpu).open_backend()
@@ -631,6 +626,16 @@ class _Bench:
     def analyze(self, settings: Settings) -> Report:
         """A whole sweep of `settings` in a Session of its own, with no ways out or plan."""
         return Session(settings, cuda=self._cuda).analyze(fixes=False, plan=False)
+
+
+def _refuse_unsimulated(settings: Settings) -> None:
+    if settings.hardware.tp * settings.hardware.cp * settings.hardware.pp > 1:
+        # The degrees are settings before the simulation runs them (issue 32's layouts):
+        # an answer that ignored them would be one GPU's, silently.
+        raise ValueError(
+            "--tp, --cp and --pp are not simulated yet: size the data-parallel layout "
+            "(--dist fsdp) and see docs/many-gpus.md"
+        )
 
 
 def _check_set_up_for(training: Training, gpu: GPU) -> None:
