@@ -172,6 +172,7 @@ def test_without_a_count_the_fewest_gpus_any_layout_trains_on():
     search = layouts.fewest_gpus(BASE.replace(gpus="auto"), bench, _inputs())
     assert search.gpus == 16
     assert 16 in search.counts_tried
+    assert search.count_probes == len(bench.measured)
     assert search.best is not None
 
 

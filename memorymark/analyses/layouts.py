@@ -122,6 +122,9 @@ class LayoutSearch:
     elapsed_seconds: float
     counts_tried: tuple[int, ...] = ()
     """Without a count asked for: the counts searched, fewest first."""
+    count_probes: int = 0
+    """Without a count asked for: the batch-1 steps the count search took (one a count and
+    kind of layout tried), besides the sweeps' steps."""
 
     @property
     def best(self) -> LayoutRow | None:
@@ -145,7 +148,7 @@ class LayoutSearch:
             "layouts": [r.to_dict() for r in self.rows], "pruned": self.pruned,
             "refused_by_shape": self.refused_by_shape, "traced_steps": self.traced_steps,
             "states_gb": gib(self.states_bytes), "elapsed_seconds": round(self.elapsed_seconds, 2),
-            "counts_tried": list(self.counts_tried),
+            "counts_tried": list(self.counts_tried), "count_probes": self.count_probes,
         }  # fmt: skip
 
 
@@ -229,6 +232,7 @@ def fewest_gpus(
         topology.MAX_GPUS, settings.hardware.dist, inputs.shape, settings.workload.seq_len
     )
     tried: set[int] = set()
+    probes = 0
     fewest: int | None = None
     for kind in kinds:
         degrees = kind.layout.tp * kind.layout.cp * kind.layout.pp
@@ -240,13 +244,14 @@ def fewest_gpus(
         except ValueError:  # degrees the engine does not step (yet): the search lists them
             continue
         tried.update(n for n, _ in found.tried)
+        probes += len(found.tried)
         if found.min_gpus is not None:
             fewest = found.min_gpus
     answer = search_layouts(settings, bench, fewest or counts[-1], inputs)
     return LayoutSearch(
         gpus=answer.gpus, rows=answer.rows, states_bytes=answer.states_bytes,
         refused_by_shape=answer.refused_by_shape, elapsed_seconds=time.monotonic() - start,
-        counts_tried=tuple(sorted(tried)),
+        counts_tried=tuple(sorted(tried)), count_probes=probes,
     )  # fmt: skip
 
 

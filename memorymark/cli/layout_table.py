@@ -22,7 +22,10 @@ def print_layouts(search: LayoutSearch, settings: Settings) -> None:
     if search.counts_tried:
         tried = ", ".join(map(str, search.counts_tried))
         verdict = "the fewest that train" if search.best else "none trains; the largest tried"
-        print(f"{model}: {search.gpus} GPUs ({verdict}; counts searched: {tried})")
+        print(
+            f"{model}: {search.gpus} GPUs ({verdict}; counts searched: {tried}, "
+            f"{search.count_probes} batch-1 steps)"
+        )
     else:
         print(f"{model} on {search.gpus} x {gpu}")
     print(_HEAD)
