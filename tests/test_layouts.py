@@ -95,7 +95,7 @@ class FakeBench:
         self.analyzed: list[str] = []
         self.refuse_tp = refuse_tp
         self.needs = needs or {}  # tp -> the fewest GPUs its batch 1 runs on
-        self.measured: list[tuple[int, int]] = []
+        self.measured: list[tuple[int, int, int]] = []
 
     def analyze(self, s: Settings):
         hw = s.hardware
@@ -110,7 +110,7 @@ class FakeBench:
 
     def measure(self, s: Settings, gpu, batch_size: int = 1) -> Measurement:
         n, tp = s.hardware.gpu_count, s.hardware.tp
-        self.measured.append((tp, n))
+        self.measured.append((tp, s.hardware.pp, n))
         runs = n >= self.needs.get(tp, 10**6)
         return Measurement(batch_size=1, fits=runs, runs=runs, peak_bytes=1, backend="fake",
                            measured=False, required_bytes=1 if runs else 10**15)  # fmt: skip
@@ -174,6 +174,28 @@ def test_without_a_count_the_fewest_gpus_any_layout_trains_on():
     assert 16 in search.counts_tried
     assert search.count_probes == len(bench.measured)
     assert search.best is not None
+
+
+@pytest.mark.fast
+def test_the_way_out_names_the_fewest_gpus_model_parallel_layout():
+    # TP 8 trains batch 1 from 16 GPUs, TP 4 from 32, tp 1 (FSDP alone or with PP) from 64;
+    # FSDP alone is not stepped: it is not a model-parallel way out.
+    bench = FakeBench(needs={1: 64, 4: 32, 8: 16})
+
+    def measure(s: Settings) -> Measurement:
+        return bench.measure(s, H100, 1)
+
+    one_gpu = BASE.replace(dist="none", gpus="1")
+    found = layouts.way_out(one_gpu, SHAPE, measure, lambda s: 78 * GIB, 100 * GIB)
+    assert found is not None
+    label, settings, step = found
+    assert label == "a parallel layout (FSDP 2 x TP 8)"
+    assert (settings.hardware.gpu_count, settings.hardware.tp) == (16, 8)
+    assert step.runs
+    assert (1, 1) not in {(tp, pp) for tp, pp, _ in bench.measured}
+    nothing = FakeBench()
+    assert layouts.way_out(one_gpu, SHAPE, lambda s: nothing.measure(s, H100), lambda s: 78 * GIB,
+                           100 * GIB, counts=(8, 16)) is None  # fmt: skip
 
 
 # -- snippets -------------------------------------------------------------------------------------

@@ -260,21 +260,75 @@ def _min_gpus(
 ) -> gpu_count.GpuSearch:
     """`kind`'s smallest count of `counts` that trains batch 1 (gpu_count.min_gpus)."""
 
+    def measure(s: Settings) -> Measurement:  # `s`: `kind` on a count of `counts`
+        return bench.measure(s, bench.simulated_gpu(s), 1)
+
+    return kind_min_gpus(settings, kind, counts, measure, inputs.capacity, inputs.states_bytes)
+
+
+def kind_min_gpus(
+    settings: Settings,
+    kind: Candidate,
+    counts: tuple[int, ...],
+    measure: Callable[[Settings], Measurement],
+    capacity: Callable[[Settings], int],
+    states_bytes: int,
+) -> gpu_count.GpuSearch:
+    """The smallest of `counts` on which layout `kind` (its degrees, on any count) trains
+    batch 1, `measure` stepping batch 1 of the settings on a count; a ValueError where the
+    engine does not step those degrees."""
+
     def on(n: int) -> Settings:
         lay = replace(kind.layout, gpus=n, nodes=topology.nodes_for(n))
         return layout_settings(settings, replace(kind, layout=lay))
 
-    def measure(s: Settings) -> Measurement:  # `s`: `on(n)` for a count n of `counts`
-        return bench.measure(s, bench.simulated_gpu(s), 1)
-
-    def capacity(n: int) -> int:
-        return inputs.capacity(on(n))
-
     # A rank holds 1/n of the states times the context-parallel degree (cp ranks share a shard).
     sharded = None
     if settings.hardware.offload == "none" and settings.hardware.dist in topology.SHARDED:
-        sharded = inputs.states_bytes * kind.layout.cp
-    return gpu_count.min_gpus(on(counts[0]), measure, counts, capacity, sharded)
+        sharded = states_bytes * kind.layout.cp
+    return gpu_count.min_gpus(on(counts[0]), measure, counts, lambda n: capacity(on(n)), sharded)
+
+
+PARALLEL_LAYOUT = "a parallel layout"
+"""The way out's label when nothing fits (its layout named after it)."""
+
+
+def way_out(
+    settings: Settings,
+    shape: ModelShape,
+    measure: Callable[[Settings], Measurement],
+    capacity: Callable[[Settings], int],
+    states_bytes: int,
+    counts: tuple[int, ...] | None = None,
+) -> tuple[str, Settings, Measurement] | None:
+    """When nothing fits: the fewest GPUs on which a model-parallel layout (tp, cp or pp above
+    1, FSDP over the rest) trains batch 1, as (label naming the layout, its settings, its
+    batch-1 step); None when no such layout trains on any count, or none is simulated.
+    memorymark/analyses/fixes.py offers it as a `Fix` beside the fewest GPUs under FSDP."""
+    base = settings if settings.hardware.dist != "none" else settings.replace(dist="fsdp")
+    kinds, _ = layout_costs.candidates(
+        topology.MAX_GPUS, base.hardware.dist, shape, base.workload.seq_len
+    )
+    counts = counts or topology.cluster_counts()
+    best: tuple[int, Candidate, Measurement] | None = None
+    for kind in (k for k in kinds if k.layout.parallel):
+        degrees = kind.layout.tp * kind.layout.cp * kind.layout.pp
+        mine = tuple(n for n in counts if n % degrees == 0 and (best is None or n < best[0]))
+        if not mine:
+            continue
+        try:
+            found = kind_min_gpus(base, kind, mine, measure, capacity, states_bytes)
+        except ValueError:
+            continue
+        if found.min_gpus is not None:
+            step = next(m for n, m in found.tried if n == found.min_gpus)
+            best = (found.min_gpus, kind, step)
+    if best is None:
+        return None
+    n, kind, step = best
+    lay = replace(kind.layout, gpus=n, nodes=topology.nodes_for(n))
+    chosen = replace(kind, layout=lay)
+    return f"{PARALLEL_LAYOUT} ({chosen.describe()})", layout_settings(base, chosen), step
 
 
 def _pruned(settings: Settings, c: Candidate, inputs: Inputs) -> bool:
