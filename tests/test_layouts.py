@@ -223,6 +223,11 @@ def test_the_layouts_command_lists_fsdp_on_a_tiny_model(capsys):
     assert data["best"]["per_gpu_batch"] == 16
     assert data["traced_steps"] >= 1
     assert [r["layout"] for r in data["layouts"]][0] == "FSDP 4"
+    assert "data_parallel_shard_degree = 4" in data["torchtitan"]
+    assert "local_batch_size = 16" in data["torchtitan"]
+    assert (
+        data["device_mesh"] == 'mesh = init_device_mesh("cuda", (4,), mesh_dim_names=("dp_shard",))'
+    )
 
 
 @pytest.mark.parametrize(

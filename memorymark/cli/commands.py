@@ -70,7 +70,7 @@ def run(args: argparse.Namespace, settings: Settings | None) -> int:
         check_layout_settings(settings)  # before the Session, which refuses --tp today
         search = Session(settings).layouts(Costs(usd_per_hour=args.price), args.samples_per_run)
         if args.json:
-            render.print_json(search.to_dict())
+            render.print_json({**search.to_dict(), **layout_table.best_code(search)})
         else:
             layout_table.print_layouts(search, settings)
         return 0

@@ -7,6 +7,7 @@ its answer reads.
 from __future__ import annotations
 
 from memorymark.analyses.layouts import LayoutRow, LayoutSearch
+from memorymark.reporting import layout_code
 from memorymark.settings import Settings
 from memorymark.units import gib
 
@@ -40,7 +41,24 @@ def print_layouts(search: LayoutSearch, settings: Settings) -> None:
         f"{search.elapsed_seconds:.1f} s"
     )
     if search.best is not None:
-        print(f"best: {search.best.candidate.describe()}")
+        print(f"best: {search.best.candidate.describe()}; as a torchtitan job config and mesh:")
+        code = best_code(search)
+        for line in [*code["torchtitan"].splitlines(), "", code["device_mesh"]]:
+            print(f"  {line}".rstrip())
+
+
+def best_code(search: LayoutSearch) -> dict[str, str]:
+    """The best layout's torchtitan `[parallelism]` fragment and `init_device_mesh` line
+    (memorymark/reporting/layout_code.py); empty when none fits."""
+    best = search.best
+    if best is None:
+        return {}
+    return {
+        "torchtitan": layout_code.torchtitan_parallelism(
+            best.candidate, best.per_gpu_batch, best.global_batch
+        ),
+        "device_mesh": layout_code.init_device_mesh_line(best.candidate.layout),
+    }
 
 
 def _line(row: LayoutRow) -> str:
