@@ -30,10 +30,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from memorymark import gpus, models
-from memorymark.analyses import compare, scale_out
+from memorymark.analyses import compare, layouts, scale_out
 from memorymark.analyses.bench import Bench
 from memorymark.analyses.compare import GpuFit
 from memorymark.analyses.fixes import WaysOutSearch
+from memorymark.analyses.layouts import LayoutSearch
 from memorymark.analyses.proof import PROOF_STEPS, BackwardProof, ProtocolResult, protocol_settings
 from memorymark.analyses.scale_out import ScaleOutRow
 from memorymark.backends import selection
@@ -91,13 +92,7 @@ class Session:
         # validate with no I/O), so a model that cannot be read fails before torch loads.
         self.model_entry: models.ModelEntry | None = None
         """The catalog model the settings name, resolved once (None for a training job)."""
-        if settings.hardware.tp * settings.hardware.cp * settings.hardware.pp > 1:
-            # The degrees are settings before the simulation runs them (issue 32's layouts):
-            # an answer that ignored them would be one GPU's, silently.
-            raise ValueError(
-                "--tp, --cp and --pp are not simulated yet: size the data-parallel layout "
-                "(--dist fsdp) and see docs/many-gpus.md"
-            )
+        _refuse_unsimulated(settings)
         if training is None:
             self.model_entry = check_model(settings)
         else:
@@ -552,6 +547,29 @@ class Session:
 
         return scale_out.scale_out(s, self.bench, counts, params, samples_per_run, price)
 
+    def layouts(
+        self, costs: Costs | None = None, samples_per_run: float = layouts.DEFAULT_SAMPLES_PER_RUN
+    ) -> LayoutSearch:
+        """The data x tensor x pipeline (x context) layouts of these settings' GPU count that
+        train, best first by estimated throughput; with `--gpus auto`, the fewest GPUs on
+        which one does, and its layouts (memorymark/analyses/layouts.py)."""
+        entry = self._catalog_entry("the layout search")
+        s, count = self.settings, self.settings.hardware.gpu_count
+        layouts.check_settings(s)
+        gpu = self.gpu
+        inputs = layouts.Inputs(
+            shape=layouts.shape_of(models.config_of(entry)),
+            param_count=models.parameter_count(entry, s.workload.resolved_task),
+            states_bytes=self.bench.counted_states(s)[0],  # once: every layout shares it
+            gpu=gpu,
+            capacity=lambda chosen: selection.fit_policy(chosen, gpu).capacity_bytes,
+            usd_per_hour=(costs or Costs()).usd_per_hour or gpu.usd_per_hour,
+            samples_per_run=samples_per_run,
+        )
+        if count is None:
+            return layouts.fewest_gpus(s, self.bench, inputs)
+        return layouts.search_layouts(s, self.bench, count, inputs)
+
     # -- across GPUs and protocols ---------------------------------------------------------------
     def compare(
         self, costs: Costs | None = None, catalog: tuple[GPU, ...] | None = None
@@ -602,6 +620,7 @@ class _Bench:
 
     def backend(self, settings: Settings, gpu: GPU) -> Backend:
         """A fresh backend for `settings` answering for `gpu` as one of their ranks sees it."""
+        _refuse_unsimulated(settings)  # as a Session does: the layout search steps through here
         from memorymark.backends import resolve  # torch loads here
 
         return resolve.resolve(settings, self._cuda, gpu).open_backend()
@@ -629,6 +648,16 @@ class _Bench:
     def analyze(self, settings: Settings) -> Report:
         """A whole sweep of `settings` in a Session of its own, with no ways out or plan."""
         return Session(settings, cuda=self._cuda).analyze(fixes=False, plan=False)
+
+
+def _refuse_unsimulated(settings: Settings) -> None:
+    if settings.hardware.tp * settings.hardware.cp * settings.hardware.pp > 1:
+        # The degrees are settings before the simulation runs them (issue 32's layouts):
+        # an answer that ignored them would be one GPU's, silently.
+        raise ValueError(
+            "--tp, --cp and --pp are not simulated yet: size the data-parallel layout "
+            "(--dist fsdp) and see docs/many-gpus.md"
+        )
 
 
 def _check_set_up_for(training: Training, gpu: GPU) -> None:

@@ -1,14 +1,15 @@
 """Scale out: the sidebar's model on N GPUs for several N, per-rank memory, batch and cost.
 
 A thin page: sidebar -> Settings (with a distributed strategy) -> `Session.scale_out` in a
-worker (one sweep per count, streamed, cached) -> figure and table (memorymark.ui.scale_out_view).
+worker (one sweep per count, streamed, cached) -> figure and table (memorymark.ui.scale_out_view);
+then the parallel layouts of one count (`Session.layouts`, FSDP x TP x PP), best first.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from memorymark.service.jobs import scale_out
+from memorymark.service.jobs import layouts, scale_out
 from memorymark.ui import page_runs, scale_out_view, sidebar, views
 from memorymark.units import plural
 
@@ -26,6 +27,30 @@ if settings is None:
 if settings.hardware.dist == "none":
     st.info("Pick a distributed strategy under **Many GPUs** in the sidebar (fsdp, ddp, ...).")
     st.stop()
+with st.expander("Parallel layouts of one GPU count (FSDP x tensor x pipeline)"):
+    layout_gpus = st.selectbox(
+        "GPUs", scale_out_view.COUNT_CHOICES, index=scale_out_view.COUNT_CHOICES.index(64),
+        help="The layouts of this many GPUs: data parallel over what TP and PP leave",
+        key="layout_gpus",
+    )  # fmt: skip
+    layout_base = settings.replace(gpus=str(layout_gpus), nodes=None, tp=1, cp=1, pp=1)
+    layout_key = ("layouts", layout_base, costs.usd_per_hour)
+    if page_runs.cached_result(layout_key) is not None or st.button("Search layouts"):
+        search, layout_error = page_runs.run_cached(
+            layout_key, layouts, (costs, 1e6), settings=layout_base,
+            spinner="Sweeping each layout that fits (memory simulated)...",
+        )  # fmt: skip
+        if layout_error is not None:
+            views.show_error(layout_error)
+        elif search is not None:
+            st.write(scale_out_view.layout_summary(search))
+            st.dataframe(scale_out_view.layout_table(search), hide_index=True, width="stretch")
+            st.caption(
+                "Memory simulated; time estimated: compute from the step's FLOPs over (1 - the "
+                "pipeline bubble), plus tensor-parallel all-reduces and pipeline sends, with "
+                "FSDP's traffic overlapping. Layouts the engine does not simulate yet are "
+                "listed as refused. `memorymark layouts` prints the same table."
+            )
 counts = st.multiselect(
     "GPU counts", scale_out_view.COUNT_CHOICES, default=scale_out_view.DEFAULT_COUNTS
 )

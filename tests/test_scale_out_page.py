@@ -54,3 +54,16 @@ def test_the_page_asks_for_a_strategy_then_draws_each_count():
     assert list(table["GPUs"]) == [1, 2]
     assert list(table["global batch"]) == [8, 16]
     assert at.metric[0].value == "1 GPU"  # never "1 GPUs"
+
+
+def test_the_page_lists_the_parallel_layouts_of_one_count():
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.query_params.update(model="tiny-llama", seq_len="32", max_batch="8", dist="fsdp")
+    at.run()
+    at.selectbox(key="layout_gpus").set_value(4).run()
+    at = next(b for b in at.button if b.label == "Search layouts").click().run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    assert list(table["layout"])[0] == "FSDP 4"  # the only layout simulated today, best
+    assert list(table["per-GPU batch"])[0] == 8
+    assert any("steps traced" in m.value for m in at.markdown)

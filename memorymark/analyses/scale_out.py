@@ -103,7 +103,12 @@ def row_from_report(
     samples = best.batch_size * s.workload.grad_accum
     compute = samples / best.samples_per_second
     traffic = topology.step_traffic(
-        s.hardware.dist, gpus, nodes, param_count, _bytes(s, compute=True), _bytes(s, compute=False)
+        s.hardware.dist,
+        gpus,
+        nodes,
+        param_count,
+        element_bytes(s, compute=True),
+        element_bytes(s, compute=False),
     )
     comm = topology.comm_seconds(
         traffic, report.gpu.intra_node_bytes_per_s, report.gpu.inter_node_bytes_per_s
@@ -127,7 +132,7 @@ def row_from_report(
     )
 
 
-def _bytes(settings: Settings, *, compute: bool) -> int:
+def element_bytes(settings: Settings, *, compute: bool) -> int:
     """Bytes per element gathered (compute dtype) or reduced (fp32 under the default policy)."""
     if settings.workload.precision == "bf16-true":
         return 2

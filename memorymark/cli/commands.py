@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from memorymark import gpus, history
+from memorymark.analyses.layouts import check_settings as check_layout_settings
 from memorymark.backends.oom import StepError
 from memorymark.calibration import record
 from memorymark.calibration import run as calibration
 from memorymark.calibration.run import NoGpuError
-from memorymark.cli import render
+from memorymark.cli import layout_table, render
 from memorymark.cli.training_file import load_training
 from memorymark.engine import FIXES_STAGE, Session
 from memorymark.measurement import Measurement
@@ -65,6 +66,14 @@ def run(args: argparse.Namespace, settings: Settings | None) -> int:
         return 0
     if args.command == "compare":
         return _compare(args, settings)
+    if args.command == "layouts":
+        check_layout_settings(settings)  # before the Session, which refuses --tp today
+        search = Session(settings).layouts(Costs(usd_per_hour=args.price), args.samples_per_run)
+        if args.json:
+            render.print_json({**search.to_dict(), **layout_table.best_code(search)})
+        else:
+            layout_table.print_layouts(search, settings)
+        return 0
     if args.command == "validate-backward":
         proof = Session(settings, training=training).prove_backward(
             args.batch_size, sweeps=args.sweeps

@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_measure,
         _add_validate_backward,
         _add_compare,
+        _add_layouts,
         _add_calibrate,
         history.add_parser,
         _add_listings,
@@ -154,6 +155,33 @@ def _add_compare(sub: Any) -> None:
         default=Costs().hours_per_run,
         help=setting_flags.help_text("hours_per_run"),
     )
+
+
+def _add_layouts(sub: Any) -> None:
+    """The `layouts` command, under the CLI's subparsers `sub`: FSDP beside tensor, pipeline
+    and context parallelism on a GPU count (or the fewest GPUs, by default)."""
+    layouts = sub.add_parser(
+        "layouts",
+        help="the data x tensor x pipeline layouts of N GPUs that train, best first (or the "
+        "fewest GPUs and their layout)",
+        epilog="example: memorymark layouts llama-3.1-70b --gpu h100 --gpus 256 --seq-len 8192 "
+        "--target-batch 1024",
+    )
+    _add_workload_flags(layouts)
+    setting_flags.add_setting_flags(
+        layouts, ("strategy", "step", "max_batch", "margin", "target_batch")
+    )
+    layouts.add_argument(
+        "--price", type=number, metavar="USD_PER_HOUR", help=setting_flags.help_text("usd_per_hour")
+    )
+    layouts.add_argument(
+        "--samples-per-run",
+        type=number,
+        default=1e6,
+        help="samples a run trains on, for each layout's estimated cost per run (default 1e6)",
+    )
+    # Many GPUs by default: FSDP over what the degrees leave, the fewest GPUs unless --gpus N.
+    layouts.set_defaults(dist="fsdp", gpus="auto")
 
 
 def _add_calibrate(sub: Any) -> None:

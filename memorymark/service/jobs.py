@@ -212,6 +212,11 @@ def scale_out(
     yield from session.scale_out(counts, costs, samples_per_run)
 
 
+def layouts(session: Session, costs: Costs, samples_per_run: float) -> Iterator[Any]:
+    """The layout search of the session's GPU count (or the fewest GPUs): one answer."""
+    yield session.layouts(costs, samples_per_run)
+
+
 def lock_path(backend_name: str) -> Path:
     """The lock file of one real device (the first of its kind: the one Session measures on)."""
     return Path(tempfile.gettempdir()) / f"memorymark-{backend_name}-0.lock"

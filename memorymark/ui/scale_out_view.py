@@ -12,6 +12,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from memorymark.analyses.layouts import LayoutSearch
 from memorymark.analyses.scale_out import ScaleOutRow
 from memorymark.ui.charts import AMBER, GREEN
 from memorymark.units import GIB
@@ -66,6 +67,38 @@ def table(rows: Sequence[ScaleOutRow]) -> list[dict[str, Any]]:
         }
         for r in rows
     ]
+
+
+def layout_table(search: LayoutSearch) -> list[dict[str, Any]]:
+    """One line per parallel layout, best first: memory simulated, time and cost estimated."""
+    lines = []
+    for r in search.rows:
+        per_gpu = None if r.samples_per_second is None else r.samples_per_second / search.gpus
+        lines.append(
+            {
+                "layout": r.candidate.describe(),
+                "status": r.status if r.note is None else f"{r.status}: {r.note}",
+                "per-GPU batch": r.per_gpu_batch,
+                "accumulation": r.accumulation if r.fits else None,
+                "global batch": r.global_batch,
+                "peak GiB (sim.)": _gib(r.peak_bytes),
+                "worst rank": r.worst_rank,
+                "bubble (est.)": round(r.bubble_fraction, 3) if r.fits else None,
+                "s/step (est.)": _round(r.step_seconds),
+                "samples/s per GPU (est.)": _round(per_gpu, 2),
+                "$ per run (est.)": _round(r.usd_per_run, 2),
+            }
+        )
+    return lines
+
+
+def layout_summary(search: LayoutSearch) -> str:
+    """What the search did, in one line: the count, the best layout, steps traced, pruned."""
+    best = "none trains" if search.best is None else f"best: {search.best.candidate.describe()}"
+    return (
+        f"{search.gpus} GPUs, {best}; {search.traced_steps} steps traced, {search.pruned} "
+        f"layouts pruned (their states alone pass a GPU), {search.elapsed_seconds:.1f} s"
+    )
 
 
 def smallest(rows: Sequence[ScaleOutRow]) -> int | None:
