@@ -36,6 +36,7 @@ from memorymark.analyses.fixes import WaysOutSearch
 from memorymark.analyses.proof import PROOF_STEPS, BackwardProof, ProtocolResult, protocol_settings
 from memorymark.analyses.scale_out import ScaleOutRow
 from memorymark.backends import selection
+from memorymark.distributed import parallel_checks
 from memorymark.environment import stamp, torch_version
 from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
@@ -90,15 +91,18 @@ class Session:
         # validate with no I/O), so a model that cannot be read fails before torch loads.
         self.model_entry: models.ModelEntry | None = None
         """The catalog model the settings name, resolved once (None for a training job)."""
-        if settings.hardware.tp * settings.hardware.cp * settings.hardware.pp > 1:
-            # The degrees are settings before the simulation runs them (issue 32's layouts):
-            # an answer that ignored them would be one GPU's, silently.
+        if settings.hardware.pp > 1:
+            # The degree is a setting before the simulation runs it (issue 32's layouts): an
+            # answer that ignored it would be one GPU's, silently.
             raise ValueError(
-                "--tp, --cp and --pp are not simulated yet: size the data-parallel layout "
-                "(--dist fsdp) and see docs/many-gpus.md"
+                "--pp is not simulated yet: size the layout without pipeline stages "
+                "(--dist fsdp, --tp, --cp) and see docs/many-gpus.md"
             )
         if training is None:
             self.model_entry = check_model(settings)
+            parallel_checks.check_parallel(settings, self.model_entry)
+        elif settings.hardware.tp * settings.hardware.cp > 1:
+            raise ValueError("--tp and --cp split a catalog model's blocks: not a training job's")
         else:
             user_job.check_settings(settings)
         # torch loads here, not when the front door is imported

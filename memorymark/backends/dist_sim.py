@@ -166,11 +166,24 @@ def _rank_chunks(original: Any, tensor: torch.Tensor, num_chunks: int, dim: int)
     return RankChunks(tensor, num_chunks, dim)
 
 
+def _outside_fake_mode(original: Any, *args: Any) -> Any:
+    # A DeviceMesh holds a real tensor of ranks, which fake mode cannot make (see the module
+    # docstring): FSDP2 concatenates its mesh with tensor parallelism's for each parameter.
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return original(*args)
+
+
 @functools.cache
 def _sharding_patches() -> tuple[ScopedPatch, ...]:
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp._fully_shard import _fsdp_param
 
-    return (ScopedPatch(_fsdp_param, "_chunk_with_empty", _rank_chunks),)
+    return (
+        ScopedPatch(_fsdp_param, "_chunk_with_empty", _rank_chunks),
+        ScopedPatch(DeviceMesh, "_concatenate", _outside_fake_mode),
+    )
 
 
 @contextlib.contextmanager
@@ -209,6 +222,20 @@ class _NoRebuild:
         return False
 
 
+def parallel_contexts(parts: dict[str, Any]) -> list[contextlib.AbstractContextManager[Any]]:
+    """What a step under tensor or context parallelism runs inside (`parts`:
+    `sharding.mesh_parts`): `loss_parallel()` for the vocabulary-split logits
+    (tensor_parallel.py), ring attention over the cp ranks (context_parallel.py)."""
+    from memorymark.backends import context_parallel, tensor_parallel
+
+    contexts: list[contextlib.AbstractContextManager[Any]] = []
+    if "tp" in parts:
+        contexts.append(tensor_parallel.loss_parallel_context(True))
+    if "cp" in parts:
+        contexts.append(context_parallel.ring_attention(parts["cp"]))
+    return contexts
+
+
 class DistSimBackend(SimBackend):
     """Simulates rank 0 of `settings.hardware.gpu_count` GPUs under `settings.hardware.dist`."""
 
@@ -216,6 +243,9 @@ class DistSimBackend(SimBackend):
         super().__init__(*args, **kwargs)
         self._stack: contextlib.ExitStack | None = None
         self._mesh: Any = None
+        self._parts: dict[str, Any] = {}
+        """The mesh's tp, cp and FSDP sub-meshes (`sharding.mesh_parts`), sliced outside fake
+        mode."""
         self._group_owner: DistSimBackend | None = None
         """The backend whose process group this one uses (the depth replay's shallower builds
         share one: the group is process-wide); None: its own."""
@@ -238,6 +268,7 @@ class DistSimBackend(SimBackend):
         if self._group_owner is not None:
             self._group_owner._open_group()
             self._mesh = self._group_owner._mesh
+            self._parts = self._group_owner._parts
             return
         if self._stack is not None:
             return
@@ -251,6 +282,7 @@ class DistSimBackend(SimBackend):
 
             shape, names = sharding.mesh_shape(self.training_step.settings)
             self._mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+            self._parts = sharding.mesh_parts(self._mesh)
         except BaseException:
             stack.close()
             raise
@@ -266,6 +298,8 @@ class DistSimBackend(SimBackend):
             for patch in _ddp_patches():
                 stack.enter_context(patch.active())
             stack.enter_context(fsdp_reported_to(self._tracker))
+            for context in parallel_contexts(self._parts):
+                stack.enter_context(context)
             yield
 
     def _distribute(self, model: nn.Module) -> nn.Module:
@@ -273,7 +307,9 @@ class DistSimBackend(SimBackend):
         with contextlib.ExitStack() as stack:
             for patch in _sharding_patches():
                 stack.enter_context(patch.active())
-            sharded = sharding.shard_model(model, settings, self._mesh, {}, pin_memory=False)
+            sharded = sharding.shard_model(
+                model, settings, self._mesh, {}, pin_memory=False, parts=self._parts
+            )
         if isinstance(sharded, nn.parallel.DistributedDataParallel):
             sharded.register_comm_hook(
                 None, lambda _, bucket: _allreduce_in_place(self.world_size, bucket)
@@ -311,6 +347,7 @@ class DistSimBackend(SimBackend):
     def release(self) -> None:
         super().release()
         self._mesh = None
+        self._parts = {}
         if self._stack is not None:
             stack, self._stack = self._stack, None
             stack.close()
