@@ -115,3 +115,30 @@ def test_a_model_without_a_plan_is_refused_in_one_line():
     with pytest.raises(ValueError, match="carries none") as raised:
         Session(_on(model="tiny-gpt2", seq_len=64, dist="none", gpus="2", tp=2)).measure(1)
     assert "\n" not in str(raised.value)
+
+
+def test_the_torch_snippet_builds_the_mesh_and_splits_as_simulated():
+    import ast
+
+    from memorymark.reporting.snippets import snippet, torchtitan_toml
+    from memorymark.search.plan import TrainingPlan
+
+    s = Settings(model="llama-3.1-8b", precision="bf16-mixed", dist="fsdp", gpus="16", tp=2, cp=2)
+    code = snippet("torch", s, TrainingPlan(micro_batch=2, accumulation_steps=1, target_batch=None))
+    ast.parse(code)
+    assert "mesh_dim_names=('dp_shard', 'cp', 'tp')" in code and "(4, 2, 2)" in code
+    assert "model.config.base_model_tp_plan" in code and "parallelize_module(block" in code
+    assert 'mesh["dp_shard", "cp"]._flatten("dp_shard_cp")' in code
+    assert "with train_context(batch):" in code and "loss_parallel()" in code
+    assert "num_replicas=4, rank=dp_rank" in code
+    toml = torchtitan_toml(s)
+    assert "tensor_parallel_degree = 2" in toml and "data_parallel_shard_degree = 4" in toml
+    assert "# context_parallel_degree = 2" in code
+
+
+def test_the_json_report_names_the_layout():
+    from memorymark.reporting.json_form import _layout_dict
+
+    d = _layout_dict(_on(dist="fsdp", gpus="8", tp=2, cp=2))
+    assert d == {"tp": 2, "cp": 2, "dp": 2, "layout": "FSDP 2 x CP 2 x TP 2",
+                 "mesh": {"dp_shard": 2, "cp": 2, "tp": 2}}  # fmt: skip
