@@ -36,7 +36,6 @@ from memorymark.analyses.fixes import WaysOutSearch
 from memorymark.analyses.proof import PROOF_STEPS, BackwardProof, ProtocolResult, protocol_settings
 from memorymark.analyses.scale_out import ScaleOutRow
 from memorymark.backends import selection
-from memorymark.distributed import parallel_checks
 from memorymark.environment import stamp, torch_version
 from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
@@ -51,7 +50,7 @@ from memorymark.search.seq_len import SeqLenAnswer, SeqLenMeasurer, search_cap
 from memorymark.search.strategies import FastStrategy, Strategy
 from memorymark.search.sweep import SweepLimits, best_fit, sweep
 from memorymark.search.symbolic import SymbolicStrategy
-from memorymark.settings import Costs, Settings, check_model
+from memorymark.settings import Costs, Settings, check_model, parallel_checks
 from memorymark.step import user_job
 from memorymark.step.user_job import Training
 from memorymark.ways_out import FitAnswer

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from memorymark import cuda_rules
+from memorymark.backends.blocks import blocks
 from memorymark.distributed import topology
 from memorymark.settings import Settings
 from memorymark.step import optimizers
@@ -39,16 +40,6 @@ def mesh_shape(settings: Settings) -> tuple[tuple[int, ...], tuple[str, ...]]:
         nodes = settings.hardware.node_count
         return (nodes, gpus // nodes), MESH_DIMS
     return (gpus,), ("shard",)
-
-
-def blocks(model: nn.Module) -> list[nn.Module]:
-    """The transformer blocks FSDP2 wraps one by one: the classes a transformers model lists in
-    `_no_split_modules` (what Accelerate's transformer auto-wrap policy reads); none for other
-    models, which are then sharded as one unit at the root."""
-    names: set[str] = set()
-    for module in model.modules():
-        names.update(getattr(module, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if type(m).__name__ in names and m is not model]
 
 
 def _mp_policy(settings: Settings) -> Any:

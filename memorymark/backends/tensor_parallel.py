@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from memorymark.backends import sharding
+from memorymark.backends.blocks import blocks as find_blocks
 
 PLAN_STYLES = ("colwise", "rowwise", "replicated_with_grad_allreduce")
 """Entries of a model's `base_model_tp_plan` this module applies (transformers' style names)."""
@@ -123,7 +123,7 @@ def apply_tp(model: nn.Module, tp_mesh: Any, *, loss_parallel: bool = True) -> n
     )
 
     plan = model_plan(model)
-    blocks = sharding.blocks(model)
+    blocks = find_blocks(model)
     if not blocks:
         raise ValueError(f"--tp: {type(model).__name__} has no transformer blocks to split")
     for block in blocks:

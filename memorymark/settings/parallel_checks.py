@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from memorymark import models
 from memorymark.distributed import layout
-from memorymark.settings import Settings
+from memorymark.settings.sections import Settings
 
 
 def check_parallel(settings: Settings, entry: models.ModelEntry) -> None:
