@@ -142,3 +142,18 @@ def test_the_json_report_names_the_layout():
     d = _layout_dict(_on(dist="fsdp", gpus="8", tp=2, cp=2))
     assert d == {"tp": 2, "cp": 2, "dp": 2, "layout": "FSDP 2 x CP 2 x TP 2",
                  "mesh": {"dp_shard": 2, "cp": 2, "tp": 2}}  # fmt: skip
+
+
+def test_the_global_batch_counts_data_parallel_ranks_only():
+    from memorymark import Costs
+    from memorymark.report import Report
+
+    settings = _on(dist="fsdp", gpus="8", tp=2, cp=2, grad_accum=2)
+    session = Session(settings)
+    m = session.measure(4)
+    report = Report(
+        settings=settings, costs=Costs(), gpu=session.gpu, backend="sim", measurements=(m,),
+        elapsed_seconds=0.0,
+    )  # fmt: skip
+    # FSDP 2 x CP 2 x TP 2: two data-parallel ranks of 4 samples, twice accumulated.
+    assert report.global_batch_per_step == 4 * 2 * 2
