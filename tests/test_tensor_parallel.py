@@ -4,10 +4,12 @@ the layouts refused in one line."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch.distributed as dist
 
-from memorymark import Session, Settings
+from memorymark import Session, Settings, models
 from memorymark.backends import tensor_parallel
 from memorymark.measurement import Measurement
 
@@ -157,3 +159,18 @@ def test_the_global_batch_counts_data_parallel_ranks_only():
     )  # fmt: skip
     # FSDP 2 x CP 2 x TP 2: two data-parallel ranks of 4 samples, twice accumulated.
     assert report.global_batch_per_step == 4 * 2 * 2
+
+
+def test_activations_shrink_as_tp_grows(tmp_path):
+    import json
+
+    config = json.loads((Path(models.__file__).parent / "configs" / "tiny-llama.json").read_text())
+    config.update(num_attention_heads=8, num_key_value_heads=4, head_dim=8, vocab_size=1024)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    activations = []
+    for tp in (1, 2, 4):
+        spread = dict(dist="none", gpus=str(tp), tp=tp) if tp > 1 else {}
+        m = Session(_on(model=f"file:{path}", **spread)).measure(2)
+        activations.append(m.breakdown.activations)
+    assert activations[0] > activations[1] > activations[2]
