@@ -14,6 +14,12 @@ when the backend builds its model and given back at `release`); it is created wi
 count asked for and destroyed after, so sweeps with other counts can follow in the same
 process. The `DeviceMesh` is built outside fake mode (it holds a real tensor of ranks).
 
+Tensor and context parallelism (`--tp`, `--cp`) build the mesh from torchtitan's layout
+(memorymark/distributed/layout.py) and slice its tp, cp and FSDP sub-meshes here, outside fake
+mode; FSDP2 concatenates its mesh with tensor parallelism's for each parameter, which runs with
+the fake and tracking modes set aside (a mesh is ranks, not memory). The step runs inside
+`loss_parallel()` and the ring attention (`parallel_contexts`).
+
 Three accommodations make DDP trace on fake tensors, each standing for what a real step does
 with no effect on memory: the parameter-shape check and the initial broadcast are skipped
 (they read values); a comm hook stands for the all-reduce (in place on the bucket, as the
@@ -182,8 +188,22 @@ def _sharding_patches() -> tuple[ScopedPatch, ...]:
 
     return (
         ScopedPatch(_fsdp_param, "_chunk_with_empty", _rank_chunks),
-        ScopedPatch(DeviceMesh, "_concatenate", _outside_fake_mode),
+        ScopedPatch(_StaticMethods(DeviceMesh), "_concatenate", _outside_fake_mode),
     )
+
+
+class _StaticMethods:
+    """A class's static methods as attributes a `ScopedPatch` sets: what it sets (and puts
+    back) stays a staticmethod."""
+
+    def __init__(self, owner: type) -> None:
+        object.__setattr__(self, "_owner", owner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_owner"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(object.__getattribute__(self, "_owner"), name, staticmethod(value))
 
 
 @contextlib.contextmanager
