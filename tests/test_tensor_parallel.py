@@ -174,3 +174,28 @@ def test_activations_shrink_as_tp_grows(tmp_path):
         m = Session(_on(model=f"file:{path}", **spread)).measure(2)
         activations.append(m.breakdown.activations)
     assert activations[0] > activations[1] > activations[2]
+
+
+def test_apply_tp_splits_a_pipeline_stage_s_subtree():
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    from memorymark.backends.dist_sim import fake_group
+
+    entry = models.find_model("tiny-llama")
+    with torch.device("meta"):
+        model = models.build_model(entry, "causal-lm")
+    # The last stage of two, torchtitan-style: the second block, the final norm, the head.
+    base = model.model
+    base.layers = torch.nn.ModuleList([base.layers[1]])
+    base.embed_tokens = None
+    with fake_group(2):
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+        tensor_parallel.apply_tp(model, mesh)
+    q = base.layers[0].self_attn.q_proj.weight
+    assert isinstance(q, DTensor) and q.placements == (Shard(0),)
+    assert q.to_local().shape == (32, 64)  # 2 of 4 heads of 16
+    assert isinstance(base.norm.weight, DTensor)  # sequence parallel
+    head = model.lm_head.weight
+    assert isinstance(head, DTensor) and head.to_local().shape == (4096, 64)  # vocab split

@@ -46,12 +46,13 @@ PLAN_STYLES = ("colwise", "rowwise", "replicated_with_grad_allreduce")
 """Entries of a model's `base_model_tp_plan` this module applies (transformers' style names)."""
 
 
-def model_plan(model: nn.Module) -> dict[str, str]:
-    """The model's tensor-parallel plan, per block: {"self_attn.q_proj": "colwise", ...}.
+def model_plan(model: nn.Module, config: Any = None) -> dict[str, str]:
+    """The model's tensor-parallel plan, per block: {"self_attn.q_proj": "colwise", ...}, read
+    from `config` (the model's own when not given).
 
     Raises a one-line ValueError when the model's config carries no plan, or a style this
     module does not apply (mixture-of-experts styles)."""
-    config: Any = getattr(model, "config", None)
+    config = config if config is not None else getattr(model, "config", None)
     getter = getattr(config, "get_text_config", None)
     text = getter() if callable(getter) else config
     plan = getattr(text, "base_model_tp_plan", None) or {}
@@ -106,14 +107,22 @@ def _block_styles(block: nn.Module, plan: dict[str, str]) -> dict[str, Any]:
     return styles
 
 
-def apply_tp(model: nn.Module, tp_mesh: Any, *, loss_parallel: bool = True) -> nn.Module:
+def apply_tp(
+    model: nn.Module,
+    tp_mesh: Any,
+    *,
+    loss_parallel: bool = True,
+    config: Any = None,
+    blocks: list[nn.Module] | None = None,
+) -> nn.Module:
     """Split `model`'s blocks (and its embedding, final norm and LM head, where this subtree
     holds them) over the 1-D `tp_mesh`, in place; returns `model`.
 
     `model` is a transformers model or any subtree of one holding its blocks (a pipeline
-    stage): the plan is read from the nearest `config` (pass the model's when a stage has none:
-    set `model.config`). `loss_parallel`: the LM head's logits stay split by vocabulary (run the
-    loss under `loss_parallel_context()`); False gathers them whole on every rank."""
+    stage): pass the whole model's `config` when the subtree has none, and its `blocks` when
+    the subtree does not list them (`_no_split_modules`). `loss_parallel`: the LM head's logits
+    stay split by vocabulary (run the loss under `loss_parallel_context(True)`); False gathers
+    them whole on every rank."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -122,8 +131,8 @@ def apply_tp(model: nn.Module, tp_mesh: Any, *, loss_parallel: bool = True) -> n
         parallelize_module,
     )
 
-    plan = model_plan(model)
-    blocks = find_blocks(model)
+    plan = model_plan(model, config)
+    blocks = blocks if blocks is not None else find_blocks(model)
     if not blocks:
         raise ValueError(f"--tp: {type(model).__name__} has no transformer blocks to split")
     for block in blocks:
@@ -163,11 +172,12 @@ def _called(model: nn.Module, method: str) -> Any:
 
 
 def _blocks_holder(model: nn.Module, blocks: list[nn.Module]) -> nn.Module | None:
-    """The module whose ModuleList holds the blocks (a transformers base model: its final norm
-    is its direct child)."""
+    """The module whose ModuleList (or a pipeline stage's ModuleDict) holds the blocks (a
+    transformers base model: its final norm is its direct child)."""
     for module in model.modules():
         for child in module.children():
-            if isinstance(child, nn.ModuleList) and any(b is blocks[0] for b in child):
+            held = isinstance(child, (nn.ModuleList, nn.ModuleDict))
+            if held and any(b is blocks[0] for b in child.children()):
                 return module
     return None
 
