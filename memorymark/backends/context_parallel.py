@@ -74,14 +74,14 @@ def _sharded(kwargs: dict[str, Any], cp_mesh: Any) -> dict[str, Any]:
 def _ring_sdpa(original: Any, *args: Any, **kwargs: Any) -> Any:
     from torch.distributed.tensor.experimental._context_parallel import _ContextParallel
 
-    mesh = _meshes[-1]
-    style = _ContextParallel(seq_dim=2, attention_type=_ContextParallel.AttentionType.SDPA)
-    args, kwargs = style.sdpa_input_fn(None, args, kwargs, mesh)
     if kwargs.get("attn_mask") is not None or (len(args) > 3 and args[3] is not None):
         raise ValueError(
             "--cp: ring attention takes no attention mask (torch's context parallelism is "
             "causal SDPA only): train without padding masks"
         )
+    mesh = _meshes[-1]
+    style = _ContextParallel(seq_dim=2, attention_type=_ContextParallel.AttentionType.SDPA)
+    args, kwargs = style.sdpa_input_fn(None, args, kwargs, mesh)
     return style.sdpa_output_fn(None, (args, kwargs), original(*args, **kwargs), mesh)
 
 

@@ -54,6 +54,13 @@ def check_parallel(settings: Settings, entry: models.ModelEntry) -> None:
                 raise ValueError(
                     f"--tp beside {what} is not simulated: split a full-weight model, or use --tp 1"
                 )
+    if hw.cp > 1 and w.resolved_task != models.CAUSAL_LM:
+        # torch's load-balanced ring needs causal attention ("Load balancing requires
+        # `is_causal=True`", _context_parallel/_attention.py).
+        raise ValueError(
+            f"--cp runs causal attention as a ring: train {entry.key} as a causal LM "
+            "(--task causal-lm), or use --cp 1"
+        )
     if hw.cp > 1 and w.attention != "sdpa":
         raise ValueError(
             f"--cp runs attention as a ring over scaled_dot_product_attention: use --attention "
