@@ -52,7 +52,7 @@ from memorymark.search.seq_len import SeqLenAnswer, SeqLenMeasurer, search_cap
 from memorymark.search.strategies import FastStrategy, Strategy
 from memorymark.search.sweep import SweepLimits, best_fit, sweep
 from memorymark.search.symbolic import SymbolicStrategy
-from memorymark.settings import Costs, Settings, check_model
+from memorymark.settings import Costs, Settings, check_model, parallel_checks
 from memorymark.step import user_job
 from memorymark.step.user_job import Training
 from memorymark.ways_out import FitAnswer
@@ -95,6 +95,9 @@ class Session:
         _refuse_unsimulated(settings)
         if training is None:
             self.model_entry = check_model(settings)
+            parallel_checks.check_parallel(settings, self.model_entry)
+        elif settings.hardware.tp * settings.hardware.cp > 1:
+            raise ValueError("--tp and --cp split a catalog model's blocks: not a training job's")
         else:
             user_job.check_settings(settings)
         # torch loads here, not when the front door is imported
@@ -651,12 +654,12 @@ class _Bench:
 
 
 def _refuse_unsimulated(settings: Settings) -> None:
-    if settings.hardware.tp * settings.hardware.cp * settings.hardware.pp > 1:
-        # The degrees are settings before the simulation runs them (issue 32's layouts):
-        # an answer that ignored them would be one GPU's, silently.
+    if settings.hardware.pp > 1:
+        # The degree is a setting before the simulation runs it (issue 32's layouts): an
+        # answer that ignored it would be one GPU's, silently.
         raise ValueError(
-            "--tp, --cp and --pp are not simulated yet: size the data-parallel layout "
-            "(--dist fsdp) and see docs/many-gpus.md"
+            "--pp is not simulated yet: size the layout without pipeline stages "
+            "(--dist fsdp, --tp, --cp) and see docs/many-gpus.md"
         )
 
 

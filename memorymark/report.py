@@ -216,11 +216,14 @@ class Report:
 
     @property
     def global_batch_per_step(self) -> int | None:
-        """Samples each optimizer step sees over every rank at the optimal per-GPU batch."""
+        """Samples each optimizer step sees over every rank at the optimal per-GPU batch: the
+        data-parallel ranks' (the tensor and context parallel ranks of one share its batch)."""
         optimal = self.optimal
         if optimal is None:
             return None
-        return optimal.batch_size * self.gpus * self.settings.workload.grad_accum
+        hw = self.settings.hardware
+        data_parallel = max(1, self.gpus // (hw.tp * hw.cp * hw.pp))
+        return optimal.batch_size * data_parallel * self.settings.workload.grad_accum
 
     @property
     def rules_note(self) -> str | None:

@@ -247,23 +247,11 @@ def test_bad_layout_input_is_one_line(argv, message, capsys):
 @pytest.mark.fast
 def test_the_bench_refuses_degrees_the_engine_does_not_simulate():
     # The layout search steps through the bench: it must refuse what a Session refuses, not
-    # answer one GPU's figures for a tensor-parallel layout.
+    # answer one GPU's figures for a pipeline layout.
     from memorymark import Session
 
     bench = Session(Settings(model="tiny-llama", seq_len=32, backend="sim", gpu="a10")).bench
     s = Settings(model="tiny-llama", seq_len=32, backend="sim", gpu="a10", dist="fsdp",
-                 gpus="4", tp=2)  # fmt: skip
-    if layouts_simulated(s):
-        pytest.skip("tensor parallelism is simulated on this branch")
+                 gpus="4", pp=2)  # fmt: skip
     with pytest.raises(ValueError, match="not simulated yet"):
         bench.measure(s, H100, 1)
-
-
-def layouts_simulated(s: Settings) -> bool:
-    from memorymark import Session
-
-    try:
-        Session(s)
-    except ValueError:
-        return False
-    return True

@@ -89,3 +89,19 @@ def test_two_cuda_ranks_measure_fsdp_with_nccl():
     d = json.loads(result.stdout)
     assert d["memory_source"] == "measured"
     assert d["distributed"]["per_gpu_batch"] >= 1
+
+
+def test_tensor_parallel_real_cpu_ranks_hold_the_simulated_bytes(capsys):
+    # fp32 and eager attention: the CPU's kernels are the ones the simulation runs.
+    args = ["tiny-llama", "--seq-len", "512", "--gpu-memory", "1", "--precision", "32-true",
+            "--attention", "eager", "--dist", "fsdp", "--gpus", "2", "--tp", "2",
+            "--batch-size", "4", "--json"]  # fmt: skip
+    result = torchrun(2, "-m", "memorymark", "measure", *args, "--backend", "cpu")
+    assert result.returncode == 0, result.stderr[-2000:]
+    real = json.loads(result.stdout)
+    assert main(["measure", *args, "--backend", "sim"]) == 0
+    simulated = json.loads(capsys.readouterr().out)
+    for part in ("parameters", "optimizer_state", "activations", "logits"):
+        assert real["breakdown"][part] == simulated["breakdown"][part]
+    # The real step holds one more 8-byte gradient at its peak (a scalar autograd makes).
+    assert abs(real["peak_bytes"] - simulated["peak_bytes"]) <= 8

@@ -114,13 +114,16 @@ def row_from_report(
         traffic, report.gpu.intra_node_bytes_per_s, report.gpu.inter_node_bytes_per_s
     )
     step = max(compute, comm)
-    throughput = samples * gpus / step
+    # The tensor and context parallel ranks of one data-parallel rank share its samples.
+    hw = s.hardware
+    data_parallel = max(1, gpus // (hw.tp * hw.cp * hw.pp))
+    throughput = samples * data_parallel / step
     hours = samples_per_run / throughput / 3600
     return ScaleOutRow(
         gpus=gpus,
         nodes=nodes,
         per_gpu_batch=best.batch_size,
-        global_batch=samples * gpus,
+        global_batch=samples * data_parallel,
         peak_bytes=best.peak_bytes,
         states_bytes=states_bytes(best),
         nccl_bytes=nccl,

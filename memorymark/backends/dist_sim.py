@@ -14,6 +14,12 @@ when the backend builds its model and given back at `release`); it is created wi
 count asked for and destroyed after, so sweeps with other counts can follow in the same
 process. The `DeviceMesh` is built outside fake mode (it holds a real tensor of ranks).
 
+Tensor and context parallelism (`--tp`, `--cp`) build the mesh from torchtitan's layout
+(memorymark/distributed/layout.py) and slice its tp, cp and FSDP sub-meshes here, outside fake
+mode; FSDP2 concatenates its mesh with tensor parallelism's for each parameter, which runs with
+the fake and tracking modes set aside (a mesh is ranks, not memory). The step runs inside
+`loss_parallel()` and the ring attention (`parallel_contexts`).
+
 Three accommodations make DDP trace on fake tensors, each standing for what a real step does
 with no effect on memory: the parameter-shape check and the initial broadcast are skipped
 (they read values); a comm hook stands for the all-reduce (in place on the bucket, as the
@@ -166,11 +172,38 @@ def _rank_chunks(original: Any, tensor: torch.Tensor, num_chunks: int, dim: int)
     return RankChunks(tensor, num_chunks, dim)
 
 
+def _outside_fake_mode(original: Any, *args: Any) -> Any:
+    # A DeviceMesh holds a real tensor of ranks, which fake mode cannot make (see the module
+    # docstring): FSDP2 concatenates its mesh with tensor parallelism's for each parameter.
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return original(*args)
+
+
 @functools.cache
 def _sharding_patches() -> tuple[ScopedPatch, ...]:
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp._fully_shard import _fsdp_param
 
-    return (ScopedPatch(_fsdp_param, "_chunk_with_empty", _rank_chunks),)
+    return (
+        ScopedPatch(_fsdp_param, "_chunk_with_empty", _rank_chunks),
+        ScopedPatch(_StaticMethods(DeviceMesh), "_concatenate", _outside_fake_mode),
+    )
+
+
+class _StaticMethods:
+    """A class's static methods as attributes a `ScopedPatch` sets: what it sets (and puts
+    back) stays a staticmethod."""
+
+    def __init__(self, owner: type) -> None:
+        object.__setattr__(self, "_owner", owner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_owner"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(object.__getattribute__(self, "_owner"), name, staticmethod(value))
 
 
 @contextlib.contextmanager
@@ -209,6 +242,20 @@ class _NoRebuild:
         return False
 
 
+def parallel_contexts(parts: dict[str, Any]) -> list[contextlib.AbstractContextManager[Any]]:
+    """What a step under tensor or context parallelism runs inside (`parts`:
+    `sharding.mesh_parts`): `loss_parallel()` for the vocabulary-split logits
+    (tensor_parallel.py), ring attention over the cp ranks (context_parallel.py)."""
+    from memorymark.backends import context_parallel, tensor_parallel
+
+    contexts: list[contextlib.AbstractContextManager[Any]] = []
+    if "tp" in parts:
+        contexts.append(tensor_parallel.loss_parallel_context(True))
+    if "cp" in parts:
+        contexts.append(context_parallel.ring_attention(parts["cp"]))
+    return contexts
+
+
 class DistSimBackend(SimBackend):
     """Simulates rank 0 of `settings.hardware.gpu_count` GPUs under `settings.hardware.dist`."""
 
@@ -216,6 +263,9 @@ class DistSimBackend(SimBackend):
         super().__init__(*args, **kwargs)
         self._stack: contextlib.ExitStack | None = None
         self._mesh: Any = None
+        self._parts: dict[str, Any] = {}
+        """The mesh's tp, cp and FSDP sub-meshes (`sharding.mesh_parts`), sliced outside fake
+        mode."""
         self._group_owner: DistSimBackend | None = None
         """The backend whose process group this one uses (the depth replay's shallower builds
         share one: the group is process-wide); None: its own."""
@@ -238,6 +288,7 @@ class DistSimBackend(SimBackend):
         if self._group_owner is not None:
             self._group_owner._open_group()
             self._mesh = self._group_owner._mesh
+            self._parts = self._group_owner._parts
             return
         if self._stack is not None:
             return
@@ -251,6 +302,7 @@ class DistSimBackend(SimBackend):
 
             shape, names = sharding.mesh_shape(self.training_step.settings)
             self._mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+            self._parts = sharding.mesh_parts(self._mesh)
         except BaseException:
             stack.close()
             raise
@@ -266,6 +318,8 @@ class DistSimBackend(SimBackend):
             for patch in _ddp_patches():
                 stack.enter_context(patch.active())
             stack.enter_context(fsdp_reported_to(self._tracker))
+            for context in parallel_contexts(self._parts):
+                stack.enter_context(context)
             yield
 
     def _distribute(self, model: nn.Module) -> nn.Module:
@@ -273,7 +327,9 @@ class DistSimBackend(SimBackend):
         with contextlib.ExitStack() as stack:
             for patch in _sharding_patches():
                 stack.enter_context(patch.active())
-            sharded = sharding.shard_model(model, settings, self._mesh, {}, pin_memory=False)
+            sharded = sharding.shard_model(
+                model, settings, self._mesh, {}, pin_memory=False, parts=self._parts
+            )
         if isinstance(sharded, nn.parallel.DistributedDataParallel):
             sharded.register_comm_hook(
                 None, lambda _, bucket: _allreduce_in_place(self.world_size, bucket)
@@ -311,6 +367,7 @@ class DistSimBackend(SimBackend):
     def release(self) -> None:
         super().release()
         self._mesh = None
+        self._parts = {}
         if self._stack is not None:
             stack, self._stack = self._stack, None
             stack.close()

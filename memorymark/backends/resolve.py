@@ -148,10 +148,11 @@ def simulated_backend(
     step = step or CatalogStep(settings)
     workspace = gpus.thread_workspace(gpu.compute_capability, versions.release())
     backend: Backend
-    if name == "cpu" and settings.hardware.dist != "none":
+    spread = settings.hardware.dist != "none" or settings.hardware.tp * settings.hardware.cp > 1
+    if name == "cpu" and spread:
         ranked = _ranked(CpuBackend, settings, "cpu")
         backend = ranked(step, policy=policy, thread_workspace=workspace)
-    elif name == "sim" and settings.hardware.dist != "none":
+    elif name == "sim" and spread:
         from memorymark.backends.dist_sim import DistSimBackend  # torch.distributed loads only here
 
         backend = DistSimBackend(step, gpu=gpu, policy=policy, thread_workspace=workspace)

@@ -91,8 +91,10 @@ def rank_gpu(settings: Settings, gpu: gpus.GPU) -> gpus.GPU:
     live outside the caching allocator (memorymark/distributed/topology.py); itself on one GPU."""
     count = settings.hardware.gpu_count
     nccl = 0
-    if settings.hardware.dist != "none" and count is not None:
-        nccl = topology.nccl_bytes(settings.hardware.dist, count, settings.hardware.node_count)
+    hw = settings.hardware
+    groups = (hw.tp > 1) + (hw.cp > 1)
+    if (hw.dist != "none" or groups) and count is not None:
+        nccl = topology.nccl_bytes(hw.dist, count, hw.node_count, groups)
     if nccl >= gpu.total_bytes - gpu.context_bytes:
         raise ValueError(f"the {gpu.name} has no memory left once NCCL's buffers are taken")
     return gpu if nccl == gpu.nccl_bytes else replace(gpu, nccl_bytes=nccl)

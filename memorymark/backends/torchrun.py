@@ -123,9 +123,14 @@ class RankedBackend:
 
     @contextlib.contextmanager
     def _step_context(self) -> Iterator[None]:
-        from memorymark.backends.dist_sim import fsdp_reported_to
+        from memorymark.backends.dist_sim import fsdp_reported_to, parallel_contexts
 
-        with super()._step_context(), fsdp_reported_to(self._tracker):  # type: ignore[misc]
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(super()._step_context())  # type: ignore[misc]
+            stack.enter_context(fsdp_reported_to(self._tracker))
+            mesh = getattr(self, "_device_mesh", None)
+            for context in parallel_contexts(sharding.mesh_parts(mesh) if mesh else {}):
+                stack.enter_context(context)
             yield
 
     def measure(self, batch_size: int) -> Measurement:

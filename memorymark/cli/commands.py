@@ -119,7 +119,7 @@ def _analyze(args: argparse.Namespace, settings: Settings, training: Training | 
             render.print_gpu_search(session.gpu_search)
     if talk:
         s = session.settings
-        ranks = "" if s.hardware.dist == "none" else render.ranks_text(s)
+        ranks = "" if s.hardware.gpu_count == 1 else render.ranks_text(s)
         gpu, backend, source = session.gpu, session.backend_name, session.memory_source
         subject = training.label if training is not None else settings.workload.model
         print(render.header_line(subject, gpu, backend, source, ranks))

@@ -51,7 +51,11 @@ def header_line(subject: str, gpu: GPU, backend: str, source: str, ranks: str = 
 
 def ranks_text(s: Settings) -> str:
     """How many GPUs, over how many nodes, with which strategy (for a run on many GPUs)."""
-    return f" x{s.hardware.gpu_count} ({plural(s.hardware.node_count, 'node')}, {s.hardware.dist})"
+    hw = s.hardware
+    how = hw.dist
+    if hw.tp * hw.cp * hw.pp > 1 and hw.gpu_count:
+        how = hw.layout(hw.gpu_count).describe()  # "FSDP 4 x TP 2", as torchtitan logs it
+    return f" x{hw.gpu_count} ({plural(hw.node_count, 'node')}, {how})"
 
 
 def environment_line(report: Report) -> str:

@@ -76,12 +76,14 @@ def communicators(dist: str, gpus: int, nodes: int) -> int:
     return 1
 
 
-def nccl_bytes(dist: str, gpus: int, nodes: int) -> int:
-    """Estimated bytes NCCL allocates on each rank outside the caching allocator."""
+def nccl_bytes(dist: str, gpus: int, nodes: int, model_groups: int = 0) -> int:
+    """Estimated bytes NCCL allocates on each rank outside the caching allocator;
+    `model_groups`: the tensor and context parallel groups a rank also talks over (one
+    communicator each, as every mesh dimension has its own process group)."""
     per_communicator = (
         NCCL_CHANNELS_ASSUMED * NCCL_RING_PEERS * NCCL_PROTOCOL_BUFFERS * NCCL_BUFFSIZE_BYTES
     )
-    return communicators(dist, gpus, nodes) * per_communicator
+    return (communicators(dist, gpus, nodes) + model_groups) * per_communicator
 
 
 # --- Traffic and its time (estimated) ----------------------------------------------------------

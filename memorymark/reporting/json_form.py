@@ -171,11 +171,31 @@ def _distributed_dict(r: Report) -> dict[str, Any]:
         "nodes": s.hardware.node_count if s.hardware.gpu_count else 1,
         "offload": s.hardware.offload,
         "mp_policy": s.hardware.mp_policy,
+        # The parallel layout (torchtitan's mesh, memorymark/distributed/layout.py): tensor and
+        # context parallel degrees, what data parallelism is left, and the mesh simulated.
+        **_layout_dict(s),
         "per_gpu_batch": optimal.batch_size if optimal else None,
         "global_batch": r.global_batch_per_step,
         "per_rank_breakdown_bytes": per_rank,
         "per_rank_nccl_gb": gib(r.gpu.nccl_bytes),
         **(r.gpu_search.to_dict() if r.gpu_search else {"min_gpus": None}),
+    }
+
+
+def _layout_dict(s: Any) -> dict[str, Any]:
+    """tp, cp, the data-parallel degree, the layout in torchtitan's words and its mesh."""
+    hw = s.hardware
+    count = hw.gpu_count
+    if count is None:
+        return {"tp": hw.tp, "cp": hw.cp, "dp": None, "layout": None, "mesh": None}
+    layout = hw.layout(count)
+    shape, names = layout.mesh()
+    return {
+        "tp": hw.tp,
+        "cp": hw.cp,
+        "dp": layout.dp,
+        "layout": layout.describe(),
+        "mesh": dict(zip(names, shape, strict=True)),
     }
 
 

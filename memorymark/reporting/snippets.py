@@ -197,7 +197,7 @@ def _lightning(settings: Settings, plan: TrainingPlan) -> str:
 def _torch(settings: Settings, plan: TrainingPlan) -> str:
     optimizer = settings.workload.optimizer != "none"
     clip = optimizer and settings.workload.max_grad_norm is not None
-    many = settings.hardware.dist != "none"
+    many = settings.hardware.dist != "none" or settings.hardware.tp * settings.hardware.cp > 1
     lines = _about(settings) + (["device = _local_device()"] if many else ['device = "cuda"'])
     if settings.workload.quantization == "none":
         lines.append("model = model.to(device)")
@@ -206,6 +206,10 @@ def _torch(settings: Settings, plan: TrainingPlan) -> str:
     lines += _prepare_model(settings, weights=True, checkpointing=True)
     lines += _spread(settings) if many else []
     sampler = ", sampler=DistributedSampler(dataset)" if many else ", shuffle=True"
+    parallel = settings.hardware.tp * settings.hardware.cp > 1
+    if parallel:  # the tp and cp ranks of one data-parallel rank share its batch
+        dp = settings.hardware.layout(settings.hardware.gpu_count or 1).dp
+        sampler = f", sampler=DistributedSampler(dataset, num_replicas={dp}, rank=dp_rank)"
     lines += [
         "",
         f"loader = DataLoader(dataset, batch_size={plan.micro_batch}{sampler})",
@@ -231,7 +235,7 @@ def _torch(settings: Settings, plan: TrainingPlan) -> str:
     imports = ["from torch.utils.data import DataLoader"]
     if many:
         imports = [*imports, *_DIST_IMPORTS]
-        if settings.hardware.dist in ("fsdp", "fsdp-no-reshard", "hsdp"):
+        if settings.hardware.dist in ("fsdp", "fsdp-no-reshard", "hsdp") or many:
             imports += [
                 "from torch.distributed.device_mesh import init_device_mesh",
                 "from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, "
@@ -239,8 +243,14 @@ def _torch(settings: Settings, plan: TrainingPlan) -> str:
             ]
         if settings.hardware.dist == "zero1":
             imports.append("from torch.distributed.optim import ZeroRedundancyOptimizer")
+        if settings.hardware.tp * settings.hardware.cp > 1:
+            imports += _PARALLEL_IMPORTS
         lines = [*_LOCAL_DEVICE, "", *lines]
-    return _program(imports, lines + [mode] + _torch_loop(settings, clip))
+    loop = _torch_loop(settings, clip)
+    if parallel:
+        toml = torchtitan_toml(settings).splitlines()
+        loop += ["", "# The same layout in a torchtitan job config:", *(f"# {t}" for t in toml)]
+    return _program(imports, lines + [mode] + loop)
 
 
 _DIST_IMPORTS = [
@@ -266,6 +276,8 @@ def _spread(settings: Settings) -> list[str]:
         f"# Run with: torchrun --nnodes {nodes} --nproc-per-node {n // nodes} train.py "
         f"(--dist {settings.hardware.dist})"
     ]
+    if settings.hardware.tp * settings.hardware.cp > 1:
+        return head + _parallel_spread(settings)
     if settings.hardware.dist in ("ddp", "zero1"):
         return head + [
             "model = torch.nn.parallel.DistributedDataParallel(",
@@ -296,6 +308,135 @@ def _spread(settings: Settings) -> list[str]:
     ]
 
 
+_PARALLEL_IMPORTS = [
+    "import contextlib",
+    "from torch.distributed.tensor import Replicate, Shard",
+    "from torch.distributed.tensor.experimental import context_parallel",
+    "from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, "
+    "RowwiseParallel, SequenceParallel, loss_parallel, parallelize_module",
+]
+
+
+def _parallel_spread(settings: Settings) -> list[str]:
+    """Tensor and context parallelism, then FSDP2, as the simulation applies them
+    (memorymark/backends/tensor_parallel.py, context_parallel.py, sharding.py)."""
+    hw = settings.hardware
+    layout = hw.layout(hw.gpu_count or hw.tp * hw.cp)
+    shape, names = layout.mesh()
+    lines = [
+        f"# {layout.describe()}: torchtitan's mesh (pp, dp_replicate, dp_shard, cp, tp).",
+        f'mesh = init_device_mesh("cuda", {shape}, mesh_dim_names={names})',
+        'dp_rank = mesh["dp_shard"].get_local_rank() if "dp_shard" in mesh.mesh_dim_names else 0',
+    ]
+    if hw.tp > 1:
+        lines += _tp_lines()
+    lines += _train_context_lines(hw.tp > 1, hw.cp > 1)
+    sharded = [n for n in ("dp_shard", "cp") if n in names]
+    if not sharded:
+        return lines
+    if len(sharded) == 1:
+        lines.append(f'dp_mesh = mesh["{sharded[0]}"]')
+    else:  # the cp ranks hold the same weights: FSDP2 shards over dp_shard x cp (torchtitan)
+        lines.append('dp_mesh = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")')
+    kwargs = "mesh=dp_mesh"
+    dtype = _AUTOCAST_DTYPE.get(settings.workload.precision)
+    if dtype and hw.mp_policy == "auto":
+        lines.append(
+            f"mp_policy = MixedPrecisionPolicy(param_dtype={dtype}, reduce_dtype=torch.float32)"
+        )
+        kwargs += ", mp_policy=mp_policy"
+    if hw.offload == "cpu":
+        kwargs += ", offload_policy=CPUOffloadPolicy()"
+    if hw.dist == "fsdp-no-reshard":
+        kwargs += ", reshard_after_forward=False"
+    return lines + [
+        "for block in [m for m in model.modules() if type(m).__name__ in blocks]:",
+        f"    fully_shard(block, {kwargs})",
+        f"fully_shard(model, {kwargs})",
+    ]
+
+
+def _tp_lines() -> list[str]:
+    """The model's own plan (config.base_model_tp_plan) applied as torchtitan applies its
+    Llama plan: sequence-parallel norms, the residual stream split on the sequence."""
+    return [
+        "# Tensor parallelism with the model's own plan, as torchtitan applies its Llama plan.",
+        'tp_mesh = mesh["tp"]',
+        'plan = {k.split(".*.", 1)[1]: v for k, v in model.config.base_model_tp_plan.items()}',
+        "styles = {",
+        '    "colwise": ColwiseParallel,',
+        '    "rowwise": lambda: RowwiseParallel(output_layouts=Shard(1), use_local_output=False),',
+        '    "replicated_with_grad_allreduce": lambda: SequenceParallel(use_local_output=True),',
+        "}",
+        "blocks = set(getattr(model, '_no_split_modules', None) or ())",
+        "for block in [m for m in model.modules() if type(m).__name__ in blocks]:",
+        "    layer_plan = {name: styles[style]() for name, style in plan.items()}",
+        "    for name, child in block.named_children():",
+        '        if "Norm" in type(child).__name__:',
+        "            layer_plan[name] = SequenceParallel()",
+        '    layer_plan["self_attn"] = PrepareModuleInput(',
+        '        input_kwarg_layouts={"hidden_states": Shard(1)},',
+        '        desired_input_kwarg_layouts={"hidden_states": Replicate()},',
+        "    )",
+        '    layer_plan["mlp"] = PrepareModuleInput(',
+        "        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)",
+        "    )",
+        "    parallelize_module(block, tp_mesh, layer_plan)",
+        "# Logits stay split by vocabulary: the loss runs under loss_parallel().",
+        "parallelize_module(model, tp_mesh, {",
+        '    "model.embed_tokens": RowwiseParallel(',
+        "        input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False",
+        "    ),",
+        '    "model.norm": SequenceParallel(),',
+        '    "lm_head": ColwiseParallel(',
+        "        input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False",
+        "    ),",
+        "})",
+    ]
+
+
+def _train_context_lines(tp: bool, cp: bool) -> list[str]:
+    """`train_context(batch)`: what forward and backward run inside."""
+    lines = [
+        "",
+        "",
+        "def train_context(batch):",
+        '    """loss_parallel for split logits; context parallelism shards the batch in place."""',
+        "    stack = contextlib.ExitStack()",
+    ]
+    if tp:
+        lines.append("    stack.enter_context(loss_parallel())")
+    if cp:
+        lines += [
+            '    ids, labels = batch["input_ids"], batch["labels"]',
+            "    stack.enter_context(context_parallel(",
+            '        mesh["cp"], buffers=[ids, labels], buffer_seq_dims=[1, 1],',
+            "        no_restore_buffers={ids, labels},",
+            "    ))",
+        ]
+    lines += ["    return stack", "", ""]
+    if not tp:
+        lines.append("blocks = set(getattr(model, '_no_split_modules', None) or ())")
+    return lines
+
+
+def torchtitan_toml(settings: Settings) -> str:
+    """The layout as a torchtitan job-config fragment (its `[parallelism]` section)."""
+    hw = settings.hardware
+    layout = hw.layout(hw.gpu_count or hw.tp * hw.cp * hw.pp)
+    return "\n".join(
+        [
+            "[parallelism]",
+            f"data_parallel_replicate_degree = {layout.dp_replicate}",
+            f"data_parallel_shard_degree = {layout.dp_shard}",
+            f"tensor_parallel_degree = {hw.tp}",
+            f"context_parallel_degree = {hw.cp}",
+            f"pipeline_parallel_degree = {hw.pp}",
+            f"disable_loss_parallel = {'false' if hw.tp > 1 else 'true'}",
+        ]
+    )
+
+
 def _zero1_code(name: str) -> str:
     """zero1's optimizer: the measured one, its state partitioned over the ranks."""
     inner = _optimizer_code(name).split("(", 1)
@@ -312,11 +453,16 @@ def _torch_loop(settings: Settings, clip: bool) -> list[str]:
     scaler = optimizer and settings.workload.precision == "16-mixed"
     loss = f"loss = {_loss_code(settings, 'model')} / accumulation_steps"
     lines = ["for i, batch in enumerate(loader):"] + _to_device(settings)
+    step: list[str] = []
     if dtype:  # autocast around forward and loss only, as the PyTorch AMP recipe does
-        lines += [f"    with torch.autocast(device, dtype={dtype}):", f"        {loss}"]
+        step += [f"    with torch.autocast(device, dtype={dtype}):", f"        {loss}"]
     else:
-        lines.append(f"    {loss}")
-    lines.append("    scaler.scale(loss).backward()" if scaler else "    loss.backward()")
+        step.append(f"    {loss}")
+    step.append("    scaler.scale(loss).backward()" if scaler else "    loss.backward()")
+    if settings.hardware.tp * settings.hardware.cp > 1:
+        # loss_parallel and context parallelism hold over forward and backward both.
+        step = ["    with train_context(batch):", *("    " + line for line in step)]
+    lines += step
     lines.append("    if (i + 1) % accumulation_steps == 0:")
     if not optimizer:
         return lines + ["        model.zero_grad(set_to_none=True)"]

@@ -1,4 +1,5 @@
-"""The sidebar's "where" widgets for many GPUs: strategy, GPU count, nodes, offload, policy.
+"""The sidebar's "where" widgets for many GPUs: strategy, GPU count, nodes, tensor and context
+parallel degrees, offload, policy.
 
 Each widget writes its `Settings` field's session-state key (`mm_<field>`), as the other
 sidebar widgets do. Must not know how a sweep runs or how results are drawn; imports no torch.
@@ -28,7 +29,7 @@ def distribution_inputs(sb: Any) -> dict[str, Any]:
             "Distributed strategy", topology.DIST_STRATEGIES, key=key("dist"), help=DIST_HELP
         )
         if chosen == "none":
-            return {"gpus": "1", "nodes": None, "offload": "none"}
+            return {"gpus": "1", "nodes": None, "offload": "none", "tp": 1, "cp": 1}
         st.text_input(
             "GPUs (a number, or auto)",
             key=key("gpus"),
@@ -43,6 +44,8 @@ def distribution_inputs(sb: Any) -> dict[str, Any]:
             key=key("nodes"),
             placeholder="8 GPUs a node",
         )
+        if chosen in ("fsdp", "fsdp-no-reshard"):
+            _parallel_inputs()
         if chosen in topology.SHARDED:
             st.selectbox(
                 "Offload", topology.OFFLOADS, key=key("offload"),
@@ -52,5 +55,23 @@ def distribution_inputs(sb: Any) -> dict[str, Any]:
                 "Mixed-precision policy", topology.MP_POLICIES, key=key("mp_policy"),
                 help="auto: compute in the precision's dtype, reduce gradients in fp32",
             )  # fmt: skip
-            return {}
-        return {"offload": "none"}
+            return {"tp": 1, "cp": 1} if chosen == "hsdp" else {}
+        return {"offload": "none", "tp": 1, "cp": 1}
+
+
+def _parallel_inputs() -> None:
+    """Tensor and context parallel degrees beside FSDP2 (torchtitan's mesh; the GPU count is
+    their product times the data-parallel degree)."""
+    left, right = st.columns(2)
+    left.number_input(
+        "Tensor parallel (TP)", min_value=1, max_value=topology.GPUS_PER_NODE, step=1,
+        key=key("tp"),
+        help="Each block's attention and MLP split over this many GPUs of a node "
+        "(parallelize_module with the model's plan, sequence-parallel norms, loss parallel); "
+        "it divides the heads and the GPU count",
+    )  # fmt: skip
+    right.number_input(
+        "Context parallel (CP)", min_value=1, max_value=topology.MAX_GPUS, step=1, key=key("cp"),
+        help="The sequence split over this many GPUs, attention as a ring (torch's context "
+        "parallelism); the sequence length divides by 2 x CP",
+    )  # fmt: skip

@@ -18,7 +18,7 @@ from memorymark import gpus
 from memorymark.gpus import GPU
 from memorymark.limits import one_line
 from memorymark.measurement import memory_source
-from memorymark.settings import Costs, Settings, check_model
+from memorymark.settings import Costs, Settings, check_model, parallel_checks
 from memorymark.ui import distribution_inputs, model_inputs, sweep_runner, training_inputs
 from memorymark.ui.literal import literal
 from memorymark.ui.state_keys import SETTING_FIELDS, STATE_KEYS, key
@@ -242,7 +242,9 @@ def settings_sidebar(
     chosen_costs = _cost_inputs(sb, gpu, costs)
     try:
         chosen = Settings(**values)
-        check_model(chosen)  # a `file:` or `hf:` model is read here, not in Settings
+        # A `file:` or `hf:` model is read here, not in Settings; then what its shape allows
+        # of the tensor and context parallel degrees.
+        parallel_checks.check_parallel(chosen, check_model(chosen))
     except ValueError as exc:
         message = literal(one_line(exc))
         st.error(f"These settings cannot run: {message}. Next step: change it in the sidebar.")
