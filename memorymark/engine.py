@@ -90,11 +90,11 @@ class Session:
         # validate with no I/O), so a model that cannot be read fails before torch loads.
         self.model_entry: models.ModelEntry | None = None
         """The catalog model the settings name, resolved once (None for a training job)."""
-        if settings.hardware.tp * settings.hardware.cp * settings.hardware.pp > 1:
+        if settings.hardware.tp * settings.hardware.cp > 1:
             # The degrees are settings before the simulation runs them (issue 32's layouts):
             # an answer that ignored them would be one GPU's, silently.
             raise ValueError(
-                "--tp, --cp and --pp are not simulated yet: size the data-parallel layout "
+                "--tp and --cp are not simulated yet: size the data-parallel layout "
                 "(--dist fsdp) and see docs/many-gpus.md"
             )
         if training is None:

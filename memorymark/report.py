@@ -220,7 +220,9 @@ class Report:
         optimal = self.optimal
         if optimal is None:
             return None
-        return optimal.batch_size * self.gpus * self.settings.workload.grad_accum
+        # Ranks of one data-parallel group share a batch (tensor, context, pipeline parallel).
+        replicas = self.settings.hardware.layout(self.gpus).dp
+        return optimal.batch_size * replicas * self.settings.workload.grad_accum
 
     @property
     def rules_note(self) -> str | None:

@@ -45,8 +45,8 @@ _GROUP_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def fake_group(world_size: int) -> Iterator[None]:
-    """A fake default process group of `world_size` ranks, this process being rank 0."""
+def fake_group(world_size: int, rank: int = 0) -> Iterator[None]:
+    """A fake default process group of `world_size` ranks, this process being `rank`."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
@@ -54,7 +54,7 @@ def fake_group(world_size: int) -> Iterator[None]:
             "a process group already exists in this process (torchrun?): a simulation of "
             "many GPUs needs its own; use --backend cuda under torchrun to measure for real"
         )
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
@@ -216,6 +216,8 @@ class DistSimBackend(SimBackend):
         super().__init__(*args, **kwargs)
         self._stack: contextlib.ExitStack | None = None
         self._mesh: Any = None
+        self.rank = 0
+        """The rank simulated (pipeline stages differ by rank; data-parallel ranks do not)."""
         self._group_owner: DistSimBackend | None = None
         """The backend whose process group this one uses (the depth replay's shallower builds
         share one: the group is process-wide); None: its own."""
@@ -246,15 +248,19 @@ class DistSimBackend(SimBackend):
             raise RuntimeError("another simulation of many GPUs held the process group for 10 min")
         stack.callback(_GROUP_LOCK.release)
         try:
-            stack.enter_context(fake_group(self.world_size))
+            stack.enter_context(fake_group(self.world_size, self.rank))
             from torch.distributed.device_mesh import init_device_mesh
 
-            shape, names = sharding.mesh_shape(self.training_step.settings)
+            shape, names = self._mesh_shape()
             self._mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
         except BaseException:
             stack.close()
             raise
         self._stack = stack
+
+    def _mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """(shape, dimension names) of the device mesh this rank's step runs on."""
+        return sharding.mesh_shape(self.training_step.settings)
 
     def _build_model(self) -> nn.Module:
         self._open_group()

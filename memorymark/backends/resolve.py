@@ -31,6 +31,9 @@ from memorymark.step.user_step import UserStep
 from memorymark.units import GIB
 
 
+_PP_SIMULATED = "--pp is simulated only: use --backend sim"
+
+
 def _cuda(cuda: ModuleType | None) -> Any:
     """The CUDA device module: `torch.cuda`, unless a test hands in a fake."""
     return torch.cuda if cuda is None else cuda
@@ -146,11 +149,15 @@ def simulated_backend(
     rank sees it), judged by `policy`, running `step` (the catalog's for `settings` unless
     given)."""
     step = step or CatalogStep(settings)
+    if settings.hardware.pp > 1 and name != "sim":
+        raise ValueError(_PP_SIMULATED)
     workspace = gpus.thread_workspace(gpu.compute_capability, versions.release())
     backend: Backend
     if name == "cpu" and settings.hardware.dist != "none":
         ranked = _ranked(CpuBackend, settings, "cpu")
         backend = ranked(step, policy=policy, thread_workspace=workspace)
+    elif name == "sim" and settings.hardware.pp > 1:
+        return _pipeline_backend(settings, gpu, policy, workspace)
     elif name == "sim" and settings.hardware.dist != "none":
         from memorymark.backends.dist_sim import DistSimBackend  # torch.distributed loads only here
 
@@ -164,6 +171,23 @@ def simulated_backend(
     if isinstance(backend, SimBackend) and settings.search.depth == "replay":
         backend.replay_depth()
     return backend
+
+
+def _pipeline_backend(
+    settings: Settings, gpu: gpus.GPU, policy: FitPolicy, workspace: tuple[int, ...]
+) -> Backend:
+    """The pipeline's distinct ranks, each simulated on its own fake process group."""
+    from memorymark.backends import pipeline_sim  # torch.distributed loads only here
+    from memorymark.step.pipeline import PipelineStep
+
+    def open_stage(step: PipelineStep) -> pipeline_sim.StageSimBackend:
+        stage = pipeline_sim.StageSimBackend(
+            step, gpu=gpu, policy=policy, thread_workspace=workspace
+        )
+        stage.roofline = throughput.Roofline.for_gpu(gpu, tf32=settings.workload.tf32)
+        return stage
+
+    return pipeline_sim.PipelineSimBackend(settings, open_stage)
 
 
 def _ranked(kind: type[Backend], settings: Settings, device: str) -> Any:
@@ -191,6 +215,8 @@ def device_backend(
     """A real-device backend (`cuda`, through the `cuda` module, or `mps`) judged by `policy`:
     the detected GPU's, or that of the one a capped process emulates (calibrate); it runs
     `step` (the catalog's for `settings` unless given)."""
+    if settings.hardware.pp > 1:
+        raise ValueError(_PP_SIMULATED)
     module = _cuda(cuda) if name == "cuda" else torch.mps
     kind = (
         DeviceBackend
