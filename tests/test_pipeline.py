@@ -100,3 +100,24 @@ def test_bad_pipeline_input_is_refused_in_one_line(kw, batch, message):
     with pytest.raises(ValueError, match=message) as caught:
         Session(settings).measure(batch)
     assert "\n" not in str(caught.value)
+
+
+def test_the_snippets_split_the_model_and_run_the_schedule():
+    from memorymark.reporting.snippets import snippet
+    from memorymark.search.plan import TrainingPlan
+
+    settings = Settings(
+        model="llama-3.1-8b", seq_len=8192, gpu="h100", dist="fsdp", gpus="32", pp=4,
+        pp_schedule="interleaved-1f1b", virtual_stages=2, microbatches=8,
+        precision="bf16-mixed",
+    )  # fmt: skip
+    plan = TrainingPlan(micro_batch=8, accumulation_steps=1, target_batch=None)
+    code = snippet("torch", settings, plan)
+    compile(code, "train.py", "exec")
+    assert 'mesh_dim_names=("pp", "dp_shard")' in code
+    assert "ScheduleInterleaved1F1B(stages, n_microbatches=8, loss_fn=loss_fn)" in code
+    assert "pp, stages_per_rank = 4, 2" in code
+    fragment = snippet("hf", settings, plan)
+    assert "#   pipeline_parallel_degree = 4" in fragment
+    assert '#   pipeline_parallel_schedule = "Interleaved1F1B"' in fragment
+    assert "#   pipeline_parallel_microbatch_size = 1" in fragment

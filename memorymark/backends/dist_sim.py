@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
@@ -54,11 +55,15 @@ def fake_group(world_size: int, rank: int = 0) -> Iterator[None]:
             "a process group already exists in this process (torchrun?): a simulation of "
             "many GPUs needs its own; use --backend cuda under torchrun to measure for real"
         )
+    # init_process_group wraps sys.excepthook to prefix "[rankN]:" to tracebacks, once per
+    # group: a process that simulates many would prefix them over and over.
+    hook = sys.excepthook
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
 
 
 def _skip(original: object, *args: object, **kwargs: object) -> None:

@@ -30,7 +30,6 @@ from memorymark.step.user_job import Training
 from memorymark.step.user_step import UserStep
 from memorymark.units import GIB
 
-
 _PP_SIMULATED = "--pp is simulated only: use --backend sim"
 
 
