@@ -127,8 +127,16 @@ EVERY_FIELD_CHANGED = (
     },
     {"model": "gpt2", "loss_chunks": 4, "tf32": True, "checkpointing": "layers:3"},
     {"dist": "hsdp", "gpus": "16", "nodes": 2, "offload": "cpu", "mp_policy": "none"},
-    {"dist": "fsdp", "gpus": "64", "tp": 2, "cp": 2, "pp": 2, "microbatches": 8,
-     "pp_schedule": "interleaved-1f1b", "virtual_stages": 2},
+    {
+        "dist": "fsdp",
+        "gpus": "64",
+        "tp": 2,
+        "cp": 2,
+        "pp": 2,
+        "microbatches": 8,
+        "pp_schedule": "interleaved-1f1b",
+        "virtual_stages": 2,
+    },
 )
 
 
