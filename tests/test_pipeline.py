@@ -89,7 +89,7 @@ def _flags() -> list[str]:
     ("kw", "batch", "message"),
     [
         (dict(pp=4, gpus="4"), 4, "4 pipeline stages over 2 layers"),
-        (dict(backend="cpu"), 8, "--pp is simulated only"),
+        (dict(backend="cpu"), 8, "takes one process per GPU: torchrun"),
         (dict(), 6, "does not split into 4 microbatches"),
         (dict(dist="ddp"), 8, "--pp with --dist ddp is not modelled"),
         (dict(lora_rank=8), 8, "--pp with LoRA is not simulated"),

@@ -94,32 +94,48 @@ class StageSimBackend(DistSimBackend):
         self.step.activation_dtype = self._activation_dtype()
 
     def _sharded(self) -> bool:
-        s = self.training_step.settings
-        return s.hardware.dist in topology.SHARDED and s.hardware.layout(self.world_size).dp > 1
+        return sharded_stages(self.training_step.settings, self.world_size)
 
     def _activation_dtype(self) -> torch.dtype:
-        precision = self.training_step.settings.workload.precision
-        if self._sharded() and self.training_step.settings.hardware.mp_policy == "auto":
-            compute = cuda_rules.AUTOCAST_DTYPES.get(precision)
-            if compute is not None:
-                return compute  # FSDP2's MixedPrecisionPolicy casts the weights
-        return cuda_rules.parameter_dtype(precision) or torch.float32
+        return activation_dtype(self.training_step.settings, self._sharded())
 
     def _distribute(self, model: nn.Module) -> nn.Module:
         if not self._sharded():
             return model
-        from torch.distributed.fsdp import fully_shard
-
-        settings = self.training_step.settings
-        kwargs = {"mesh": self._mesh["dp_shard"], "mp_policy": sharding._mp_policy(settings)}
         with contextlib.ExitStack() as stack:
             for patch in _sharding_patches():
                 stack.enter_context(patch.active())
-            for chunk in chunks(model):  # torchtitan: parallelize each model part
-                for block in sharding.blocks(chunk):
-                    fully_shard(block, reshard_after_forward=False, **kwargs)
-                fully_shard(chunk, reshard_after_forward=False, **kwargs)
-        return model
+            return shard_stages(model, self.training_step.settings, self._mesh)
+
+
+def sharded_stages(settings: Settings, gpus: int) -> bool:
+    """Whether FSDP2 shards each stage: an FSDP strategy over more than one data-parallel rank."""
+    return settings.hardware.dist in topology.SHARDED and settings.hardware.layout(gpus).dp > 1
+
+
+def activation_dtype(settings: Settings, sharded: bool) -> torch.dtype:
+    """The dtype stages pass on: FSDP2's compute dtype (its MixedPrecisionPolicy casts the
+    weights), else the weights' (bf16-true), else fp32 (a residual stream of fp32 weights stays
+    fp32 under autocast)."""
+    precision = settings.workload.precision
+    if sharded and settings.hardware.mp_policy == "auto":
+        compute = cuda_rules.AUTOCAST_DTYPES.get(precision)
+        if compute is not None:
+            return compute
+    return cuda_rules.parameter_dtype(precision) or torch.float32
+
+
+def shard_stages(model: nn.Module, settings: Settings, mesh: Any) -> nn.Module:
+    """FSDP2 on each stage of a rank (its blocks, then the stage), over the mesh's dp_shard
+    dimension, parameters kept gathered from forward to backward (torchtitan under PP)."""
+    from torch.distributed.fsdp import fully_shard
+
+    kwargs = {"mesh": mesh["dp_shard"], "mp_policy": sharding._mp_policy(settings)}
+    for chunk in chunks(model):  # torchtitan: parallelize each model part
+        for block in sharding.blocks(chunk):
+            fully_shard(block, reshard_after_forward=False, **kwargs)
+        fully_shard(chunk, reshard_after_forward=False, **kwargs)
+    return model
 
 
 class PipelineSimBackend(Backend):

@@ -30,7 +30,9 @@ from memorymark.step.user_job import Training
 from memorymark.step.user_step import UserStep
 from memorymark.units import GIB
 
-_PP_SIMULATED = "--pp is simulated only: use --backend sim"
+_PP_SIMULATED = (
+    "--pp runs simulated (--backend sim) or under torchrun on CPU (--backend cpu), not on a GPU yet"
+)
 
 
 def _cuda(cuda: ModuleType | None) -> Any:
@@ -148,11 +150,11 @@ def simulated_backend(
     rank sees it), judged by `policy`, running `step` (the catalog's for `settings` unless
     given)."""
     step = step or CatalogStep(settings)
-    if settings.hardware.pp > 1 and name != "sim":
-        raise ValueError(_PP_SIMULATED)
     workspace = gpus.thread_workspace(gpu.compute_capability, versions.release())
     backend: Backend
-    if name == "cpu" and settings.hardware.dist != "none":
+    if name == "cpu" and settings.hardware.pp > 1:
+        backend = _ranked_pipeline(settings, policy, workspace)
+    elif name == "cpu" and settings.hardware.dist != "none":
         ranked = _ranked(CpuBackend, settings, "cpu")
         backend = ranked(step, policy=policy, thread_workspace=workspace)
     elif name == "sim" and settings.hardware.pp > 1:
@@ -187,6 +189,18 @@ def _pipeline_backend(
         return stage
 
     return pipeline_sim.PipelineSimBackend(settings, open_stage)
+
+
+def _ranked_pipeline(settings: Settings, policy: FitPolicy, workspace: tuple[int, ...]) -> Backend:
+    """This process's pipeline rank of a torchrun job on CPU (gloo): real kernels, tracked."""
+    from memorymark.backends import pipeline_sim, torchrun
+    from memorymark.step.pipeline import PipelineStep
+
+    pipeline_sim.check(settings)
+    _ranked(CpuBackend, settings, "cpu")  # refuses outside torchrun; joins the process group
+    step = PipelineStep(settings, torchrun.pipeline_rank(settings))
+    kind = torchrun.ranked_pipeline(CpuBackend)
+    return kind(step, policy=policy, thread_workspace=workspace)
 
 
 def _ranked(kind: type[Backend], settings: Settings, device: str) -> Any:
