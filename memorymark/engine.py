@@ -23,6 +23,7 @@ Example (a two-layer BERT on a simulated A10, a few seconds on a laptop):
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
@@ -181,7 +182,11 @@ class Session:
         if s.hardware.gpu_count is None:
             raise ValueError("--gpus auto: find the count first (Session.with_min_gpus)")
         backend = self.open_backend()
-        strategy = self._strategy(backend, step=s.search.step, max_batch=s.search.max_batch)
+        # A pipeline splits each local batch into its microbatches: only their multiples run.
+        multiple = (s.hardware.microbatches or s.hardware.pp) if s.hardware.pp > 1 else 1
+        step = math.lcm(s.search.step, multiple)
+        strategy = self._strategy(backend, step=step, max_batch=max(s.search.max_batch, step))
+        strategy.multiple = multiple
         limits = SweepLimits(
             time_limit_seconds=s.search.time_limit_seconds, max_probes=s.search.max_probes
         )
@@ -364,7 +369,9 @@ class Session:
         the ways out (a training job's own code has no settings to change)."""
         searched = [m for m in self.measurements if m.batch_size <= self.settings.search.max_batch]
         finished = self.stopped_by is None and bool(self.measurements)
-        return finished and best_fit(searched) is None and self.training is None
+        # Under pipeline parallelism the ways out (probed at batch 1) are not searched yet.
+        pipelined = self.settings.hardware.pp > 1
+        return finished and best_fit(searched) is None and self.training is None and not pipelined
 
     def analyze(
         self, costs: Costs | None = None, *, fixes: bool = True, plan: bool = True

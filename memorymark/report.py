@@ -476,6 +476,13 @@ class Report:
                 f"{self.settings.workload.eval_batch} between steps: even batch 1 runs out of "
                 "memory."
             )
+        h = self.settings.hardware
+        if optimal is None and h.pp > 1:
+            smallest = h.microbatches or h.pp  # a pipeline's local batch splits into these
+            return (
+                f"No batch size trains on this {gpu}: even a local batch of {smallest} (one "
+                "sample a microbatch) runs out of memory on the worst pipeline stage."
+            )
         if optimal is None:
             return f"No batch size trains on this {gpu}: even batch 1 runs out of memory."
         if maximum is not None and maximum.batch_size > optimal.batch_size:

@@ -121,3 +121,14 @@ def test_the_snippets_split_the_model_and_run_the_schedule():
     assert "#   pipeline_parallel_degree = 4" in fragment
     assert '#   pipeline_parallel_schedule = "Interleaved1F1B"' in fragment
     assert "#   pipeline_parallel_microbatch_size = 1" in fragment
+
+
+def test_a_pipeline_search_tries_multiples_of_its_microbatches(capsys):
+    code = main(["analyze", "tiny-llama", "--backend", "sim", "--gpu-memory", "1", "--gpus", "2",
+                 "--pp", "2", "--seq-len", "4096", "--max-batch", "16", "--json"])  # fmt: skip
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    tried = [r["batch_size"] for r in report["results"]]
+    assert tried and all(b % 2 == 0 for b in tried)  # 1 never: 1F1B takes 2 microbatches
+    assert report["optimal_batch_size"] is None
+    assert "even a local batch of 2" in report["verdict"]
