@@ -5,14 +5,18 @@ microbatches, and the one-line refusals."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from memorymark import Session, Settings
 from memorymark.backends.pipeline_sim import simulated_ranks
+from memorymark.cli import render
 from memorymark.cli.parser import main
 from memorymark.measurement import Measurement
+from memorymark.models import sources
+from memorymark.reporting.json_form import report_to_dict
 from memorymark.step.pipeline import layer_split, stages_of_rank
 
 TINY = json.loads(
@@ -21,11 +25,15 @@ TINY = json.loads(
 
 
 @pytest.fixture(scope="module")
-def llama4(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """tiny-llama with 4 layers (two stages of two, or four of one under interleaving)."""
+def llama4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """tiny-llama with 4 layers (two stages of two, or four of one under interleaving), read
+    from tmp_path (the app, once imported, limits config files to its uploads)."""
     path = tmp_path_factory.mktemp("pp") / "llama4.json"
     path.write_text(json.dumps({**TINY, "_source": None, "num_hidden_layers": 4}))
-    return f"file:{path}"
+    before = sources._config_root
+    sources.restrict_config_files(None)
+    yield f"file:{path}"
+    sources.restrict_config_files(before)
 
 
 def _pp(model: str, schedule: str = "1f1b", **kw: object) -> Settings:
@@ -71,13 +79,26 @@ def test_the_middle_ranks_are_stood_for_by_the_second():
 
 
 def test_the_report_carries_each_stage_and_the_worst_rank(llama4, capsys):
-    code = main(["analyze", llama4, *_flags(), "--max-batch", "16", "--json"])
-    assert code == 0
-    pipeline = json.loads(capsys.readouterr().out)["distributed"]["pipeline"]
+    from memorymark.ui.results import distributed_note  # Streamlit loads only here
+
+    sources.restrict_config_files(None)  # the app, imported, limits configs to its uploads
+    settings = _pp(llama4).replace(max_batch=16, step=8)
+    report = Session(settings).analyze(fixes=False, plan=False)
+    data = report_to_dict(report)
+    pipeline = data["distributed"]["pipeline"]
     assert pipeline["layout"] == "FSDP 2 x PP 2"
     assert (pipeline["worst_rank"], pipeline["worst_pp_rank"]) == (2, 1)
     assert [s["pp_rank"] for s in pipeline["stages"]] == [0, 1]
-    assert pipeline["micro_batch"] * pipeline["microbatches"] in (8, 16)
+    assert pipeline["micro_batch"] * pipeline["microbatches"] == report.optimal.batch_size
+    # Two data-parallel ranks share each local batch's pipeline: the global batch is 2 x local.
+    assert data["distributed"]["global_batch"] == 2 * report.optimal.batch_size
+    render.print_report(report, data)
+    printed = capsys.readouterr().out
+    assert "worst stage on rank 2 (pipeline rank 1)" in printed
+    assert "pipeline rank 0 (rank 0, stages 0)" in printed
+    note = distributed_note(report)
+    assert note is not None
+    assert "the worst stage is on rank 2 (pipeline rank 1)" in note
 
 
 def _flags() -> list[str]:
