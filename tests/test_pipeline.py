@@ -92,6 +92,7 @@ def test_the_report_carries_each_stage_and_the_worst_rank(llama4, capsys):
     assert pipeline["micro_batch"] * pipeline["microbatches"] == report.optimal.batch_size
     # Two data-parallel ranks share each local batch's pipeline: the global batch is 2 x local.
     assert data["distributed"]["global_batch"] == 2 * report.optimal.batch_size
+    assert data["depth_replay"]["fallback"].startswith("pipeline stages are traced in full")
     render.print_report(report, data)
     printed = capsys.readouterr().out
     assert "worst stage on rank 2 (pipeline rank 1)" in printed

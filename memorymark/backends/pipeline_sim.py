@@ -33,7 +33,7 @@ from memorymark.backends import sharding
 from memorymark.backends.base import Backend
 from memorymark.backends.dist_sim import DistSimBackend, _sharding_patches
 from memorymark.distributed import layout, topology
-from memorymark.measurement import Measurement, StagePeak
+from memorymark.measurement import DepthReplay, Measurement, StagePeak
 from memorymark.settings import Settings
 from memorymark.step.pipeline import PipelineStep, chunks, micro_batch
 
@@ -191,6 +191,16 @@ class PipelineSimBackend(Backend):
             step_flops=None,
             step_seconds=None,
         )
+
+    @property
+    def depth_replay(self) -> DepthReplay | None:
+        """Each stage traced in full, and why, where the depth replay was asked for."""
+        settings = self.training_step.settings
+        if settings.search.depth != "replay":
+            return None
+        config = models.config_of(models.find_model(settings.workload.model)) or {}
+        layers = config.get("num_hidden_layers", 0)
+        return DepthReplay(layers, (), 0, 0, DEPTH_WHY)
 
     def resident_bytes(self) -> dict[str, int]:
         """The states of the rank that holds the most before its first step."""
