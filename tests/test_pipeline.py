@@ -114,6 +114,7 @@ def _flags() -> list[str]:
         (dict(backend="cpu"), 8, "takes one process per GPU: torchrun"),
         (dict(), 6, "does not split into 4 microbatches"),
         (dict(dist="ddp"), 8, "--pp with --dist ddp is not modelled"),
+        (dict(microbatches=1), 8, "--microbatches 1 under 1f1b: it takes at least one a stage"),
         (dict(lora_rank=8), 8, "--pp with LoRA is not simulated"),
     ],
 )

@@ -52,6 +52,13 @@ def check(settings: Settings) -> None:
         seq_len=None,
         pp_stages_per_rank=s.hardware.virtual_stages,
     )
+    microbatches = s.hardware.microbatches or s.hardware.pp
+    if s.hardware.pp_schedule == "1f1b" and microbatches < s.hardware.pp:
+        # torch's Schedule1F1B refuses fewer (schedules.py, Schedule1F1B.__init__).
+        raise ValueError(
+            f"--microbatches {microbatches} under 1f1b: it takes at least one a stage, so give "
+            f"{s.hardware.pp} or more (or --pp-schedule gpipe)"
+        )
     if s.hardware.dist in ("ddp", "zero1"):
         raise ValueError(
             f"--pp with --dist {s.hardware.dist} is not modelled: use --dist fsdp, as torchtitan "
