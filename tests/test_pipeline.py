@@ -60,6 +60,12 @@ def test_every_distinct_stage_is_simulated_and_the_worst_is_named(by_schedule):
     record = m.to_dict()
     assert (record["worst_rank"], record["worst_pp_rank"]) == (2, 1)
     assert [s["stages"] for s in record["stages"]] == [[0], [1]]
+    # History keeps the stages: a saved record reopens with them.
+    from memorymark.reporting.record import measurement_from_record, measurement_record
+
+    saved = json.loads(json.dumps(measurement_record(m)))
+    reopened = measurement_from_record(saved)
+    assert (reopened.stages, reopened.worst_stage) == (m.stages, m.worst_stage)
 
 
 def test_gpipe_holds_every_microbatch_and_1f1b_fewer(by_schedule):
