@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
@@ -181,9 +182,13 @@ class Session:
         if s.hardware.gpu_count is None:
             raise ValueError("--gpus auto: find the count first (Session.with_min_gpus)")
         backend = self.open_backend()
+        # A pipeline splits each local batch into its microbatches: only their multiples run.
+        multiple = (s.hardware.microbatches or s.hardware.pp) if s.hardware.pp > 1 else 1
+        step = math.lcm(s.search.step, multiple)
         strategy = self._strategy(
-            backend, step=s.search.step, max_batch=s.search.max_batch, floor=self._states_floor()
+            backend, step=step, max_batch=max(s.search.max_batch, step), floor=self._states_floor()
         )
+        strategy.multiple = multiple
         limits = SweepLimits(
             time_limit_seconds=s.search.time_limit_seconds, max_probes=s.search.max_probes
         )
@@ -208,7 +213,8 @@ class Session:
         s = self.settings
         if self.backend_name != "sim" or self.model_entry is None:
             return 0
-        if s.hardware.dist not in ("none", "ddp"):
+        layout = s.hardware
+        if s.hardware.dist not in ("none", "ddp") or layout.tp * layout.cp * layout.pp > 1:
             return 0  # shards, or states on the host: what one rank holds is not the model's
         return self.bench.counted_states(s)[0]
 
@@ -381,7 +387,9 @@ class Session:
         the ways out (a training job's own code has no settings to change)."""
         searched = [m for m in self.measurements if m.batch_size <= self.settings.search.max_batch]
         finished = self.stopped_by is None and bool(self.measurements)
-        return finished and best_fit(searched) is None and self.training is None
+        # Under pipeline parallelism the ways out (probed at batch 1) are not searched yet.
+        pipelined = self.settings.hardware.pp > 1
+        return finished and best_fit(searched) is None and self.training is None and not pipelined
 
     def analyze(
         self, costs: Costs | None = None, *, fixes: bool = True, plan: bool = True
@@ -654,12 +662,12 @@ class _Bench:
 
 
 def _refuse_unsimulated(settings: Settings) -> None:
-    if settings.hardware.pp > 1:
-        # The degree is a setting before the simulation runs it (issue 32's layouts): an
-        # answer that ignored it would be one GPU's, silently.
+    hw = settings.hardware
+    if hw.pp > 1 and hw.tp * hw.cp > 1:
+        # Each is simulated alone; an answer that dropped one would be another layout's.
         raise ValueError(
-            "--pp is not simulated yet: size the layout without pipeline stages "
-            "(--dist fsdp, --tp, --cp) and see docs/many-gpus.md"
+            "--pp beside --tp or --cp is not simulated yet: size the pipeline with FSDP "
+            "(--dist fsdp --pp N), or tensor and context parallelism without it"
         )
 
 

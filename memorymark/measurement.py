@@ -116,6 +116,40 @@ class Breakdown:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StagePeak:
+    """One pipeline rank's simulated peak (memorymark/backends/pipeline_sim.py)."""
+
+    pp_rank: int
+    """Its place in the pipeline (0: the first stage's rank)."""
+    rank: int
+    """Its global rank on the device mesh (pp outermost: pp_rank x GPUs / pp)."""
+    stages: tuple[int, ...]
+    """The pipeline stages it holds (several under an interleaved schedule)."""
+    stands_for: tuple[int, ...]
+    """The pipeline ranks its figures stand for (rank 1 bounds the middle ones)."""
+    micro_batch: int
+    """Samples in each microbatch it runs."""
+    peak_bytes: int
+    reserved_bytes: int | None
+    """Peak reserved bytes over the loop (the figure the fit verdict reads), predicted."""
+    fits: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (GiB values are 2**30 bytes)."""
+        return {
+            "pp_rank": self.pp_rank,
+            "rank": self.rank,
+            "stages": list(self.stages),
+            "stands_for": list(self.stands_for),
+            "micro_batch": self.micro_batch,
+            "peak_bytes": self.peak_bytes,
+            "memory_gb": gib(self.peak_bytes, 4),
+            "reserved_bytes": self.reserved_bytes,
+            "success": self.fits,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Measurement:
     """One full training step (or the step the settings describe) at one batch size."""
 
@@ -208,6 +242,11 @@ class Measurement:
     """A user's step run off its GPU (simulated or `cpu`): the dtypes of the autocast regions
     it entered ("bfloat16"; empty: none). None where nothing was observed: the catalog's step
     (its settings say its precision), a real GPU, or a replayed step."""
+    stages: tuple[StagePeak, ...] = ()
+    """Under pipeline parallelism, each distinct rank's peak; this measurement's own figures
+    are the worst one's (`worst_stage`). Empty without pipeline parallelism."""
+    worst_stage: int | None = None
+    """The index in `stages` of the rank whose figures these are (the furthest from fitting)."""
     replayed: bool = False
     """True when this simulated step was not traced but read off traced ones (the symbolic
     sweep, memorymark/accounting/symbolic.py): the same figures a trace gives, by arithmetic."""
@@ -305,6 +344,18 @@ class Measurement:
             "pages_to_host": self.pages_to_host,
             "value_reads": [read.to_dict() for read in self.value_reads],
             "autocast_dtypes": None if self.autocast_dtypes is None else list(self.autocast_dtypes),
+            **self._pipeline_dict(),
+        }
+
+    def _pipeline_dict(self) -> dict[str, Any]:
+        """The per-stage peaks and the worst rank, under pipeline parallelism only."""
+        if not self.stages or self.worst_stage is None:
+            return {}
+        worst = self.stages[self.worst_stage]
+        return {
+            "stages": [stage.to_dict() for stage in self.stages],
+            "worst_rank": worst.rank,
+            "worst_pp_rank": worst.pp_rank,
         }
 
 

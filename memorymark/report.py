@@ -221,9 +221,9 @@ class Report:
         optimal = self.optimal
         if optimal is None:
             return None
-        hw = self.settings.hardware
-        data_parallel = max(1, self.gpus // (hw.tp * hw.cp * hw.pp))
-        return optimal.batch_size * data_parallel * self.settings.workload.grad_accum
+        # Ranks of one data-parallel group share a batch (tensor, context, pipeline parallel).
+        replicas = self.settings.hardware.layout(self.gpus).dp
+        return optimal.batch_size * replicas * self.settings.workload.grad_accum
 
     @property
     def rules_note(self) -> str | None:
@@ -476,6 +476,13 @@ class Report:
                 f"No batch size trains on this {gpu} evaluating at eval batch "
                 f"{self.settings.workload.eval_batch} between steps: even batch 1 runs out of "
                 "memory."
+            )
+        h = self.settings.hardware
+        if optimal is None and h.pp > 1:
+            smallest = h.microbatches or h.pp  # a pipeline's local batch splits into these
+            return (
+                f"No batch size trains on this {gpu}: even a local batch of {smallest} (one "
+                "sample a microbatch) runs out of memory on the worst pipeline stage."
             )
         if optimal is None:
             return f"No batch size trains on this {gpu}: even batch 1 runs out of memory."

@@ -391,3 +391,20 @@ def test_the_bar_says_what_a_sweep_waits_for_before_its_first_probe(fresh_caches
     assert views.progress_words(job) == "Building the model and tracing its first training step"
     job.measurements.append(object())
     assert views.progress_words(job) == "Sweeping"
+
+
+def test_the_pipeline_widgets_set_the_layout() -> None:
+    at = app(model="tiny-llama", dist="fsdp", gpus="4")
+    assert not at.exception and not at.error
+    at.number_input(key="mm_pp").set_value(2).run()
+    at.selectbox(key="mm_pp_schedule").set_value("interleaved-1f1b").run()
+    assert not at.exception
+    # Interleaving holds two stages a GPU at least: the widget starts there.
+    assert at.number_input(key="mm_virtual_stages").value == 2
+    at.number_input(key="mm_microbatches").set_value(4).run()
+    assert at.query_params["pp"] == "2"
+    assert at.query_params["pp_schedule"] == "interleaved-1f1b"
+    assert at.query_params["microbatches"] == "4"
+    at.selectbox(key="mm_dist").set_value("none").run()
+    assert not at.exception and not at.error
+    assert "pp" not in at.query_params

@@ -285,7 +285,9 @@ def test_every_setting_has_a_widget_where_it_applies() -> None:
     text = keys(app(model="tiny-gpt2", gpu_memory_gib="24", lora_rank="8", quantization="nf4"))
     image = keys(app(model="tiny-resnet"))
     many = keys(app(model="tiny-gpt2", dist="fsdp", gpus="2"))  # GPU count, nodes, offload...
-    drawn = {k.removeprefix("mm_") for k in text | image | many} | {"gpu"}  # gpu: the choice
+    pipeline = keys(app(model="tiny-llama", dist="fsdp", gpus="4", pp="2",
+                        pp_schedule="interleaved-1f1b", virtual_stages="2"))  # fmt: skip
+    drawn = {k.removeprefix("mm_") for k in text | image | many | pipeline} | {"gpu"}
     assert "mm_gpu_choice" in text
     assert set(SETTING_FIELDS) <= drawn
 

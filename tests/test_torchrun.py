@@ -105,3 +105,37 @@ def test_tensor_parallel_real_cpu_ranks_hold_the_simulated_bytes(capsys):
         assert real["breakdown"][part] == simulated["breakdown"][part]
     # The real step holds one more 8-byte gradient at its peak (a scalar autograd makes).
     assert abs(real["peak_bytes"] - simulated["peak_bytes"]) <= 8
+
+
+def test_two_cpu_pipeline_ranks_hold_the_bytes_the_simulation_gives():
+    # Each rank runs its stage with gloo's real send and receive; rank 0 prints the largest peak.
+    result = torchrun(
+        2, "-m", "memorymark", "measure", "tiny-llama", "--seq-len", "32", "--backend", "cpu",
+        "--gpu-memory", "1", "--gpus", "2", "--pp", "2", "--microbatches", "2",
+        "--batch-size", "4", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    real = json.loads(result.stdout)["peak_bytes"]
+    from memorymark import Settings, gpus
+    from memorymark.backends import pipeline_sim
+    from memorymark.cuda_rules import versions
+    from memorymark.fit import FitPolicy
+    from memorymark.units import GIB
+
+    settings = Settings(model="tiny-llama", seq_len=32, backend="sim", gpu_memory_gib=1,
+                        gpus="2", pp=2, microbatches=2)  # fmt: skip
+    gpu = gpus.custom_gpu(1)
+    workspace = gpus.thread_workspace(gpu.compute_capability, versions.release())
+
+    def stage(step):  # CPU's kernels, as the cpu backend runs them (test_backends.py)
+        return pipeline_sim.StageSimBackend(
+            step, gpu=gpu, policy=FitPolicy(capacity_bytes=GIB), thread_workspace=workspace,
+            cuda_rules=False,
+        )  # fmt: skip
+
+    simulated = pipeline_sim.PipelineSimBackend(settings, stage).measure(4)
+    largest = max(s.peak_bytes for s in simulated.stages)
+    # 19,834,756 real against 19,834,744 simulated: 4 bytes are the warm-up vote's scalar
+    # (torch skips the vote on a fake group, schedules.py `_warmup_p2p`), 8 are not yet
+    # accounted for.
+    assert 0 <= real - largest <= 16

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
@@ -51,8 +52,8 @@ _GROUP_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def fake_group(world_size: int) -> Iterator[None]:
-    """A fake default process group of `world_size` ranks, this process being rank 0."""
+def fake_group(world_size: int, rank: int = 0) -> Iterator[None]:
+    """A fake default process group of `world_size` ranks, this process being `rank`."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
@@ -60,11 +61,15 @@ def fake_group(world_size: int) -> Iterator[None]:
             "a process group already exists in this process (torchrun?): a simulation of "
             "many GPUs needs its own; use --backend cuda under torchrun to measure for real"
         )
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    # init_process_group wraps sys.excepthook to prefix "[rankN]:" to tracebacks, once per
+    # group: a process that simulates many would prefix them over and over.
+    hook = sys.excepthook
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
 
 
 def _skip(original: object, *args: object, **kwargs: object) -> None:
@@ -266,6 +271,8 @@ class DistSimBackend(SimBackend):
         self._parts: dict[str, Any] = {}
         """The mesh's tp, cp and FSDP sub-meshes (`sharding.mesh_parts`), sliced outside fake
         mode."""
+        self.rank = 0
+        """The rank simulated (pipeline stages differ by rank; data-parallel ranks do not)."""
         self._group_owner: DistSimBackend | None = None
         """The backend whose process group this one uses (the depth replay's shallower builds
         share one: the group is process-wide); None: its own."""
@@ -297,16 +304,20 @@ class DistSimBackend(SimBackend):
             raise RuntimeError("another simulation of many GPUs held the process group for 10 min")
         stack.callback(_GROUP_LOCK.release)
         try:
-            stack.enter_context(fake_group(self.world_size))
+            stack.enter_context(fake_group(self.world_size, self.rank))
             from torch.distributed.device_mesh import init_device_mesh
 
-            shape, names = sharding.mesh_shape(self.training_step.settings)
+            shape, names = self._mesh_shape()
             self._mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
             self._parts = sharding.mesh_parts(self._mesh)
         except BaseException:
             stack.close()
             raise
         self._stack = stack
+
+    def _mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """(shape, dimension names) of the device mesh this rank's step runs on."""
+        return sharding.mesh_shape(self.training_step.settings)
 
     def _build_model(self) -> nn.Module:
         self._open_group()

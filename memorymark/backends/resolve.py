@@ -30,6 +30,10 @@ from memorymark.step.user_job import Training
 from memorymark.step.user_step import UserStep
 from memorymark.units import GIB
 
+_PP_SIMULATED = (
+    "--pp runs simulated (--backend sim) or under torchrun on CPU (--backend cpu), not on a GPU yet"
+)
+
 
 def _cuda(cuda: ModuleType | None) -> Any:
     """The CUDA device module: `torch.cuda`, unless a test hands in a fake."""
@@ -149,9 +153,13 @@ def simulated_backend(
     workspace = gpus.thread_workspace(gpu.compute_capability, versions.release())
     backend: Backend
     spread = settings.hardware.dist != "none" or settings.hardware.tp * settings.hardware.cp > 1
-    if name == "cpu" and spread:
+    if name == "cpu" and settings.hardware.pp > 1:
+        backend = _ranked_pipeline(settings, policy, workspace)
+    elif name == "cpu" and spread:
         ranked = _ranked(CpuBackend, settings, "cpu")
         backend = ranked(step, policy=policy, thread_workspace=workspace)
+    elif name == "sim" and settings.hardware.pp > 1:
+        return _pipeline_backend(settings, gpu, policy, workspace)
     elif name == "sim" and spread:
         from memorymark.backends.dist_sim import DistSimBackend  # torch.distributed loads only here
 
@@ -165,6 +173,35 @@ def simulated_backend(
     if isinstance(backend, SimBackend) and settings.search.depth == "replay":
         backend.replay_depth()
     return backend
+
+
+def _pipeline_backend(
+    settings: Settings, gpu: gpus.GPU, policy: FitPolicy, workspace: tuple[int, ...]
+) -> Backend:
+    """The pipeline's distinct ranks, each simulated on its own fake process group."""
+    from memorymark.backends import pipeline_sim  # torch.distributed loads only here
+    from memorymark.step.pipeline import PipelineStep
+
+    def open_stage(step: PipelineStep) -> pipeline_sim.StageSimBackend:
+        stage = pipeline_sim.StageSimBackend(
+            step, gpu=gpu, policy=policy, thread_workspace=workspace
+        )
+        stage.roofline = throughput.Roofline.for_gpu(gpu, tf32=settings.workload.tf32)
+        return stage
+
+    return pipeline_sim.PipelineSimBackend(settings, open_stage)
+
+
+def _ranked_pipeline(settings: Settings, policy: FitPolicy, workspace: tuple[int, ...]) -> Backend:
+    """This process's pipeline rank of a torchrun job on CPU (gloo): real kernels, tracked."""
+    from memorymark.backends import pipeline_sim, torchrun
+    from memorymark.step.pipeline import PipelineStep
+
+    pipeline_sim.check(settings)
+    _ranked(CpuBackend, settings, "cpu")  # refuses outside torchrun; joins the process group
+    step = PipelineStep(settings, torchrun.pipeline_rank(settings))
+    kind = torchrun.ranked_pipeline(CpuBackend)
+    return kind(step, policy=policy, thread_workspace=workspace)
 
 
 def _ranked(kind: type[Backend], settings: Settings, device: str) -> Any:
@@ -192,6 +229,8 @@ def device_backend(
     """A real-device backend (`cuda`, through the `cuda` module, or `mps`) judged by `policy`:
     the detected GPU's, or that of the one a capped process emulates (calibrate); it runs
     `step` (the catalog's for `settings` unless given)."""
+    if settings.hardware.pp > 1:
+        raise ValueError(_PP_SIMULATED)
     module = _cuda(cuda) if name == "cuda" else torch.mps
     kind = (
         DeviceBackend

@@ -63,7 +63,8 @@ def ensure_process_group(device: str) -> None:
 def check_world(settings: Settings) -> None:
     """Refuse settings whose GPU count is not the number of processes torchrun started."""
     world = int(os.environ["WORLD_SIZE"])
-    if settings.hardware.dist == "none":
+    model_parallel = settings.hardware.tp * settings.hardware.cp * settings.hardware.pp
+    if settings.hardware.dist == "none" and model_parallel != world:
         raise ValueError(f"torchrun started {world} processes: choose --dist (fsdp, ddp, ...)")
     if settings.hardware.gpu_count != world:
         raise ValueError(
@@ -137,6 +138,39 @@ class RankedBackend:
         return agree(super().measure(batch_size), self.device)  # type: ignore[misc]
 
 
+class RankedPipelineBackend(RankedBackend):
+    """Mixed into a real backend: this rank's pipeline stages (memorymark/step/pipeline.py) on
+    torchrun's mesh, torchtitan's layout (memorymark/distributed/layout.py), FSDP2 on each
+    stage over the data-parallel ranks as the simulation runs it (pipeline_sim.shard_stages)."""
+
+    def _mesh(self) -> Any:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        shape, names = self.training_step.settings.hardware.layout().mesh()
+        return init_device_mesh(self.device, shape, mesh_dim_names=names)
+
+    def _distribute(self, model: nn.Module) -> nn.Module:
+        from memorymark.backends import pipeline_sim
+
+        settings = self.training_step.settings
+        mesh = self._device_mesh = self._mesh()
+        sharded = pipeline_sim.sharded_stages(settings, int(os.environ["WORLD_SIZE"]))
+        self.training_step.group = mesh["pp"].get_group()
+        self.training_step.activation_dtype = pipeline_sim.activation_dtype(settings, sharded)
+        return pipeline_sim.shard_stages(model, settings, mesh) if sharded else model
+
+
+def pipeline_rank(settings: Settings) -> int:
+    """This process's place in the pipeline (pp is the mesh's outermost dimension)."""
+    return rank() // (int(os.environ["WORLD_SIZE"]) // settings.hardware.pp)
+
+
 def ranked(backend_class: type[Backend]) -> type[Backend]:
     """`backend_class` run as one rank of torchrun's job."""
     return type(f"Ranked{backend_class.__name__}", (RankedBackend, backend_class), {})
+
+
+def ranked_pipeline(backend_class: type[Backend]) -> type[Backend]:
+    """`backend_class` run as one pipeline rank of torchrun's job (its step a PipelineStep)."""
+    name = f"RankedPipeline{backend_class.__name__}"
+    return type(name, (RankedPipelineBackend, backend_class), {})

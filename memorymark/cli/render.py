@@ -134,6 +134,13 @@ def print_measurement(m: Measurement) -> None:
             print(f"  {name:<16} {gib(n_bytes):8.3f} GiB")
     for line in _weight_and_paging_lines(m):
         print(f"  {line}")
+    for stage in m.stages:
+        worst = " (worst)" if m.stages[m.worst_stage or 0] is stage else ""
+        print(
+            f"  pipeline rank {stage.pp_rank} (rank {stage.rank}, stages "
+            f"{', '.join(map(str, stage.stages))}, microbatch {stage.micro_batch}): peak "
+            f"{gib(stage.peak_bytes):.3f} GiB{worst}"
+        )
     if m.eval_peak_bytes is not None:
         print(f"  evaluation pass peak {gib(m.eval_peak_bytes):.3f} GiB (training state included)")
     if m.error:
@@ -242,6 +249,7 @@ def _print_evaluation(r: Report) -> None:
 def _print_distributed(r: Report, d: dict[str, Any]) -> None:
     """Per-GPU and global batch, and rank 0's memory, for a run on many GPUs."""
     if d["dist"] == "none":
+        _print_pipeline(r, d.get("pipeline"))
         return
     zero = "" if d["zero_stage"] is None else f", ~ZeRO-{d['zero_stage']}"
     print(
@@ -253,6 +261,25 @@ def _print_distributed(r: Report, d: dict[str, Any]) -> None:
             f"{name} {gib(n):.2f}" for name, n in d["per_rank_breakdown_bytes"].items()
         )
         print(f"  per rank (GiB, {r.memory_source}): {parts}; NCCL {d['per_rank_nccl_gb']} (est.)")
+    _print_pipeline(r, d.get("pipeline"))
+
+
+def _print_pipeline(r: Report, p: dict[str, Any] | None) -> None:
+    """Each distinct pipeline rank's peak, and the worst (the one the verdict is about)."""
+    if not p or not p["stages"]:
+        return
+    print(
+        f"  pipeline {p['layout']}, {p['schedule']}: {p['microbatches']} microbatches of "
+        f"{p['micro_batch']} per local batch; worst stage on rank {p['worst_rank']} "
+        f"(pipeline rank {p['worst_pp_rank']}), {p['worst_peak_gb']} GiB ({r.memory_source})"
+    )
+    for stage in p["stages"]:
+        ranks = stage["stands_for"]
+        also = f" (stands for pipeline ranks {ranks[0]}-{ranks[-1]})" if len(ranks) > 1 else ""
+        print(
+            f"    pipeline rank {stage['pp_rank']} (rank {stage['rank']}, stages "
+            f"{', '.join(map(str, stage['stages']))}): peak {stage['memory_gb']:.2f} GiB{also}"
+        )
 
 
 def _print_plan_and_fixes(r: Report, fixes: list[dict[str, Any]]) -> None:

@@ -179,6 +179,29 @@ def _distributed_dict(r: Report) -> dict[str, Any]:
         "per_rank_breakdown_bytes": per_rank,
         "per_rank_nccl_gb": gib(r.gpu.nccl_bytes),
         **(r.gpu_search.to_dict() if r.gpu_search else {"min_gpus": None}),
+        "pipeline": _pipeline_dict(r),
+    }
+
+
+def _pipeline_dict(r: Report) -> dict[str, Any] | None:
+    """Pipeline parallelism: the layout, the schedule, and each distinct rank's simulated peak
+    at the optimal batch, with the worst rank (torchtitan reports the maximum over GPUs)."""
+    h, optimal = r.settings.hardware, r.optimal
+    if h.pp <= 1:
+        return None
+    stages = optimal.stages if optimal else ()
+    worst = stages[optimal.worst_stage] if optimal and optimal.worst_stage is not None else None
+    return {
+        "layout": h.layout(r.gpus).describe(),
+        "pp": h.pp,
+        "schedule": h.pp_schedule,
+        "virtual_stages": h.virtual_stages,
+        "microbatches": h.microbatches or h.pp,
+        "micro_batch": worst.micro_batch if worst else None,
+        "stages": [stage.to_dict() for stage in stages],
+        "worst_rank": worst.rank if worst else None,
+        "worst_pp_rank": worst.pp_rank if worst else None,
+        "worst_peak_gb": gib(worst.peak_bytes) if worst else None,
     }
 
 

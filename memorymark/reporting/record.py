@@ -18,7 +18,7 @@ from typing import Any
 from memorymark.environment import Stamp
 from memorymark.gpus import GPU
 from memorymark.limits import one_line
-from memorymark.measurement import Breakdown, DepthReplay, Measurement
+from memorymark.measurement import Breakdown, DepthReplay, Measurement, StagePeak
 from memorymark.report import Report
 from memorymark.search.eval_batch import EvalAnswer
 from memorymark.search.plan import TrainingPlan
@@ -53,6 +53,7 @@ def measurement_record(m: Measurement) -> dict[str, Any]:
     data = {f.name: getattr(m, f.name) for f in dataclasses.fields(Measurement)}
     data.pop("timeline")
     data["breakdown"] = m.breakdown.to_dict() if m.breakdown else None
+    data["stages"] = [dataclasses.asdict(stage) for stage in m.stages]
     return data
 
 
@@ -61,7 +62,15 @@ def measurement_from_record(data: dict[str, Any]) -> Measurement:
     values = _known(Measurement, data)
     if values.get("breakdown") is not None:
         values["breakdown"] = Breakdown(**_known(Breakdown, values["breakdown"]))
+    values["stages"] = tuple(_stage(stage) for stage in values.get("stages") or ())
     return Measurement(**values)
+
+
+def _stage(data: dict[str, Any]) -> StagePeak:
+    values = _known(StagePeak, data)
+    for name in ("stages", "stands_for"):
+        values[name] = tuple(values[name])
+    return StagePeak(**values)
 
 
 def _fix_record(fix: Fix) -> dict[str, Any]:

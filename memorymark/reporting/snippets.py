@@ -21,7 +21,7 @@ import re
 from typing import Any
 
 from memorymark import models
-from memorymark.reporting import checkpointing_code
+from memorymark.reporting import checkpointing_code, pipeline_code
 from memorymark.search.plan import TrainingPlan
 from memorymark.settings import HF_OPTIM_NAMES, Settings
 from memorymark.step import adapters
@@ -65,6 +65,18 @@ _NO_OPTIMIZER = "# The measured step had no optimizer (inference-style): forward
 
 def snippet(fmt: str, settings: Settings, plan: TrainingPlan) -> str:
     """The code for one dialect (`hf`, `lightning` or `torch`)."""
+    if settings.hardware.pp > 1 and fmt in SNIPPET_FORMATS:
+        # Trainer and Lightning's strategies do not pipeline: the PyTorch calls do.
+        if fmt == "torch":
+            return pipeline_code.program(settings, plan)
+        return (
+            f"# {fmt}: no pipeline parallelism in its Trainer; see the torch snippet "
+            "(torch.distributed.pipelining) or torchtitan:\n"
+            + "".join(
+                f"#   {line}".rstrip() + "\n"
+                for line in pipeline_code.torchtitan_fragment(settings, plan).splitlines()
+            )
+        )
     if fmt == "hf":
         return _hf(settings, plan)
     if fmt == "lightning":

@@ -42,6 +42,8 @@ class Strategy:
 
     traces: tuple[Measurement, Measurement] | None = None
     """Two fitting steps whose allocation timelines predict live bytes at any batch (fast)."""
+    multiple: int = 1
+    """Every batch tried is a multiple of this (a pipeline's microbatches); `step` must be too."""
 
     def __init__(
         self,
@@ -96,7 +98,7 @@ class Strategy:
         # Grid points (multiples of step) up to a failure above the first grid point; below
         # it, every batch size counts, so a model that only trains at tiny batches still gets
         # an exact answer.
-        return self.step if hi is None or hi > self.step else 1
+        return self.step if hi is None or hi > self.step else self.multiple
 
     def _converge(self, lo: int, hi: int | None, passes: Predicate) -> Iterator[int]:
         """Find the boundary of `passes` between lo, which passes (0: nothing smaller to try),

@@ -177,7 +177,23 @@ def distributed_note(report: Report) -> str | None:
     return (
         f"{found}On {plural(report.gpus, 'GPU')} ({s.hardware.dist}): "
         f"per-GPU batch {best.batch_size}, "
-        f"global batch {report.global_batch_per_step}.{states}"
+        f"global batch {report.global_batch_per_step}.{states}{_pipeline_note(report)}"
+    )
+
+
+def _pipeline_note(report: Report) -> str:
+    """Each distinct pipeline rank's peak and the worst one, under pipeline parallelism."""
+    best, h = report.optimal, report.settings.hardware
+    if best is None or not best.stages or best.worst_stage is None:
+        return ""
+    worst = best.stages[best.worst_stage]
+    peaks = "; ".join(
+        f"pipeline rank {stage.pp_rank} {gib_text(stage.peak_bytes)}" for stage in best.stages
+    )
+    return (
+        f" Pipeline ({h.layout(report.gpus).describe()}, {h.pp_schedule}, microbatches of "
+        f"{worst.micro_batch}): the worst stage is on rank {worst.rank} (pipeline rank "
+        f"{worst.pp_rank}), whose figures these are ({report.memory_source}); peaks: {peaks}."
     )
 
 
