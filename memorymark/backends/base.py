@@ -30,7 +30,7 @@ from torch import nn
 from memorymark.accounting import allocator, throughput
 from memorymark.accounting.symbolic import StepRecord
 from memorymark.accounting.throughput import Roofline, WorkCounter
-from memorymark.accounting.tracker import MemoryTracker
+from memorymark.accounting.tracker import CompiledStepTracker, MemoryTracker
 from memorymark.backends import user_code
 from memorymark.backends.oom import StepError, is_oom
 from memorymark.fit import FitPolicy
@@ -331,7 +331,9 @@ class Backend:
         if self._tracker is not None:
             return self._tracker
         model = self._build_model()
-        tracker = self._failed_tracker = MemoryTracker(self.budget_bytes)
+        compiled = self.training_step.settings.workload.compile
+        tracker_type = CompiledStepTracker if compiled else MemoryTracker
+        tracker = self._failed_tracker = tracker_type(self.budget_bytes)
         tracker.thread_workspace = self.thread_workspace
         # What spreading the model over ranks allocates besides parameter shards is DDP's
         # gradient buckets. The whole model is counted only as it is once spread: a sharded
