@@ -208,6 +208,9 @@ class Measurement:
     """A user's step run off its GPU (simulated or `cpu`): the dtypes of the autocast regions
     it entered ("bfloat16"; empty: none). None where nothing was observed: the catalog's step
     (its settings say its precision), a real GPU, or a replayed step."""
+    graph_breaks: tuple[str, ...] = ()
+    """A compiled step (--compile): each place Dynamo broke the graph, "file:line: reason",
+    its region run eagerly; empty when it compiled whole or was not compiled."""
     replayed: bool = False
     """True when this simulated step was not traced but read off traced ones (the symbolic
     sweep, memorymark/accounting/symbolic.py): the same figures a trace gives, by arithmetic."""
@@ -305,6 +308,7 @@ class Measurement:
             "pages_to_host": self.pages_to_host,
             "value_reads": [read.to_dict() for read in self.value_reads],
             "autocast_dtypes": None if self.autocast_dtypes is None else list(self.autocast_dtypes),
+            "graph_breaks": list(self.graph_breaks),
         }
 
 

@@ -140,6 +140,12 @@ class Backend:
             return user_code.on_host(host, self._autocast_seen)
         return contextlib.nullcontext()
 
+    @property
+    def graph_breaks(self) -> tuple[str, ...]:
+        """Where the compiled step's graphs broke ("file:line: reason"); the simulation
+        records them (memorymark/step/compiled.py), other backends report none."""
+        return ()
+
     def _autocast_dtypes(self) -> tuple[str, ...] | None:
         """The autocast dtypes a user's step entered since the last call; None where they are
         not observed (the catalog's step, a real GPU)."""
@@ -478,6 +484,7 @@ class Backend:
             timeline=tuple(tracker.timeline) if traced and tracker is not None else (),
             value_reads=self._value_reads() if tracked is None else (),
             autocast_dtypes=self._autocast_dtypes() if tracked is None else None,
+            graph_breaks=self.graph_breaks,
             replayed=tracked is not None,
         )
 

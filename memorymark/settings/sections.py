@@ -551,9 +551,9 @@ FLOAT8_CAPABILITY = (8, 9)
 
 def _check_float8_gpu(s: Settings) -> None:
     """Refuse float8 on a GPU without FP8 matmuls, in one line (the default GPU is an A10)."""
-    if s.hardware.gpu_memory_gib is not None:
-        raise ValueError("float8 needs a GPU with FP8 matmuls: name it with --gpu (h100, h200...)")
     name = s.hardware.gpu
+    if name is None and s.hardware.gpu_memory_gib is not None:
+        raise ValueError("float8 needs a GPU with FP8 matmuls: name it with --gpu (h100, h200...)")
     if name is None and s.hardware.backend == "sim":
         name = gpus.DEFAULT_SIMULATED_GPU  # what the simulation targets when none is named
     gpu = gpus.find_gpu(name) if name is not None else None  # else this machine's GPU

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -70,9 +71,9 @@ class CompiledGraphs:
     def saved_for_backward(self) -> list[fx.Node]:
         """The forward graphs' outputs the partitioner saves for backward (past the user's
         outputs): AOTAutograd's `num_fw_outs_saved_for_bw`, read off the graph."""
-        saved = []
+        saved: list[fx.Node] = []
         for gm in self.forward:
-            outs = gm.graph.output_node().args[0]
+            outs: Any = gm.graph.output_node().args[0]
             count = gm.meta.get("saved_count", 0)
             saved.extend(o for o in outs[len(outs) - count :] if isinstance(o, fx.Node))
         return saved
@@ -200,6 +201,8 @@ def breaks_recorded() -> Iterator[None]:
     """Record in `log().breaks` every graph break Dynamo takes in the block."""
     from torch._dynamo import symbolic_convert
 
+    # Dynamo's one place a break is logged (torch/_dynamo/symbolic_convert.py), wrapped for
+    # the block: its reason and the instruction's file and line.
     original = symbolic_convert.InstructionTranslatorBase.__dict__.get("log_graph_break")
     if original is None:  # a PyTorch without the hook: breaks still fall back to eager
         yield
@@ -213,11 +216,25 @@ def breaks_recorded() -> Iterator[None]:
         log().breaks.append(GraphBreak(first, where))
         return original(self, code_options, reason=reason, **kwargs)
 
-    symbolic_convert.InstructionTranslatorBase.log_graph_break = log_graph_break  # type: ignore[method-assign]
+    symbolic_convert.InstructionTranslatorBase.log_graph_break = log_graph_break  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
         symbolic_convert.InstructionTranslatorBase.log_graph_break = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def dynamo_quiet() -> Iterator[None]:
+    """Without the warning Dynamo's own tracing raises when it reads `.grad` of an activation
+    (torch/_dynamo/variables/builder.py wraps every tensor it meets, leaf or not): it is about
+    Dynamo's internals, not the user's code."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message="The .grad attribute of a Tensor that is not a leaf",
+            category=UserWarning,
+        )
+        yield
 
 
 # -- compiling a model ------------------------------------------------------------------------
