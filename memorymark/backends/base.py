@@ -137,7 +137,8 @@ class Backend:
         """Around a user's code on this machine: its `cuda` calls run on `host` (the `cpu` and
         simulated backends; a real GPU runs them as written)."""
         if self.training_step.user_code and not self.measured:
-            return user_code.on_host(host, self._autocast_seen)
+            compiling = self.training_step.settings.workload.compile
+            return user_code.on_host(host, self._autocast_seen, compiling=compiling)
         return contextlib.nullcontext()
 
     @property

@@ -273,7 +273,11 @@ class SimBackend(Backend):
         return tuple(found)
 
     def _build_model(self) -> nn.Module:
-        compiled.reset_log()  # this model's compiles only
+        if self.training_step.settings.workload.compile:
+            # This model's compiles only, none cached from an earlier model of the same code
+            # (Dynamo's recompile limit would turn later ones eager without a word).
+            compiled.reset_log()
+            torch._dynamo.reset()
         with torch.device("meta"), simulation_scope(), self._user_code("meta"):
             model = self.training_step.build_model(emulate_kernels=True)
         if self.training_step.settings.workload.kernels == "liger":

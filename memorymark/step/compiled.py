@@ -248,9 +248,11 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
-def compile_model(model: nn.Module, backend: Any) -> None:
+def compile_model(model: nn.Module, backend: Any, *, whole: bool = False) -> None:
     """Compile `model` in place with `backend`: each block (torchtitan's per-block compile),
-    else the whole model."""
-    found = blocks(model)
+    else (or when `whole`: HF Trainer's `torch_compile=True`) the whole model."""
+    found = [] if whole else blocks(model)
     for module in found or [model]:
-        module.compile(backend=backend, dynamic=False)
+        # Dynamo's default shapes: static at the first batch size, dynamic from the second
+        # (its automatic dynamic shapes), so a sweep's probes compile twice, not once each.
+        module.compile(backend=backend)
