@@ -31,8 +31,8 @@ from torch.utils._pytree import tree_map_only
 
 from memorymark.cuda_rules.scoped_patch import ScopedPatch
 from memorymark.settings import Settings
-from memorymark.step.protocol import OnPhase, Phase, RunOptimizer, no_phase, run_now
 from memorymark.step import compiled as compiled_step
+from memorymark.step.protocol import OnPhase, Phase, RunOptimizer, no_phase, run_now
 from memorymark.step.user_job import Training, compile_refusal, simulating
 
 _MODEL_PARAMETER_NAMES = ("model", "module", "net", "network")
