@@ -5,8 +5,10 @@ Compiling follows torchtitan's `apply_compile` (torchtitan/models/llama3/infra/p
 each transformer block is compiled in place (`nn.Module.compile`), so FSDP2 and checkpointing
 wrap the same modules as eagerly; a model with no blocks (timm, torchvision) is compiled whole.
 On a real device the backend is Inductor. In the simulation it is `simulated_backend`: Dynamo
-captures the block, AOTAutograd (`aot_module_simplified`) splits forward and backward with
-Inductor's own partitioner (`min_cut_rematerialization_partition`, torch/_functorch/
+captures the block, AOTAutograd (`aot_module_simplified`, with Inductor's decompositions,
+`select_decomp_table`) splits forward and backward with Inductor's own `partition_fn`
+(torch/_inductor/compile_fx.py: its joint-graph passes, then
+`min_cut_rematerialization_partition(..., compiler="inductor")` from torch/_functorch/
 partitioners.py, under `torch._functorch.config.activation_memory_budget`), and each graph runs
 node by node on the fake tensors (`_GraphRunner`), its values freed after their last use as
 Inductor's generated code frees its buffers (`del buf` once dead), its inputs list cleared as
@@ -161,7 +163,9 @@ def simulated_backend(budget: float = 1.0, fuse: bool = True) -> Callable[..., A
     under `activation_memory_budget` = `budget`, the graphs run by `_GraphRunner` (fusion
     modelled unless `fuse` is False)."""
     from torch._functorch.aot_autograd import aot_module_simplified
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.compile_fx import partition_fn as inductor_partition
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.virtualized import V
 
     def compiler(kind: str) -> Callable[..., Any]:
         def compile_graph(gm: fx.GraphModule, example_inputs: Any) -> Any:
@@ -175,8 +179,14 @@ def simulated_backend(budget: float = 1.0, fuse: bool = True) -> Callable[..., A
         return compile_graph
 
     def partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
-        with torch._functorch.config.patch(activation_memory_budget=budget):
-            fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+        # Inductor's own: its joint-graph passes (pattern rewrites such as attention fusion),
+        # then `min_cut_rematerialization_partition(..., compiler="inductor")`.
+        fake_mode = torch._guards.detect_fake_mode(joint_inputs)
+        with (
+            V.set_fake_mode(fake_mode),  # as compile_fx sets it for its passes
+            torch._functorch.config.patch(activation_memory_budget=budget),
+        ):
+            fw, bw = inductor_partition(joint, joint_inputs, **kwargs)
         # What the partitioner saves: the forward's outputs the backward takes as inputs
         # (past the tangents' placeholders, which name `tangents_`).
         bw_inputs = [n for n in bw.graph.nodes if n.op == "placeholder"]
@@ -190,6 +200,9 @@ def simulated_backend(budget: float = 1.0, fuse: bool = True) -> Callable[..., A
             fw_compiler=compiler("forward"),
             bw_compiler=compiler("backward"),
             partition_fn=partition,
+            # Inductor's decompositions (compile_fx's `select_decomp_table`): the partitioner
+            # sees the ops Inductor lowers, so it recomputes what Inductor would.
+            decompositions=select_decomp_table(),
         )
 
     return backend
