@@ -135,3 +135,32 @@ def test_a_compiled_catalog_step_holds_fewer_activations_than_eager() -> None:
     eager, comp = _measure(), _measure(compile=True)
     assert comp.breakdown.activations < eager.breakdown.activations
     assert comp.peak_bytes < eager.peak_bytes
+
+
+def test_float8_converts_the_linear_layers_torchtitan_converts() -> None:
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+
+    from memorymark.step.catalog import CatalogStep
+
+    step = CatalogStep(Settings(model="tiny-llama", gpu="h100", float8="tensorwise"))
+    with torch.device("meta"):
+        model = step.build_model()
+    linear = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    converted = {n for n, m in model.named_modules() if isinstance(m, Float8Linear)}
+    assert converted == {n for n in linear if not n.endswith("lm_head")}
+    assert converted  # tiny-llama's projections are multiples of 16
+
+
+def test_the_snippets_compile_each_block_and_convert_to_float8() -> None:
+    from memorymark.reporting import snippets
+    from memorymark.search.plan import TrainingPlan
+
+    s = Settings(model="tiny-llama", gpu="h100", compile=True, float8="rowwise",
+                 activation_memory_budget=0.5)  # fmt: skip
+    code = snippets.snippet("torch", s, TrainingPlan(micro_batch=2, accumulation_steps=1,
+                                                     target_batch=None))  # fmt: skip
+    compile(code, "snippet", "exec")
+    assert 'Float8LinearConfig.from_recipe_name("rowwise")' in code
+    assert "torch._functorch.config.activation_memory_budget = 0.5" in code
+    assert "    block.compile()" in code
