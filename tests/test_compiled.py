@@ -164,3 +164,13 @@ def test_the_snippets_compile_each_block_and_convert_to_float8() -> None:
     assert 'Float8LinearConfig.from_recipe_name("rowwise")' in code
     assert "torch._functorch.config.activation_memory_budget = 0.5" in code
     assert "    block.compile()" in code
+
+
+def test_float8_without_torchao_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from memorymark.step import float8
+
+    monkeypatch.setitem(sys.modules, "torchao", None)  # as if not installed
+    with pytest.raises(ValueError, match=r"needs torchao: pip install 'memorymark\[float8\]'"):
+        float8.convert(nn.Sequential(nn.Linear(16, 16)), "tensorwise")
