@@ -247,6 +247,9 @@ class Measurement:
     are the worst one's (`worst_stage`). Empty without pipeline parallelism."""
     worst_stage: int | None = None
     """The index in `stages` of the rank whose figures these are (the furthest from fitting)."""
+    graph_breaks: tuple[str, ...] = ()
+    """A compiled step (--compile): each place Dynamo broke the graph, "file:line: reason",
+    its region run eagerly; empty when it compiled whole or was not compiled."""
     replayed: bool = False
     """True when this simulated step was not traced but read off traced ones (the symbolic
     sweep, memorymark/accounting/symbolic.py): the same figures a trace gives, by arithmetic."""
@@ -344,6 +347,7 @@ class Measurement:
             "pages_to_host": self.pages_to_host,
             "value_reads": [read.to_dict() for read in self.value_reads],
             "autocast_dtypes": None if self.autocast_dtypes is None else list(self.autocast_dtypes),
+            "graph_breaks": list(self.graph_breaks),
             **self._pipeline_dict(),
         }
 

@@ -181,6 +181,15 @@ class Report:
         return tuple(seen)
 
     @property
+    def graph_breaks(self) -> tuple[str, ...]:
+        """A compiled step (--compile): where its graphs broke ("file:line: reason", each once,
+        in the order first seen), the regions after them run eagerly."""
+        seen: dict[str, None] = {}
+        for m in (*self.measurements, *self.plan_probes):
+            seen.update(dict.fromkeys(m.graph_breaks))
+        return tuple(seen)
+
+    @property
     def autocast_dtypes(self) -> tuple[str, ...] | None:
         """A training job: the autocast dtypes its step was seen to enter ("bfloat16"; empty:
         none), over every traced probe. None when not observed: the catalog's step (its

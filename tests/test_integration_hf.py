@@ -269,9 +269,17 @@ def test_a_bf16_trainer_built_on_a_cpu_only_machine_is_sized_as_on_its_gpu(
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-def test_torch_compile_is_refused_in_one_line(tmp_path: Path) -> None:
-    with pytest.raises(memorymark.SimulationError, match=r"torch_compile=True\)\): size the step"):
-        hf.find_batch_size(_trainer(tmp_path, torch_compile=True), **SEARCH)
+def test_torch_compile_true_sizes_the_compiled_model(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, torch_compile=True)
+    backend = Session(Settings(gpu="a10", compile=True), training=hf.as_training(trainer))
+    compiled = backend.open_backend().measure(8)
+    eager = Session(Settings(gpu="a10"), training=hf.as_training(_trainer(tmp_path)))
+    assert compiled.peak_bytes < eager.open_backend().measure(8).peak_bytes
+    assert compiled.graph_breaks == ()
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_a_model_compiled_before_the_trainer_is_refused(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path)
     trainer.model = torch.compile(trainer.model)
     with pytest.raises(memorymark.SimulationError, match=r"the model is torch.compile'd\): size"):

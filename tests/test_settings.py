@@ -126,6 +126,13 @@ EVERY_FIELD_CHANGED = (
         "seq_step": 512,
     },
     {"model": "gpt2", "loss_chunks": 4, "tf32": True, "checkpointing": "layers:3"},
+    {
+        "model": "gpt2",
+        "compile": True,
+        "activation_memory_budget": 0.5,
+        "float8": "rowwise",
+        "gpu": "h100",
+    },
     {"dist": "hsdp", "gpus": "16", "nodes": 2, "offload": "cpu", "mp_policy": "none"},
     {
         "dist": "fsdp",

@@ -104,6 +104,18 @@ def _in_unified_memory() -> bool:
     return getattr(_UNIFIED, "depth", 0) > 0
 
 
+@contextlib.contextmanager
+def uncounted() -> Iterator[None]:
+    """In this thread, storages created in the block are not counted at all: values that
+    live in registers inside a fused kernel (memorymark/step/compiled.py), never allocated."""
+    before = getattr(_UNIFIED, "uncounted", False)
+    _UNIFIED.uncounted = True
+    try:
+        yield
+    finally:
+        _UNIFIED.uncounted = before
+
+
 def _fake_dispatch(
     fake_mode: FakeTensorMode,
     func: Any,
@@ -200,7 +212,8 @@ class MemoryTracker(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:
         # TorchDispatchMode wraps a subclass's __torch_dispatch__ to keep Dynamo out of it
         # (torch/utils/_python_dispatch.py `__init_subclass__`): two more Python frames and
-        # two eval-frame switches per operator, for nothing, since no step is compiled.
+        # two eval-frame switches per operator, for nothing in an eager step (a compiled one
+        # takes `CompiledStepTracker`).
         return False
 
     def __init__(self, budget_bytes: int | None = None) -> None:
@@ -627,12 +640,34 @@ class MemoryTracker(TorchDispatchMode):
             self._peak_by_category = dict(self.live_by_category)
         return out
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Off while Dynamo and AOTAutograd trace a compiled region, on while the graphs they
+        # made run (torch/utils/_python_dispatch.py): what is counted is what the compiled
+        # code allocates, never the tracing's own fake values.
+        return True
+
     def _created(self, storage: torch.UntypedStorage) -> None:
         """Count an operator's output storage if it is new (not a view of one counted)."""
         key = id(storage)
         if key in self._records or key in self._unified or key in self._host:
             return
+        if getattr(_UNIFIED, "uncounted", False):
+            return
         if _in_unified_memory():
             self._add_unified(storage)
         else:
             self._add(storage, self.phase_category)
+
+
+class CompiledStepTracker(MemoryTracker):
+    """The tracker for a compiled step: the same counting, with Dynamo kept out of its own
+    frames (`_should_skip_dynamo`), which the eager regions around a graph break would
+    otherwise try to compile. Costs two Python frames per operator, so only compiled steps
+    use it."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return True
+
+    __torch_dispatch__ = MemoryTracker.__torch_dispatch__

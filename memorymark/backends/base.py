@@ -30,7 +30,7 @@ from torch import nn
 from memorymark.accounting import allocator, throughput
 from memorymark.accounting.symbolic import StepRecord
 from memorymark.accounting.throughput import Roofline, WorkCounter
-from memorymark.accounting.tracker import MemoryTracker
+from memorymark.accounting.tracker import CompiledStepTracker, MemoryTracker
 from memorymark.backends import user_code
 from memorymark.backends.oom import StepError, is_oom
 from memorymark.fit import FitPolicy
@@ -137,8 +137,15 @@ class Backend:
         """Around a user's code on this machine: its `cuda` calls run on `host` (the `cpu` and
         simulated backends; a real GPU runs them as written)."""
         if self.training_step.user_code and not self.measured:
-            return user_code.on_host(host, self._autocast_seen)
+            compiling = self.training_step.settings.workload.compile
+            return user_code.on_host(host, self._autocast_seen, compiling=compiling)
         return contextlib.nullcontext()
+
+    @property
+    def graph_breaks(self) -> tuple[str, ...]:
+        """Where the compiled step's graphs broke ("file:line: reason"); the simulation
+        records them (memorymark/step/compiled.py), other backends report none."""
+        return ()
 
     def _autocast_dtypes(self) -> tuple[str, ...] | None:
         """The autocast dtypes a user's step entered since the last call; None where they are
@@ -331,7 +338,9 @@ class Backend:
         if self._tracker is not None:
             return self._tracker
         model = self._build_model()
-        tracker = self._failed_tracker = MemoryTracker(self.budget_bytes)
+        compiled = self.training_step.settings.workload.compile
+        tracker_type = CompiledStepTracker if compiled else MemoryTracker
+        tracker = self._failed_tracker = tracker_type(self.budget_bytes)
         tracker.thread_workspace = self.thread_workspace
         # What spreading the model over ranks allocates besides parameter shards is DDP's
         # gradient buckets. The whole model is counted only as it is once spread: a sharded
@@ -476,6 +485,7 @@ class Backend:
             timeline=tuple(tracker.timeline) if traced and tracker is not None else (),
             value_reads=self._value_reads() if tracked is None else (),
             autocast_dtypes=self._autocast_dtypes() if tracked is None else None,
+            graph_breaks=self.graph_breaks,
             replayed=tracked is not None,
         )
 

@@ -41,7 +41,7 @@ from memorymark.cuda_rules.scoped_patch import ScopedPatch
 from memorymark.fit import FitPolicy
 from memorymark.measurement import DepthReplay, Measurement, ValueRead
 from memorymark.settings import Settings
-from memorymark.step import liger
+from memorymark.step import compiled, liger
 from memorymark.step.catalog import CatalogStep
 from memorymark.step.protocol import Phase, TrainingStep
 from memorymark.step.user_job import simulation_scope
@@ -260,9 +260,24 @@ class SimBackend(Backend):
                 stack.enter_context(cuda_rules.applied(self.compute_capability))
             for patch in self._kernel_patches:
                 stack.enter_context(patch.active())
+            if self.training_step.settings.workload.compile:
+                stack.enter_context(compiled.breaks_recorded())
+                stack.enter_context(compiled.dynamo_quiet())
             yield
 
+    @property
+    def graph_breaks(self) -> tuple[str, ...]:
+        """Where the compiled step's graphs broke, as Dynamo said while compiling (the first
+        probe): each region after a break ran eagerly."""
+        found = dict.fromkeys(f"{b.where}: {b.reason}" for b in compiled.log().breaks)
+        return tuple(found)
+
     def _build_model(self) -> nn.Module:
+        if self.training_step.settings.workload.compile:
+            # This model's compiles only, none cached from an earlier model of the same code
+            # (Dynamo's recompile limit would turn later ones eager without a word).
+            compiled.reset_log()
+            torch._dynamo.reset()
         with torch.device("meta"), simulation_scope(), self._user_code("meta"):
             model = self.training_step.build_model(emulate_kernels=True)
         if self.training_step.settings.workload.kernels == "liger":

@@ -300,10 +300,14 @@ _PATCHES = (
 
 
 @contextlib.contextmanager
-def on_host(host: str = "cpu", autocast_seen: dict[str, None] | None = None) -> Iterator[None]:
+def on_host(
+    host: str = "cpu", autocast_seen: dict[str, None] | None = None, *, compiling: bool = False
+) -> Iterator[None]:
     """User code in the block runs its `cuda` calls on `host`; a CUDA call that has no host
     equivalent (`torch.cuda.current_device()`, a CUDA stream) is a one-line SimulationError.
-    `autocast_seen` collects the dtype of each autocast region the code enters."""
+    `autocast_seen` collects the dtype of each autocast region the code enters. `compiling`:
+    the step is compiled by MemoryMark's simulated backend (--compile), so compiling is let
+    through; otherwise code the user compiled is refused in one line."""
     previous = getattr(_observed, "dtypes", None)
     _observed.dtypes = autocast_seen if autocast_seen is not None else previous
     with contextlib.ExitStack() as stack:
@@ -311,7 +315,7 @@ def on_host(host: str = "cpu", autocast_seen: dict[str, None] | None = None) -> 
         for patch in _PATCHES:
             stack.enter_context(patch.active())
         stack.enter_context(CudaAsHost(host))
-        if "torch._dynamo" in sys.modules:
+        if "torch._dynamo" in sys.modules and not compiling:
             # Compiled code asks to compile at its first call on fake tensors, and would fail
             # once dynamo has traced it ("RuntimeError when making fake tensor call"): refuse
             # before tracing instead (process-wide, as torch's stance is; dynamo is never

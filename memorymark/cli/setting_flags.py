@@ -26,7 +26,8 @@ from memorymark.settings.sections import flat_types
 TRAINING_FLAGS = ("task", "seq_len", "image_size", "optimizer", "grad_accum", "max_grad_norm",
                   "eval_batch", "eval_accumulation", "mode", "loss")  # fmt: skip
 RUNNING_FLAGS = ("gpu", "gpu_memory_gib", "backend", "depth", "precision", "tf32", "attention",
-                 "kernels", "loss_chunks", "checkpointing", "lora_rank", "lora_targets",
+                 "kernels", "loss_chunks", "checkpointing", "compile",
+                 "activation_memory_budget", "float8", "lora_rank", "lora_targets",
                  "quantization", "double_quant", "forward_only", "dist", "gpus", "nodes",
                  "offload", "mp_policy", "tp", "cp", "pp", "pp_schedule", "microbatches",
                  "virtual_stages")  # fmt: skip
@@ -56,6 +57,8 @@ _METAVARS = {
     "max_probes": "N",
     "depth": "replay|trace",
     "checkpointing": "none|full|selective-op|layers:K",
+    "activation_memory_budget": "F",
+    "float8": "none|tensorwise|rowwise",
 }
 # The name `measure` and `validate-backward` give their own batch size, kept for analyze's.
 _ALIASES = {"current_batch": ("--batch-size",)}

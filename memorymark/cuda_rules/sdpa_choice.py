@@ -76,7 +76,7 @@ class SdpaCall:
             k_shape=tuple(key.shape),
             v_shape=tuple(value.shape),
             strides=tuple(tuple(t.stride()) for t in qkv),
-            offsets=tuple(int(t.storage_offset()) for t in qkv),
+            offsets=_offsets(qkv),
             mask_shape=None if attn_mask is None else tuple(attn_mask.shape),
             mask_stride_last=1 if attn_mask is None else attn_mask.stride(-1),
             mask_requires_grad=attn_mask is not None and attn_mask.requires_grad,
@@ -85,6 +85,16 @@ class SdpaCall:
             enable_gqa=enable_gqa,
             requires_grad=torch.is_grad_enabled() and any(t.requires_grad for t in qkv),
         )
+
+
+def _offsets(qkv: tuple[torch.Tensor, ...]) -> tuple[int, ...]:
+    """Storage offsets of query, key and value. Inside a compiled region (Dynamo tracing) a
+    storage offset is not a graph value and would break the graph (fatally inside a
+    checkpoint): there they read 0, as Inductor's graphs hand SDPA inputs it laid out itself
+    (aligned buffers); the alignment rule they feed changes the kernel only for offset views."""
+    if torch.compiler.is_compiling():
+        return (0,) * len(qkv)
+    return tuple(int(t.storage_offset()) for t in qkv)
 
 
 def select_backend(call: SdpaCall, capability: Capability) -> str:

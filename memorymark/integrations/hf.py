@@ -104,6 +104,9 @@ def find_batch_size(
     """
     training = as_training(trainer, scan_samples=scan_samples)
     search_settings.setdefault("current_batch", trainer.args.per_device_train_batch_size)
+    # TrainingArguments(torch_compile=True): Trainer compiles the whole model (`_wrap_model`),
+    # as the simulation does for a user's step (memorymark/step/compiled.py).
+    search_settings.setdefault("compile", bool(trainer.args.torch_compile))
     settings = Settings(gpu=gpu, **search_settings)
     report = Session(settings, training=training).analyze()
     per_device, accumulation = _plan(report, training, trainer, settings)
@@ -138,11 +141,6 @@ def _check_trainer(trainer: Any) -> None:
         raise ValueError(
             f"find_batch_size takes a transformers.Trainer, got {type(trainer).__name__}; "
             "for your own loop, describe it with memorymark.Training"
-        )
-    if trainer.args.torch_compile:
-        raise compile_refusal(
-            "TrainingArguments(torch_compile=True)",
-            "size the Trainer with torch_compile=False, and train with it on",
         )
     compiled = compiled_part(trainer.model)
     if compiled is not None:

@@ -43,6 +43,7 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "set_up_for": r.set_up_for,
         "setup_note": r.setup_note,
         "value_reads": [read.to_dict() for read in r.value_reads],
+        "graph_breaks": list(r.graph_breaks),
         "device": r.backend,
         "gpu_name": r.gpu.name,
         "gpu_total_gb": gib(r.gpu.total_bytes),

@@ -172,6 +172,8 @@ def _settings(r: Report) -> list[str]:
             f"accumulation {s.workload.eval_accumulation or 'unset'}",
         ),
         ("Activation checkpointing", s.workload.checkpointing),
+        ("torch.compile", _compiled(r)),
+        ("Float8 (torchao)", s.workload.float8),
         (
             "LoRA rank",
             str(s.workload.lora_rank) if s.workload.lora_rank else "off (every weight trains)",
@@ -276,6 +278,17 @@ def reproduce_line(r: Report) -> str:
         return line
     head = f"memorymark analyze {r.settings.workload.model}"
     return "memorymark analyze --training FILE.py:FUNCTION" + line[len(head) :]
+
+
+def _compiled(r: Report) -> str:
+    w = r.settings.workload
+    if not w.compile:
+        return "off (eager)"
+    budget = f", activation memory budget {w.activation_memory_budget}"
+    breaks = r.graph_breaks
+    where = "; ".join(escape(b) for b in breaks[:3]) + (" ..." if len(breaks) > 3 else "")
+    said = f"{len(breaks)} graph breaks, eager after each: {where}" if breaks else "no graph break"
+    return f"on{budget if w.activation_memory_budget != 1.0 else ''} ({said})"
 
 
 def _value_reads(r: Report) -> list[str]:

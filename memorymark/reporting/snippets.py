@@ -545,10 +545,47 @@ def _prepare_model(
         lines.append("lora_config = LoraConfig(")
         lines += [f"    {key}={_literal(value)}," for key, value in kwargs.items()]
         lines += [")", "model = get_peft_model(model, lora_config)"]
+    lines += _float8_code(settings)
     lines += checkpointing_code.model_code(
         settings.workload.checkpointing, trainer=not checkpointing
     )
-    return lines
+    return lines + _compile_code(settings)
+
+
+def _float8_code(settings: Settings) -> list[str]:
+    """torchao's conversion as memorymark/step/float8.py applies it (torchtitan's filter)."""
+    recipe = settings.workload.float8
+    if recipe == "none":
+        return []
+    return [
+        "# Float8 linear layers (pip install torchao), the output layer kept in high precision.",
+        "convert_to_float8_training(",
+        "    model,",
+        f'    config=Float8LinearConfig.from_recipe_name("{recipe}"),',
+        '    module_filter_fn=lambda mod, fqn: fqn.split(".")[-1]',
+        '    not in ("output", "lm_head", "classifier", "score")',
+        "    and mod.in_features % 16 == 0 and mod.out_features % 16 == 0,",
+        ")",
+    ]
+
+
+def _compile_code(settings: Settings) -> list[str]:
+    """torch.compile on each block in place, as measured (torchtitan's per-block compile)."""
+    w = settings.workload
+    if not w.compile:
+        return []
+    lines = []
+    if w.activation_memory_budget != 1.0:
+        lines.append(
+            f"torch._functorch.config.activation_memory_budget = {w.activation_memory_budget}"
+        )
+    return [
+        *lines,
+        "# torch.compile each transformer block in place (the whole model if it has none).",
+        "blocks = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]",
+        "for block in blocks or [model]:",
+        "    block.compile()",
+    ]
 
 
 _COMPUTE_DTYPE = {"bf16-mixed": "torch.bfloat16", "bf16-true": "torch.bfloat16"}
@@ -647,6 +684,13 @@ def _program(imports: list[str], body: list[str]) -> str:
             "from liger_kernel.transformers import _apply_liger_kernel_to_instance",
         ]
     imports = [*imports, *checkpointing_code.imports_for(code)]
+    if "GradientCheckpointingLayer)" in code:
+        imports = [*imports, "from transformers.modeling_layers import GradientCheckpointingLayer"]
+    if "convert_to_float8_training(" in code:
+        imports = [
+            *imports,
+            "from torchao.float8 import Float8LinearConfig, convert_to_float8_training",
+        ]
     peft_names = [n for n in ("LoraConfig", "get_peft_model") if f"{n}(" in code]
     if "prepare_model_for_kbit_training(" in code:
         peft_names.append("prepare_model_for_kbit_training")

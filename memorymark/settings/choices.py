@@ -35,6 +35,9 @@ Loss = Literal["task", "logits-mean"]
 Precision = Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
 Attention = Literal["sdpa", "eager", "flash_attention_2"]
 Kernels = Literal["none", "liger"]
+# torchao's Float8 training recipes (torchao/float8/config.py `Float8LinearRecipeName`): none,
+# one scale per tensor, or one per row (rowwise). memorymark/step/float8.py applies them.
+Float8 = Literal["none", "tensorwise", "rowwise"]
 Find = Literal["batch", "seq-len"]
 BackendName = Literal["auto", "cuda", "mps", "sim", "cpu"]
 StrategyName = Literal["symbolic", "fast", "linear"]
@@ -69,6 +72,7 @@ PROTOCOLS: tuple[str, ...] = typing.get_args(ProtocolName)
 KERNELS: tuple[str, ...] = typing.get_args(Kernels)
 FINDS: tuple[str, ...] = typing.get_args(Find)
 QUANTIZATIONS: tuple[str, ...] = typing.get_args(Quantization)
+FLOAT8_RECIPES: tuple[str, ...] = typing.get_args(Float8)
 PAGED_OPTIMIZERS = ("paged-adamw-8bit", "paged-adamw-32bit")
 """bitsandbytes' paged optimizers: state in CUDA unified memory (memorymark/step/paging.py)."""
 
@@ -119,6 +123,8 @@ RANGES = {
     "loss_chunks": (0, MAX_LOSS_CHUNKS, "past a few dozen chunks nothing more is saved"),
     "seq_step": (1, limits.MAX_SEQ_LEN, "8x the longest context in the catalog"),
     "nodes": (1, topology.MAX_NODES, "one GPU a node at the most GPUs searched"),
+    # torch._functorch.config.activation_memory_budget: a fraction of the activations' memory.
+    "activation_memory_budget": (0, 1, "a fraction: 1 saves as the default partitioner does"),
 }
 
 

@@ -24,6 +24,12 @@ def check_parallel(settings: Settings, entry: models.ModelEntry) -> None:
             "--tp, --cp and --pp split transformer blocks and token sequences: "
             f"{entry.key} is an image model"
         )
+    if w.compile:
+        # Each is simulated alone, compiled or split; together they were never checked.
+        raise ValueError(
+            "--compile beside --tp, --cp or --pp is not simulated yet: size the compiled step "
+            "with FSDP alone (--dist fsdp), or the layout eager"
+        )
     config = models.config_of(entry) or {}
     heads = _int(config, "num_attention_heads")
     gpus = hw.gpu_count or hw.tp * hw.cp * hw.pp

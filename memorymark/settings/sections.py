@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields, replace
 from functools import cache
 from typing import Any
 
-from memorymark import limits, models
+from memorymark import gpus, limits, models
 from memorymark.distributed import layout, topology
 from memorymark.settings import codecs
 from memorymark.settings.choices import (
@@ -36,6 +36,7 @@ from memorymark.settings.choices import (
     BackendName,
     DepthMode,
     Find,
+    Float8,
     Kernels,
     Loss,
     Mode,
@@ -127,6 +128,19 @@ class Workload:
     loss_chunks: int = 0
     """Output layer and cross-entropy in this many sequence chunks, each upcast to fp32 alone
     (torchtune's CEWithChunkedOutputLoss); 0: transformers' one loss over all the logits."""
+    compile: bool = False
+    """torch.compile the model: each transformer block in place, as torchtitan's apply_compile
+    (the whole model where it has no blocks). Simulated through Dynamo and AOTAutograd with
+    Inductor's partitioner on fake tensors, fused pointwise intermediates not allocated
+    (memorymark/step/compiled.py); on a GPU, Inductor itself."""
+    activation_memory_budget: float = 1.0
+    """With --compile: torch._functorch.config.activation_memory_budget, the fraction of the
+    activations' memory the partitioner may save for backward (it recomputes the rest); 1.0
+    is PyTorch's default."""
+    float8: Float8 = "none"
+    """Float8 training of the linear layers with torchao's convert_to_float8_training: none,
+    tensorwise or rowwise (its recipes). Needs a GPU with FP8 matmuls (compute capability
+    8.9 or newer: Ada, Hopper, Blackwell)."""
     forward_only: bool = False
     """Run the forward pass under no_grad and nothing else (used by the backward-pass proof)."""
 
@@ -493,6 +507,15 @@ def _check_kernels(w: Workload) -> None:
         )
     if w.kernels == "liger" and w.loss_chunks:
         raise ValueError("liger's fused cross-entropy already chunks the loss: drop loss_chunks")
+    if w.activation_memory_budget != 1.0 and not w.compile:
+        raise ValueError(
+            "activation_memory_budget steers the compiled step's partitioner: add --compile"
+        )
+    if w.float8 != "none" and w.quantization != "none":
+        raise ValueError(
+            "float8 training and bitsandbytes quantization both replace the "
+            "linear layers: choose one"
+        )
 
 
 def _check_model_entry(w: Workload, entry: models.ModelEntry) -> None:
@@ -517,6 +540,29 @@ def _check_across(s: Settings) -> None:
         raise ValueError(f"{name} runs CUDA kernels only: use --backend sim (or a GPU)")
     if ":" not in w.model:  # a catalog entry is in memory; other models in check_model
         _check_search_axis(s, models.find_model(w.model))
+    if w.float8 != "none":
+        _check_float8_gpu(s)
+
+
+# torchao's float8 training runs `torch._scaled_mm`, whose FP8 kernels need compute capability
+# 8.9 or newer (torchao/float8/README.md; its tests gate on `is_sm_at_least_89`).
+FLOAT8_CAPABILITY = (8, 9)
+
+
+def _check_float8_gpu(s: Settings) -> None:
+    """Refuse float8 on a GPU without FP8 matmuls, in one line (the default GPU is an A10)."""
+    name = s.hardware.gpu
+    if name is None and s.hardware.gpu_memory_gib is not None:
+        raise ValueError("float8 needs a GPU with FP8 matmuls: name it with --gpu (h100, h200...)")
+    if name is None and s.hardware.backend == "sim":
+        name = gpus.DEFAULT_SIMULATED_GPU  # what the simulation targets when none is named
+    gpu = gpus.find_gpu(name) if name is not None else None  # else this machine's GPU
+    if gpu is not None and gpu.compute_capability < FLOAT8_CAPABILITY:
+        raise ValueError(
+            f"float8 training needs FP8 matmuls (compute capability 8.9+: Ada, Hopper, "
+            f"Blackwell); the {gpu.name} has {gpu.compute_capability[0]}."
+            f"{gpu.compute_capability[1]}: drop --float8 or pick --gpu h100"
+        )
 
 
 def _check_quantization(s: Workload, source: str) -> None:

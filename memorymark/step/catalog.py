@@ -27,8 +27,18 @@ from torch import nn
 
 from memorymark import cuda_rules, models
 from memorymark.settings import Settings
-from memorymark.step import adapters, checkpointing, fused_loss, liger, optimizers, quantization
+from memorymark.step import (
+    adapters,
+    checkpointing,
+    compiled,
+    float8,
+    fused_loss,
+    liger,
+    optimizers,
+    quantization,
+)
 from memorymark.step.protocol import OnPhase, Phase, RunOptimizer, no_phase, run_now
+from memorymark.step.user_job import simulating
 
 # 16-mixed: the GradScaler of each optimizer, created with its state at the first step and kept
 # as long as the optimizer, as a training loop keeps both.
@@ -95,8 +105,16 @@ class CatalogStep:
             model = adapters.apply_lora(
                 model, self.task, s.workload.lora_rank, s.workload.lora_targets
             )
+        if s.workload.float8 != "none":
+            # Before checkpointing and compile, as torchtitan's model converters run first.
+            float8.convert(model, s.workload.float8)
         if s.workload.grad_checkpointing:
             checkpointing.enable(model, s.workload.checkpointing)
+        if s.workload.compile:
+            # After checkpointing, before FSDP (the backend's): torchtitan's order.
+            budget = s.workload.activation_memory_budget
+            backend = compiled.simulated_backend(budget) if simulating() else None
+            compiled.compile_model(model, backend or compiled.inductor_backend(budget))
         return model
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:

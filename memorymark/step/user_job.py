@@ -131,6 +131,11 @@ def _is_module(value: object) -> bool:
     )
 
 
+_BESIDE_A_JOB = ("model", "compile", "activation_memory_budget")
+"""Workload settings a training job takes beside its code: `compile` is how the HF
+integration passes on `TrainingArguments(torch_compile=True)` (the whole model compiled)."""
+
+
 def check_settings(settings: Settings) -> None:
     """Refuse (ValueError, one line) settings beside a training job that the job's own code
     says: the model and how it steps (precision, optimizer, LoRA, checkpointing...), and what
@@ -142,7 +147,7 @@ def check_settings(settings: Settings) -> None:
     given = [
         name
         for name in Workload.__dataclass_fields__
-        if name != "model" and getattr(settings.workload, name) != getattr(defaults, name)
+        if name not in _BESIDE_A_JOB and getattr(settings.workload, name) != getattr(defaults, name)
     ]
     if given:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)

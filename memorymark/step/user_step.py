@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_map_only
 
 from memorymark.cuda_rules.scoped_patch import ScopedPatch
 from memorymark.settings import Settings
+from memorymark.step import compiled as compiled_step
 from memorymark.step.protocol import OnPhase, Phase, RunOptimizer, no_phase, run_now
 from memorymark.step.user_job import Training, compile_refusal, simulating
 
@@ -169,6 +170,10 @@ class UserStep:
         compiled = compiled_part(model) if simulating() else None
         if compiled is not None:
             raise compile_refusal(f"{compiled}, as Training(model=...) returns it")
+        if self.settings.workload.compile:
+            # As Trainer(torch_compile=True) compiles it: the whole model.
+            backend = compiled_step.simulated_backend() if simulating() else "inductor"
+            compiled_step.compile_model(model, backend, whole=True)
         return model
 
     def build_optimizer(self, model: nn.Module) -> Any:

@@ -212,6 +212,22 @@ def training_inputs(sb: Any, entry: models.ModelEntry | None) -> dict[str, Any]:
     return overrides
 
 
+def _compile_inputs() -> None:
+    """torch.compile, its partitioner's memory budget, and torchao's Float8 recipes."""
+    st.checkbox("torch.compile (each block)", key=key("compile"), help=field_help("compile"))
+    st.number_input(
+        "Activation memory budget (with torch.compile)",
+        min_value=0.0,
+        max_value=1.0,
+        step=0.1,
+        key=key("activation_memory_budget"),
+        help=field_help("activation_memory_budget"),
+    )
+    st.selectbox(
+        "Float8 (torchao)", choices.FLOAT8_RECIPES, key=key("float8"), help=field_help("float8")
+    )
+
+
 def _advanced_inputs(use: dict[str, bool]) -> None:
     if use.get("attention", True):
         st.selectbox(
@@ -241,6 +257,7 @@ def _advanced_inputs(use: dict[str, bool]) -> None:
             key=key("seq_step"),
             help=field_help("seq_step"),
         )
+    _compile_inputs()
     st.selectbox("Loss", choices.LOSSES, key=key("loss"), help=field_help("loss"))
     st.session_state[PROTOCOL_KEY] = _protocol_of_state()
     st.radio(
