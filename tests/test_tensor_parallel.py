@@ -201,3 +201,13 @@ def test_apply_tp_splits_a_pipeline_stage_s_subtree():
     assert isinstance(base.norm.weight, DTensor)  # sequence parallel
     head = model.lm_head.weight
     assert isinstance(head, DTensor) and head.to_local().shape == (4096, 64)  # vocab split
+
+
+def test_a_tensor_parallel_rank_is_estimated_to_compute_its_share():
+    # DTensor operators reach the tracker with global shapes: their FLOPs are divided over the
+    # ranks their output is split over, their bytes are the local tensors'. Before, a TP 2
+    # rank was estimated as slow as one computing the whole step (1.0x; now 1.78x).
+    base = dict(model="tiny-llama", seq_len=256, backend="sim", gpu="h100", dist="fsdp", gpus="4")
+    alone = Session(Settings(**base)).measure(8)
+    split = Session(Settings(**base, tp=2)).measure(8)
+    assert split.samples_per_second > 1.5 * alone.samples_per_second

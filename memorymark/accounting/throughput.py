@@ -16,6 +16,7 @@ backend hands it a step to time.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -76,17 +77,39 @@ class Roofline:
         return cls(gpu.half_tflops * 1e12, matmul, tf32_rate, gpu.memory_bandwidth_bytes_per_s)
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """What one rank holds of `tensor`: a DTensor's local tensor (read by name, so a step
+    without torch.distributed never imports it), else the tensor."""
+    return getattr(tensor, "_local_tensor", tensor)
+
+
+def _split_over(values: Any) -> int:
+    """Ranks a DTensor operator's work is split over: the mesh dimensions its first DTensor
+    output is sharded or a partial sum on (each rank computes its part there, all of it where
+    the output is replicated); 1 for plain tensors. A tensor-parallel step is dispatched at
+    the DTensor level, with global shapes, so its FLOPs are divided here."""
+    for value in values:
+        placements = getattr(value, "placements", None)
+        if placements is not None:
+            shape = value.device_mesh.shape
+            return math.prod(
+                n for n, p in zip(shape, placements, strict=True) if not p.is_replicate()
+            )
+    return 1
+
+
 def _tensor_bytes(values: Any) -> tuple[int, torch.dtype | None]:
-    """Bytes of the tensors in `values` (one level of lists), and the first one's dtype."""
+    """Bytes one rank reads or writes of the tensors in `values` (one level of lists), and the
+    first one's dtype."""
     total, dtype = 0, None
     for value in values:
         if isinstance(value, torch.Tensor):
-            total += value.nbytes
+            total += _local(value).nbytes
             dtype = dtype or value.dtype
         elif isinstance(value, (list, tuple)):
             for item in value:
                 if isinstance(item, torch.Tensor):
-                    total += item.nbytes
+                    total += _local(item).nbytes
                     dtype = dtype or item.dtype
     return total, dtype
 
@@ -238,8 +261,9 @@ def work_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) 
     packet = getattr(func, "_overloadpacket", None)
     if packet is None or func.is_view or packet in _NO_KERNEL:
         return None  # a view moves no data; nor does reserving memory
+    outs = out if isinstance(out, (list, tuple)) else (out,)
     in_bytes, dtype = _tensor_bytes(args)
-    out_bytes, out_dtype = _tensor_bytes(out if isinstance(out, (list, tuple)) else (out,))
+    out_bytes, out_dtype = _tensor_bytes(outs)
     formula = flop_registry.get(packet)
     if formula is None:
         return 0, in_bytes + out_bytes, RATE_NONE
@@ -250,7 +274,7 @@ def work_of(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) 
         rate = RATE_CONV_FP32
     else:
         rate = RATE_FP32
-    return _flops(formula, args, kwargs, out), in_bytes + out_bytes, rate
+    return _flops(formula, args, kwargs, out) // _split_over(outs), in_bytes + out_bytes, rate
 
 
 def count_work(run: Callable[[], object], roofline: Roofline) -> WorkCounter:
