@@ -401,9 +401,13 @@ def test_the_pipeline_widgets_set_the_layout() -> None:
     assert not at.exception
     # Interleaving holds two stages a GPU at least: the widget starts there.
     assert at.number_input(key="mm_virtual_stages").value == 2
+    # tiny-llama's 2 layers cannot make 2 x 2 stages: the sidebar says so in one line.
+    assert "4 pipeline stages over 2 layers" in at.error[0].value
+    at.selectbox(key="mm_pp_schedule").set_value("gpipe").run()
     at.number_input(key="mm_microbatches").set_value(4).run()
+    assert not at.exception and not at.error
     assert at.query_params["pp"] == "2"
-    assert at.query_params["pp_schedule"] == "interleaved-1f1b"
+    assert at.query_params["pp_schedule"] == "gpipe"
     assert at.query_params["microbatches"] == "4"
     at.selectbox(key="mm_dist").set_value("none").run()
     assert not at.exception and not at.error

@@ -163,7 +163,7 @@ def test_the_global_batch_counts_data_parallel_ranks_only():
     assert report.global_batch_per_step == 4 * 2 * 2
 
 
-def test_activations_shrink_as_tp_grows(tmp_path):
+def test_activations_shrink_as_tp_grows(tmp_path, any_config_path):
     import json
 
     config = json.loads((Path(models.__file__).parent / "configs" / "tiny-llama.json").read_text())
