@@ -213,8 +213,7 @@ class Session:
         s = self.settings
         if self.backend_name != "sim" or self.model_entry is None:
             return 0
-        layout = s.hardware
-        if s.hardware.dist not in ("none", "ddp") or layout.tp * layout.cp * layout.pp > 1:
+        if s.hardware.dist not in ("none", "ddp") or s.hardware.model_parallel > 1:
             return 0  # shards, or states on the host: what one rank holds is not the model's
         return self.bench.counted_states(s)[0]
 

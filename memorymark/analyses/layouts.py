@@ -172,7 +172,7 @@ def check_settings(settings: Settings) -> None:
     hw = settings.hardware
     if hw.dist == "none":
         raise ValueError("the layout search needs a data-parallel strategy: --dist fsdp")
-    if hw.tp * hw.cp * hw.pp > 1:
+    if hw.model_parallel > 1:
         raise ValueError("the layout search picks --tp, --cp and --pp itself: leave them out")
 
 
@@ -235,7 +235,7 @@ def fewest_gpus(
     probes = 0
     fewest: int | None = None
     for kind in kinds:
-        degrees = kind.layout.tp * kind.layout.cp * kind.layout.pp
+        degrees = kind.layout.model_parallel
         mine = tuple(n for n in counts if n % degrees == 0 and (fewest is None or n < fewest))
         if not mine:
             continue
@@ -312,7 +312,7 @@ def way_out(
     counts = counts or topology.cluster_counts()
     best: tuple[int, Candidate, Measurement] | None = None
     for kind in (k for k in kinds if k.layout.parallel):
-        degrees = kind.layout.tp * kind.layout.cp * kind.layout.pp
+        degrees = kind.layout.model_parallel
         mine = tuple(n for n in counts if n % degrees == 0 and (best is None or n < best[0]))
         if not mine:
             continue

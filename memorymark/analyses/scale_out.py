@@ -115,8 +115,7 @@ def row_from_report(
     )
     step = max(compute, comm)
     # The tensor and context parallel ranks of one data-parallel rank share its samples.
-    hw = s.hardware
-    data_parallel = max(1, gpus // (hw.tp * hw.cp * hw.pp))
+    data_parallel = s.hardware.layout(gpus).dp
     throughput = samples * data_parallel / step
     hours = samples_per_run / throughput / 3600
     return ScaleOutRow(

@@ -63,8 +63,7 @@ def ensure_process_group(device: str) -> None:
 def check_world(settings: Settings) -> None:
     """Refuse settings whose GPU count is not the number of processes torchrun started."""
     world = int(os.environ["WORLD_SIZE"])
-    model_parallel = settings.hardware.tp * settings.hardware.cp * settings.hardware.pp
-    if settings.hardware.dist == "none" and model_parallel != world:
+    if settings.hardware.dist == "none" and settings.hardware.model_parallel != world:
         raise ValueError(f"torchrun started {world} processes: choose --dist (fsdp, ddp, ...)")
     if settings.hardware.gpu_count != world:
         raise ValueError(

@@ -53,7 +53,7 @@ def ranks_text(s: Settings) -> str:
     """How many GPUs, over how many nodes, with which strategy (for a run on many GPUs)."""
     hw = s.hardware
     how = hw.dist
-    if hw.tp * hw.cp * hw.pp > 1 and hw.gpu_count:
+    if hw.model_parallel > 1 and hw.gpu_count:
         how = hw.layout(hw.gpu_count).describe()  # "FSDP 4 x TP 2", as torchtitan logs it
     return f" x{hw.gpu_count} ({plural(hw.node_count, 'node')}, {how})"
 

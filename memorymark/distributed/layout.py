@@ -39,7 +39,7 @@ class Layout:
         for name, degree in (("tp", self.tp), ("cp", self.cp), ("pp", self.pp)):
             if degree < 1:
                 raise ValueError(f"--{name} must be at least 1 (got {degree})")
-        model = self.tp * self.cp * self.pp
+        model = self.model_parallel
         if self.gpus % model:
             raise ValueError(
                 f"--tp {self.tp} x --cp {self.cp} x --pp {self.pp} = {model} does not divide "
@@ -62,9 +62,14 @@ class Layout:
             )
 
     @property
+    def model_parallel(self) -> int:
+        """GPUs one data-parallel rank spans: the tensor, context and pipeline degrees."""
+        return self.tp * self.cp * self.pp
+
+    @property
     def dp(self) -> int:
         """Data-parallel degree: what tp, cp and pp leave of the GPU count."""
-        return self.gpus // (self.tp * self.cp * self.pp)
+        return self.gpus // self.model_parallel
 
     @property
     def dp_replicate(self) -> int:
@@ -83,7 +88,7 @@ class Layout:
     @property
     def parallel(self) -> bool:
         """Whether any model parallelism (tp, cp or pp) is asked for."""
-        return self.tp * self.cp * self.pp > 1
+        return self.model_parallel > 1
 
     def mesh(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """(shape, names) of the device mesh, dimensions of size 1 left out, outermost first."""

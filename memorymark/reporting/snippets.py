@@ -435,7 +435,7 @@ def _train_context_lines(tp: bool, cp: bool) -> list[str]:
 def torchtitan_toml(settings: Settings) -> str:
     """The layout as a torchtitan job-config fragment (its `[parallelism]` section)."""
     hw = settings.hardware
-    layout = hw.layout(hw.gpu_count or hw.tp * hw.cp * hw.pp)
+    layout = hw.layout(hw.gpu_count or hw.model_parallel)
     return "\n".join(
         [
             "[parallelism]",

@@ -96,8 +96,7 @@ def min_gpus(
     counts = counts or topology.cluster_counts()
     hw = settings.hardware
     # Only counts the tensor, context and pipeline degrees divide make a layout.
-    model_parallel = hw.tp * hw.cp * hw.pp
-    counts = tuple(n for n in counts if n % model_parallel == 0) or counts
+    counts = tuple(n for n in counts if n % hw.model_parallel == 0) or counts
     tried: list[tuple[int, Measurement]] = []
     floor: dict[str, Any] = {}
     if sharded_states is not None and capacity is not None:

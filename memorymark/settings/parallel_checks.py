@@ -17,7 +17,7 @@ from memorymark.settings.sections import Settings
 def check_parallel(settings: Settings, entry: models.ModelEntry) -> None:
     """Refuse a `--tp`/`--cp`/`--pp` layout the model or the step cannot take (ValueError)."""
     hw, w = settings.hardware, settings.workload
-    if hw.tp * hw.cp * hw.pp == 1:
+    if hw.model_parallel == 1:
         return
     if entry.input_kind != "text":
         raise ValueError(
@@ -32,7 +32,7 @@ def check_parallel(settings: Settings, entry: models.ModelEntry) -> None:
         )
     config = models.config_of(entry) or {}
     heads = _int(config, "num_attention_heads")
-    gpus = hw.gpu_count or hw.tp * hw.cp * hw.pp
+    gpus = hw.gpu_count or hw.model_parallel
     layout.check_model(
         hw.layout(gpus),
         heads=heads,

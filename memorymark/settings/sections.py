@@ -283,8 +283,7 @@ class Hardware:
         check_choice("offload", self.offload, topology.OFFLOADS)
         check_choice("mp_policy", self.mp_policy, topology.MP_POLICIES)
         count = self.gpu_count
-        model_parallel = self.tp * self.cp * self.pp
-        if self.dist == "none" and (count is None or count > model_parallel):
+        if self.dist == "none" and (count is None or count > self.model_parallel):
             raise ValueError(
                 f"--gpus {self.gpus} needs a distributed strategy: --dist ddp, zero1, fsdp, "
                 "fsdp-no-reshard or hsdp"
@@ -299,6 +298,11 @@ class Hardware:
             nodes = topology.nodes_for(count, self.nodes)
             if count % nodes:
                 raise ValueError(f"hsdp needs the same GPUs in every node ({count} over {nodes})")
+
+    @property
+    def model_parallel(self) -> int:
+        """GPUs one data-parallel rank spans: the tensor, context and pipeline degrees."""
+        return self.tp * self.cp * self.pp
 
     @property
     def gpu_count(self) -> int | None:
