@@ -11,7 +11,10 @@ from memorymark.accounting.allocator import (
     PROBE,
     TRAINING_LOOP,
     CachingAllocator,
+    event_bytes,
+    event_stream,
     loop_start_named,
+    on_stream,
     replay,
     round_size,
     segment_size,
@@ -85,6 +88,38 @@ def test_pools_are_separate():
     a.free(a.malloc(512 * KIB))  # a cached 2 MiB small segment...
     a.malloc(MIB + 512)  # ...cannot serve a large request
     assert a.reserved_bytes == 22 * MIB
+
+
+def test_a_block_cached_for_one_stream_serves_that_stream_alone():
+    # FSDP2 gathers parameters on a copy-in stream: a buffer it frees is cached for that stream
+    # (BlockComparatorSize orders by stream first), so the default stream gets a new segment.
+    a = CachingAllocator()
+    a.free(a.malloc(12 * MIB, stream=1))
+    a.malloc(12 * MIB)
+    assert a.reserved_bytes == 24 * MIB
+    a.malloc(12 * MIB, stream=1)  # the stream's own cached block
+    assert (a.allocated_bytes, a.reserved_bytes) == (24 * MIB, 24 * MIB)
+
+
+def test_empty_cache_returns_every_streams_whole_segments():
+    a = CachingAllocator()
+    a.free(a.malloc(12 * MIB, stream=3))
+    a.free(a.malloc(512 * KIB, stream=1))
+    a.free(a.malloc(14 * MIB))
+    a.empty_cache()
+    assert a.reserved_bytes == 0
+
+
+def test_an_allocation_event_carries_its_stream_and_replays_on_it():
+    event = on_stream(12 * MIB, 3)
+    assert (event_bytes(event), event_stream(event)) == (12 * MIB, 3)
+    assert on_stream(12 * MIB, 0) == 12 * MIB  # a one-stream log is plain bytes
+    # The step frees a 12 MiB buffer made on stream 3, then asks for 12 MiB on the default
+    # stream: one pool would reuse the block, two streams need a second segment.
+    one = replay((0, []), (0, [12 * MIB, ~0, 12 * MIB]))
+    two = replay((0, []), (0, [event, ~0, 12 * MIB]))
+    assert (one.reserved_bytes, two.reserved_bytes) == (12 * MIB, 24 * MIB)
+    assert one.allocated_bytes == two.allocated_bytes == 12 * MIB
 
 
 def test_freed_blocks_are_cached_and_reused_best_fit():

@@ -10,6 +10,7 @@ import pytest
 import torch.distributed as dist
 
 from memorymark import Session, Settings
+from memorymark.accounting import allocator
 from memorymark.cli.parser import main
 from memorymark.distributed import topology
 from memorymark.measurement import Measurement
@@ -51,6 +52,29 @@ def test_fsdp_frees_each_gathered_block_and_no_reshard_keeps_them(single):
     assert fsdp.breakdown.parameters < single.breakdown.parameters
     # ...and without resharding, every block gathered in forward is still whole.
     assert kept.breakdown.parameters > fsdp.breakdown.parameters
+
+
+def test_fsdp_allocates_gathers_and_gradient_shards_on_its_own_streams(monkeypatch):
+    # FSDP2 makes each flat all-gather buffer on its copy-in stream (1) and each reduce-scatter
+    # output on its reduce-scatter stream (3); the allocator replay keeps their blocks apart.
+    logs = []
+    replay = allocator.replay
+
+    def spy(setup, step, *args, **kwargs):
+        logs.append(step[1])
+        return replay(setup, step, *args, **kwargs)
+
+    monkeypatch.setattr(allocator, "replay", spy)
+    Session(_on("fsdp", 4)).measure(2)
+    made = [e for e in logs[-1] if e is not None and e >= 0]
+    streams = [allocator.event_stream(e) for e in made]
+    groups = 3  # each of the 2 blocks, and the root (embeddings, final norm)
+    assert streams.count(3) == groups
+    assert streams.count(1) >= groups  # a gather per group in forward, again in backward
+    assert set(streams) == {0, 1, 3}
+    for i, stream in enumerate(streams):
+        if stream == 3:  # a quarter of the reduce-scatter input made just before it
+            assert allocator.event_bytes(made[i]) * 4 == made[i - 1]
 
 
 def test_hsdp_shards_inside_a_node_and_replicates_across_nodes():

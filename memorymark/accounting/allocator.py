@@ -12,10 +12,14 @@ flush, the optimizer state made inside step 1) or as a probe (state primed, cach
 Each rule cites the function of `c10/cuda/CUDACachingAllocator.cpp` it copies (pytorch/pytorch,
 read at commit 001074d2). Not modelled: expandable segments (`expandable_segments:True`),
 `garbage_collection_threshold`, `max_split_size_mb` and `roundup_power2_divisions` (all off by
-default), per-stream pools (a training step runs on one stream), CUDA graph private pools, and
-memory kernels allocate outside the tracked storages (cuDNN workspaces, kernels' own
-temporaries). The cuBLAS workspaces are replayed as `resident` requests. Pure Python, no torch:
-the event log is a list of ints, see `replay`.
+default), CUDA graph private pools, `record_stream`'s deferred frees (timing, which a replay
+has not), and memory kernels allocate outside the tracked storages (cuDNN workspaces, kernels'
+own temporaries). Streams are modelled: a block is cached for the stream it was allocated on
+and serves that stream alone (`BlockComparatorSize` orders a pool by stream first and
+`get_free_block` takes only a block of the request's stream), which matters where FSDP2
+gathers parameters and reduces gradients on streams of their own. The cuBLAS workspaces are
+replayed as `resident` requests. Pure Python, no torch: the event log is a list of ints, see
+`replay`.
 Knows nothing of models, devices, fit verdicts or search.
 """
 
@@ -33,6 +37,26 @@ MIN_LARGE_ALLOC = 10 * 1024 * 1024  # kMinLargeAlloc: "allocations between 1 and
 # use kLargeBuffer"
 LARGE_BUFFER = 20 * 1024 * 1024  # kLargeBuffer: "'large' allocations may be packed in 20 MiB"
 ROUND_LARGE = 2 * 1024 * 1024  # kRoundLarge: "round up large allocations to 2 MiB"
+
+STREAM_SHIFT = 48
+"""An allocation event carries its stream above this bit (2**48 bytes is 256 TiB, past any
+request): `on_stream`. Stream 0 is the default stream, so a one-stream log is plain bytes."""
+_BYTES_MASK = (1 << STREAM_SHIFT) - 1
+
+
+def on_stream(nbytes: int, stream: int) -> int:
+    """The allocation event of `nbytes` made on `stream` (0: the default stream)."""
+    return nbytes | (stream << STREAM_SHIFT)
+
+
+def event_bytes(event: int) -> int:
+    """The bytes an allocation event (>= 0) asks for, whatever its stream."""
+    return event & _BYTES_MASK
+
+
+def event_stream(event: int) -> int:
+    """The stream an allocation event (>= 0) is made on."""
+    return event >> STREAM_SHIFT
 
 
 def round_size(nbytes: int) -> int:
@@ -69,12 +93,13 @@ def should_split(block_size: int, size: int, small: bool) -> bool:
 class _Block:
     """A contiguous piece of one segment: allocated or cached, linked to its neighbours."""
 
-    __slots__ = ("size", "addr", "small", "free", "prev", "next")
+    __slots__ = ("size", "addr", "pool", "free", "prev", "next")
 
-    def __init__(self, size: int, addr: int, small: bool) -> None:
+    def __init__(self, size: int, addr: int, pool: tuple[int, bool]) -> None:
         self.size = size
         self.addr = addr
-        self.small = small
+        self.pool = pool
+        """(stream, small): the cached blocks this one joins when freed."""
         self.free = False
         self.prev: _Block | None = None
         self.next: _Block | None = None
@@ -104,9 +129,10 @@ class CachingAllocator:
         self.alloc_retries = 0
         """Times a cudaMalloc failed and was tried again after cached segments went back to
         the device, whether or not that succeeded (`num_alloc_retries` in `memory_stats()`)."""
-        # Cached blocks of each pool, sorted by (size, address) like BlockComparatorSize, so the
-        # first entry not smaller than a request is the best fit, lowest address first.
-        self._cached: dict[bool, list[tuple[int, int, _Block]]] = {True: [], False: []}
+        # Cached blocks of each (stream, small) pool, sorted by (size, address) like
+        # BlockComparatorSize within a stream, so the first entry not smaller than a request is
+        # the best fit, lowest address first.
+        self._cached: dict[tuple[int, bool], list[tuple[int, int, _Block]]] = {}
         self._next_addr = 0
         self.live: dict[int, _Block] | None = None
         """The blocks a replay holds, by allocation number (set by `replay`, for `layout`)."""
@@ -116,16 +142,18 @@ class CachingAllocator:
         self.peak_allocated_bytes = self.allocated_bytes
         self.peak_reserved_bytes = self.reserved_bytes
 
-    def malloc(self, nbytes: int) -> _Block:
-        """Serve a request of `nbytes` (> 0) the way `DeviceCachingAllocator::malloc` does."""
+    def malloc(self, nbytes: int, stream: int = 0) -> _Block:
+        """Serve a request of `nbytes` (> 0) on `stream` the way `DeviceCachingAllocator::malloc`
+        does."""
         size = round_size(nbytes)
         small = is_small(size)
-        cached = self._cached[small]
+        pool = (stream, small)
+        cached = self._cached.setdefault(pool, [])
         i = bisect_left(cached, (size,))
-        block = cached.pop(i)[2] if i < len(cached) else self._new_segment(size, small)
+        block = cached.pop(i)[2] if i < len(cached) else self._new_segment(size, pool)
         if should_split(block.size, size, small):
             # alloc_found_block: the request takes the front, the remainder stays cached.
-            rest = _Block(block.size - size, block.addr + size, small)
+            rest = _Block(block.size - size, block.addr + size, pool)
             rest.free = True
             rest.prev, rest.next = block, block.next
             if block.next is not None:
@@ -144,7 +172,7 @@ class CachingAllocator:
         Nothing goes back to the device: reserved bytes stay."""
         self.allocated_bytes -= block.size
         block.free = True
-        cached = self._cached[block.small]
+        cached = self._cached[block.pool]
         prev, nxt = block.prev, block.next
         if prev is not None and prev.free:
             cached.pop(bisect_left(cached, (prev.size, prev.addr)))
@@ -159,7 +187,7 @@ class CachingAllocator:
                 block.next.prev = block
         insort(cached, (block.size, block.addr, block))
 
-    def _new_segment(self, size: int, small: bool) -> _Block:
+    def _new_segment(self, size: int, pool: tuple[int, bool]) -> _Block:
         # alloc_block; on failure malloc calls release_cached_blocks (every cached block that is
         # a whole segment goes back with cudaFree) and tries once more before raising the OOM.
         nbytes = segment_size(size)
@@ -171,7 +199,7 @@ class CachingAllocator:
             self.alloc_retries += 1
             if self.reserved_bytes + nbytes > self.budget_bytes:
                 raise AllocatorOutOfMemory(nbytes, self.reserved_bytes, self.budget_bytes)
-        block = _Block(nbytes, self._next_addr, small)
+        block = _Block(nbytes, self._next_addr, pool)
         self._next_addr += nbytes
         self.reserved_bytes += nbytes
         if self.reserved_bytes > self.peak_reserved_bytes:
@@ -183,21 +211,22 @@ class CachingAllocator:
         calls `release_cached_blocks`; allocation retries call the same)."""
         self._release_cached_segments()
 
-    def layout(self) -> tuple[tuple[tuple[int, bool], ...], ...]:
-        """The segments in address order, each as its blocks' (size, free): what decides how
-        the next requests are served. Two allocators with the same layout and the same live
-        blocks serve the same requests the same way (addresses differ only by an offset)."""
+    def layout(self) -> tuple[tuple[int, tuple[tuple[int, bool], ...]], ...]:
+        """The segments in address order, each as its stream and its blocks' (size, free): what
+        decides how the next requests are served. Two allocators with the same layout and the
+        same live blocks serve the same requests the same way (addresses differ only by an
+        offset)."""
         blocks = [entry[2] for cached in self._cached.values() for entry in cached]
         blocks += self._live_blocks()
         heads = sorted((b for b in blocks if b.prev is None), key=lambda b: b.addr)
-        segments: list[tuple[tuple[int, bool], ...]] = []
+        segments: list[tuple[int, tuple[tuple[int, bool], ...]]] = []
         for head in heads:
             segment: list[tuple[int, bool]] = []
             block: _Block | None = head
             while block is not None:
                 segment.append((block.size, block.free))
                 block = block.next
-            segments.append(tuple(segment))
+            segments.append((head.pool[0], tuple(segment)))
         return tuple(segments)
 
     def _live_blocks(self) -> list[_Block]:
@@ -245,8 +274,9 @@ EMPTY_CACHE = None
 """The event `torch.cuda.empty_cache()`: every whole cached segment goes back to the device."""
 
 EventLog = tuple[int, Sequence[int | None]]
-"""(sequence number of the log's first allocation, events). An event n >= 0 allocates n bytes
-and takes the next sequence number; an event n < 0 frees the allocation numbered ~n; the event
+"""(sequence number of the log's first allocation, events). An event n >= 0 allocates
+`event_bytes(n)` bytes on stream `event_stream(n)` (plain bytes on the default stream) and takes
+the next sequence number; an event n < 0 frees the allocation numbered ~n; the event
 `EMPTY_CACHE` empties the cache. Frees of allocations outside the logs replayed together are
 ignored."""
 
@@ -478,8 +508,8 @@ def _run_making_state(
     first, events = loop
     head = events[:optimizer_at]
     _run(allocator, live, first, head)
-    for seq, nbytes in state:
-        live[seq] = allocator.malloc(nbytes)
+    for seq, event in state:
+        live[seq] = allocator.malloc(event_bytes(event), event_stream(event))
     _run(allocator, live, first + _allocations(head), events[optimizer_at:])
 
 
@@ -531,7 +561,7 @@ def _run(
             # A zero-byte storage gets no block: `NativeCachingAllocator::allocate` calls
             # malloc only when size != 0.
             if event:
-                live[seq] = malloc(event)
+                live[seq] = malloc(event & _BYTES_MASK, event >> STREAM_SHIFT)
             seq += 1
         else:
             block = live.pop(~event, None)

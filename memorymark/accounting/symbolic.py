@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from memorymark.accounting.allocator import EventLog
+from memorymark.accounting.allocator import STREAM_SHIFT, EventLog, event_bytes, event_stream
 from memorymark.measurement import Breakdown, Category, Measurement
 
 if TYPE_CHECKING:  # throughput imports torch; this module does arithmetic only
@@ -92,7 +92,8 @@ class _Arrays:
 
     kinds: np.ndarray
     targets: np.ndarray
-    """Per event: a free's allocation (own: its index in the step; older: its sequence number)."""
+    """Per event: a free's allocation (own: its index in the step; older: its sequence number);
+    an allocation's stream."""
     sizes: np.ndarray
     """Per event: an allocation's bytes (0 elsewhere)."""
     timeline: np.ndarray
@@ -104,12 +105,13 @@ class _Arrays:
 
 def _arrays(record: StepRecord) -> _Arrays:
     first = record.events_first_seq
-    rows: list[tuple[int, int, int]] = []  # per event: its kind, the event it frees, its bytes
+    # Per event: its kind, the event it frees (an allocation: its stream), its bytes.
+    rows: list[tuple[int, int, int]] = []
     for event in record.events:
         if event is None:
             rows.append((_EMPTY, 0, 0))
         elif event >= 0:
-            rows.append((_ALLOC, 0, event))
+            rows.append((_ALLOC, event_stream(event), event_bytes(event)))
         elif ~event >= first:
             rows.append((_FREE_OWN, ~event - first, 0))
         else:
@@ -284,7 +286,9 @@ def _events(arrays: _Arrays, sizes: np.ndarray, first: int) -> list[int | None]:
     """The event log for `sizes`, in the numbering that starts at `first`."""
     kinds, targets = arrays.kinds, arrays.targets
     out = np.where(
-        kinds == _ALLOC, sizes, np.where(kinds == _FREE_OWN, ~(targets + first), ~targets)
+        kinds == _ALLOC,
+        sizes | (targets << STREAM_SHIFT),  # `allocator.on_stream`, elementwise
+        np.where(kinds == _FREE_OWN, ~(targets + first), ~targets),
     ).tolist()
     for i in np.flatnonzero(kinds == _EMPTY).tolist():
         out[i] = None

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,6 +41,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
+from memorymark.accounting.allocator import on_stream
 from memorymark.measurement import Breakdown, Category
 from memorymark.units import in_gib
 
@@ -76,7 +77,7 @@ _RELABEL = 5
 """While recording: a storage moved to another category, which a segment cannot replay."""
 Item = tuple[int, int, Category | None, int]
 """A segment's or log's item: kind, bytes, category (None for an operator's end), index (an
-operator's end: which operator, `_op_id`)."""
+operator's end: which operator, `_op_id`; an allocation: its stream)."""
 _OP_IDS: dict[Any, int] = {}
 """A number for each operator seen, the same in every step of this process: what the depth
 replay aligns steps of several depths by (memorymark/accounting/depth.py)."""
@@ -258,6 +259,10 @@ class MemoryTracker(TorchDispatchMode):
         first step). Set by the backend."""
         self.backward_thread = False
         """True while the step's backward pass runs (autograd's own device thread on CUDA)."""
+        self.stream_of: Callable[[], int] | None = None
+        """Which stream an allocation made now is made on, for the allocator replay (0 the
+        default; set by a backend whose library allocates on streams of its own, as FSDP2
+        does). None: every allocation on the default stream."""
         self._workspace_due: set[bool] = set()
         self._unified: set[int] = set()
         self._next_seq = 0
@@ -440,7 +445,7 @@ class MemoryTracker(TorchDispatchMode):
         items: list[Item] = []
         for kind, nbytes, _, seq in (*head, *tail):
             if kind == _ALLOC:
-                items.append((_ALLOC, nbytes, category, 0))
+                items.append((_ALLOC, nbytes, category, seq))  # `seq` holds the stream here
             elif kind == _FREE_RAW and first <= seq < first + head_allocs:
                 items.append((_FREE_OWN, nbytes, category, seq - first))
             elif kind == _FREE_RAW and first + head_allocs + cut_allocs <= seq < end:
@@ -478,7 +483,7 @@ class MemoryTracker(TorchDispatchMode):
                     self._peak_by_category = dict(by_category)
             # (An allocation's or a free's category is never None: only an operator's end's.)
             elif kind == _ALLOC:
-                events.append(nbytes)
+                events.append(on_stream(nbytes, index))
                 live += nbytes
                 by_category[category] += nbytes  # type: ignore[index]
             else:
@@ -506,9 +511,10 @@ class MemoryTracker(TorchDispatchMode):
         key = id(storage)
         seq = self._next_seq
         self._next_seq = seq + 1
-        self.events.append(nbytes)
+        stream = self.stream_of() if self.stream_of is not None else 0
+        self.events.append(on_stream(nbytes, stream))
         if self._log is not None:
-            self._log.append((_ALLOC, nbytes, category, 0))
+            self._log.append((_ALLOC, nbytes, category, stream))
         record = _Record(nbytes, category, seq)
         self._records[key] = record
         self.live_bytes += nbytes
@@ -565,7 +571,8 @@ class MemoryTracker(TorchDispatchMode):
                     raise simulated_oom(nbytes, self.live_bytes, self.budget_bytes)
                 record.nbytes, record.category, record.seq = nbytes, category, self._next_seq
                 self._next_seq += 1
-                self.events.append(nbytes)
+                stream = self.stream_of() if self.stream_of is not None else 0
+                self.events.append(on_stream(nbytes, stream))
                 self.live_bytes += nbytes
                 self.live_by_category[category] += nbytes
             else:

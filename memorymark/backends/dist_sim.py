@@ -35,6 +35,7 @@ import functools
 import operator
 import sys
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
@@ -121,6 +122,34 @@ def _storage_resized(original: Any, tensor: torch.Tensor) -> None:
         tracker.resized(tensor, Category.PARAMETERS)
 
 
+_FSDP_STREAMS = (
+    "all_gather_copy_in_stream",
+    "all_gather_stream",
+    "reduce_scatter_stream",
+    "all_reduce_stream",
+)
+"""FSDP2's own streams (`FSDPCommContext.lazy_init` in torch/distributed/fsdp/_fully_shard/
+_fsdp_param_group.py), numbered 1 on in this order for the allocator replay: the gathered
+parameters' flat buffer is allocated on the copy-in stream, the reduce-scatter output and the
+sharded gradients on the reduce-scatter stream (`foreach_all_gather`, `foreach_reduce` in
+_fsdp_collectives.py), and the caching allocator serves each stream from its own blocks."""
+_stream_numbers: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def _streams_numbered(original: Any, context: Any, *args: Any) -> None:
+    original(context, *args)
+    for number, name in enumerate(_FSDP_STREAMS, 1):
+        stream = getattr(context, name, None)
+        if stream is not None:
+            _stream_numbers[stream] = number
+
+
+def _current_stream() -> int:
+    # The simulated device is the CPU, whose `torch.cpu.stream(s)` FSDP2 enters as it would a
+    # CUDA stream's context: the current one is FSDP2's or the default (0).
+    return _stream_numbers.get(torch.cpu.current_stream(), 0)
+
+
 @functools.cache
 def _fsdp_patches() -> tuple[ScopedPatch, ...]:
     from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
@@ -130,6 +159,7 @@ def _fsdp_patches() -> tuple[ScopedPatch, ...]:
         ScopedPatch(_fsdp_param, "alloc_storage", _storage_resized),
         ScopedPatch(_fsdp_param, "free_storage", _storage_resized),
         ScopedPatch(_fsdp_param_group, "alloc_storage", _storage_resized),
+        ScopedPatch(_fsdp_param_group.FSDPCommContext, "lazy_init", _streams_numbered),
     )
 
 
@@ -212,17 +242,23 @@ class _StaticMethods:
 
 
 @contextlib.contextmanager
-def fsdp_reported_to(tracker: Any) -> Iterator[None]:
+def fsdp_reported_to(tracker: Any | None) -> Iterator[None]:
     """In this thread, FSDP2 reports its gradient shards and its parameters' storage resizes
-    to `tracker` (any backend whose tracker counts FSDP2's tensors needs this)."""
+    to `tracker` (any backend whose tracker counts FSDP2's tensors needs this), and the tracker
+    logs which of FSDP2's streams each allocation is made on."""
     with contextlib.ExitStack() as stack:
         for patch in _fsdp_patches():
             stack.enter_context(patch.active())
         previous, _labelling.tracker = getattr(_labelling, "tracker", None), tracker
+        streams = getattr(tracker, "stream_of", None)
+        if tracker is not None:
+            tracker.stream_of = _current_stream
         try:
             yield
         finally:
             _labelling.tracker = previous
+            if tracker is not None:
+                tracker.stream_of = streams
 
 
 def _allreduce_in_place(world_size: int, bucket: Any) -> torch.futures.Future:
