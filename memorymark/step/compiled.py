@@ -132,12 +132,20 @@ class _GraphRunner(fx.Interpreter):
 def _boxed_runner(gm: fx.GraphModule, fuse: bool) -> Callable[[list[Any]], Any]:
     runner = _GraphRunner(gm, fuse)
 
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+
     def run(args: list[Any]) -> Any:
         # AOTAutograd's boxed convention: the callee owns the list and clears it, so each
         # input (a saved activation in backward) dies at its last use, as in Inductor's code.
-        inputs = list(args)
+        # The inputs go in as the interpreter's environment, which drops each value after its
+        # last use (`Interpreter.boxed_run`'s way), not as `run`'s arguments, whose tuple its
+        # argument iterator would hold to the end of the graph and past it, to the next call.
+        env = dict(zip(placeholders, args, strict=True))
         args.clear()
-        return runner.run(*inputs)
+        try:
+            return runner.run(initial_env=env)
+        finally:
+            runner.env = {}  # what the graph returned and inputs it never read
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run
