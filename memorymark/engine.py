@@ -34,6 +34,7 @@ from memorymark import gpus, models
 from memorymark.analyses import compare, layouts, scale_out
 from memorymark.analyses.bench import Bench
 from memorymark.analyses.compare import GpuFit
+from memorymark.analyses.compile_gap import CompileGap
 from memorymark.analyses.fixes import WaysOutSearch
 from memorymark.analyses.layouts import LayoutSearch
 from memorymark.analyses.proof import PROOF_STEPS, BackwardProof, ProtocolResult, protocol_settings
@@ -132,6 +133,7 @@ class Session:
         (a real GPU, or before a sweep)."""
         self._ways_out: WaysOutSearch | None = None
         self._evals: dict[int, EvalAnswer] = {}
+        self._compile_gap: CompileGap | None = None
         self._plans: dict[int, tuple[TrainingPlan | None, tuple[Measurement, ...]]] = {}
         self._symbolic: SymbolicStrategy | None = None
 
@@ -367,6 +369,13 @@ class Session:
             and self.measurements
         ):
             report = replace(report, evaluation=self.evaluation(report.optimal, say))
+        if (
+            self.settings.workload.compile
+            and self.training is None
+            and self.stopped_by is None
+            and self.measurements
+        ):
+            report = replace(report, compile_gap=self.compile_gap(report.optimal, say))
         if fixes and report.optimal is None and self.needs_ways_out:
             if self._ways_out is None:
                 say(FIXES_STAGE)
@@ -440,6 +449,42 @@ class Session:
                 stopped_by=limits.stopped_by,
             )
         return self._evals[at]
+
+    def compile_gap(
+        self, optimal: Measurement | None, on_stage: Callable[[str], None] | None = None
+    ) -> CompileGap:
+        """The same step run eagerly beside this compiled one (`--compile`): the eager sweep's
+        largest batch, and both steps at the compiled step's recommended batch (1 when none
+        fits), whose peaks by category say what compiling changed. Once per session; the eager
+        sweep runs on its own session with the time this one's limits leave."""
+        if self._compile_gap is None:
+            if on_stage is not None:
+                on_stage("sizing the same step without torch.compile, to compare")
+            eager_settings = self.settings.replace(compile=False, activation_memory_budget=1.0)
+            left = self._remaining_limits().time_limit_seconds
+            if left is not None:
+                eager_settings = eager_settings.replace(time_limit_seconds=max(left, 1.0))
+            eager = Session(eager_settings, cuda=self._cuda)
+            for _ in eager.stream():
+                pass
+            at = optimal.batch_size if optimal is not None else 1
+            compiled = optimal or self._measured_at(self, at)
+            best = best_fit(eager.measurements)
+            self._compile_gap = CompileGap(
+                compiled_max=optimal.batch_size if optimal is not None else None,
+                eager_max=best.batch_size if best is not None else None,
+                at_batch=at,
+                compiled=compiled,
+                eager=self._measured_at(eager, at),
+                stopped_by=eager.stopped_by,
+            )
+        return self._compile_gap
+
+    @staticmethod
+    def _measured_at(session: Session, batch: int) -> Measurement:
+        """`session`'s measurement at `batch`: the one its sweep took, else a new one."""
+        taken = next((m for m in session.measurements if m.batch_size == batch), None)
+        return taken if taken is not None else session.measure(batch)
 
     def _remaining_limits(self) -> SweepLimits:
         """What the settings' time and probe limits leave after the sweep."""

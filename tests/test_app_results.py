@@ -329,3 +329,9 @@ def test_the_eval_accumulation_box_says_what_runs_when_left_empty() -> None:
     at = app(model="tiny-bert", eval_batch="8")
     box = at.number_input(key="mm_eval_accumulation")
     assert box.value is None and box.proto.placeholder == "1 (one batch)"
+
+
+def test_a_compiled_step_shows_the_eager_step_beside_it() -> None:
+    at = analyzed(model="tiny-gpt2", seq_len="64", max_batch="64", compile="true")
+    info = next(i.value for i in at.main.info if i.value.startswith("Compiled, the largest"))
+    assert "eager, the largest batch that fits is" in info and "saved activations" in info

@@ -198,6 +198,7 @@ def print_report(r: Report, d: dict[str, Any]) -> None:
     if r.optimal is None:
         print(f"  usable memory        {d['usable_gb']} GiB, less a {d['margin_gb']} GiB margin")
         _print_evaluation(r)
+        _print_compile_gap(r)
         _print_value_reads(r.value_reads)
         _print_plan_and_fixes(r, d["fixes"])
         return
@@ -226,12 +227,23 @@ def print_report(r: Report, d: dict[str, Any]) -> None:
             f" {r.costs.hours_per_run:g} h/run, {r.costs.runs_per_year:g} runs/year"
         )
     _print_evaluation(r)
+    _print_compile_gap(r)
     print(f"  {d['probes']} probes in {d['elapsed_seconds']:.1f} s")
     if r.loop_note:
         print(f"  {r.loop_note}")
     _print_value_reads(r.value_reads)
     _print_distributed(r, d["distributed"])
     _print_plan_and_fixes(r, d["fixes"])
+
+
+def _print_compile_gap(r: Report) -> None:
+    """With --compile: the same step run eagerly, and what compiling changed at the peak."""
+    gap = r.compile_gap
+    if gap is None:
+        return
+    print(f"  {gap.verdict()} ({r.memory_source})")
+    if gap.stopped_by:
+        print(f"  the eager sweep stopped at {gap.stopped_by}: its largest is the best known")
 
 
 def _print_evaluation(r: Report) -> None:

@@ -88,6 +88,7 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "plan_note": r.plan_note,
         "plan_probes": [_row(m) for m in r.plan_probes],
         "eval": r.evaluation.to_dict() if r.evaluation else None,
+        "compile_gap": r.compile_gap.to_dict() if r.compile_gap else None,
         "fixes": [fix.to_dict(r.fix_usd_per_gpu_hour(fix)) for fix in r.fixes],
         "ways_out_stopped_by": r.fixes_stopped_by,
         "ways_out_not_finished": list(r.fixes_not_finished),

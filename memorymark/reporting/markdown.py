@@ -83,6 +83,8 @@ def _answer(d: dict[str, Any], r: Report) -> list[str]:
         rows.append(("Annual savings (estimated)", f"${d['cost_savings_annual']:,.0f}"))
     if r.evaluation is not None:
         rows.append(_evaluation_row(d["eval"], r))
+    if r.compile_gap is not None:
+        rows.append((f"Compiled and eager ({r.memory_source})", escape(r.compile_gap.verdict())))
     plan = d["plan"]
     if plan and plan["target_batch"] is not None:
         rows.append(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from memorymark.analyses.compile_gap import CompileGap
 from memorymark.environment import Stamp
 from memorymark.gpus import GPU
 from memorymark.limits import one_line
@@ -118,6 +119,28 @@ def _eval_from_record(data: dict[str, Any]) -> EvalAnswer:
     )
 
 
+def _gap_record(gap: CompileGap) -> dict[str, Any]:
+    return {
+        "compiled_max": gap.compiled_max,
+        "eager_max": gap.eager_max,
+        "at_batch": gap.at_batch,
+        "compiled": measurement_record(gap.compiled),
+        "eager": measurement_record(gap.eager),
+        "stopped_by": gap.stopped_by,
+    }
+
+
+def _gap_from_record(data: dict[str, Any]) -> CompileGap:
+    return CompileGap(
+        compiled_max=data.get("compiled_max"),
+        eager_max=data.get("eager_max"),
+        at_batch=int(data["at_batch"]),
+        compiled=measurement_from_record(data["compiled"]),
+        eager=measurement_from_record(data["eager"]),
+        stopped_by=data.get("stopped_by"),
+    )
+
+
 def report_to_record(r: Report) -> dict[str, Any]:
     """Everything a Report holds, as JSON-able data."""
     return {
@@ -135,6 +158,7 @@ def report_to_record(r: Report) -> dict[str, Any]:
         "plan": dataclasses.asdict(r.plan) if r.plan else None,
         "plan_probes": [measurement_record(m) for m in r.plan_probes],
         "evaluation": _eval_record(r.evaluation) if r.evaluation else None,
+        "compile_gap": _gap_record(r.compile_gap) if r.compile_gap else None,
         "search_fallback": r.search_fallback,
         "depth_replay": r.depth_replay.to_dict() if r.depth_replay else None,
         "torch_version": r.torch_version,
@@ -150,6 +174,7 @@ def record_to_report(data: dict[str, Any]) -> Report:
         plan = data.get("plan")
         stamp = data.get("stamp")
         evaluation = data.get("evaluation")
+        gap = data.get("compile_gap")
         depth = data.get("depth_replay")
         settings = Settings.from_dict(data["settings"])
         check_model(settings)  # Settings read nothing: a file: model since deleted fails here
@@ -167,6 +192,7 @@ def record_to_report(data: dict[str, Any]) -> Report:
             plan=TrainingPlan(**_known(TrainingPlan, plan)) if plan else None,
             plan_probes=tuple(measurement_from_record(m) for m in data.get("plan_probes") or ()),
             evaluation=_eval_from_record(evaluation) if evaluation else None,
+            compile_gap=_gap_from_record(gap) if gap else None,
             search_fallback=data.get("search_fallback"),
             depth_replay=DepthReplay.from_dict(depth) if depth else None,
             torch_version=data.get("torch_version"),

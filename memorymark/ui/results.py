@@ -210,6 +210,17 @@ def _evaluation(report: Report) -> None:
         st.caption(f"{answer.note[0].upper()}{answer.note[1:]}.")
 
 
+def _compile_gap(report: Report) -> None:
+    """With --compile: the same step run eagerly, and what compiling changed at the peak."""
+    gap = report.compile_gap
+    if gap is None:
+        return
+    text = f"{gap.verdict()} ({report.memory_source})"
+    if gap.stopped_by:
+        text += f" The eager sweep stopped at {gap.stopped_by}: its largest is the best known."
+    st.info(text)
+
+
 def _metrics(report: Report) -> None:
     columns = [*st.columns(3), *st.columns(3)]
     for column, (label, value, help_text, delta) in zip(columns, metric_cards(report), strict=True):
@@ -273,6 +284,7 @@ def results(report: Report) -> None:
         takeaway.fixes(report)
     _metrics(report)
     _evaluation(report)
+    _compile_gap(report)
     note = throughput_note(report)
     if note:
         st.caption(note)
