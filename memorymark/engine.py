@@ -477,8 +477,18 @@ class Session:
                 compiled=compiled,
                 eager=self._measured_at(eager, at),
                 stopped_by=eager.stopped_by,
+                budget=self.settings.workload.activation_memory_budget,
+                full_budget=self._at_full_budget(at),
             )
         return self._compile_gap
+
+    def _at_full_budget(self, batch: int) -> Measurement | None:
+        """This compiled step at `batch` with the default activation memory budget, when the
+        settings ask for less (what the budget saved is read against it); else None."""
+        if self.settings.workload.activation_memory_budget == 1.0:
+            return None
+        full = self.settings.replace(activation_memory_budget=1.0)
+        return Session(full, cuda=self._cuda).measure(batch)
 
     @staticmethod
     def _measured_at(session: Session, batch: int) -> Measurement:

@@ -234,3 +234,20 @@ def test_a_compiled_step_measured_again_holds_the_same() -> None:
     with Session(settings).open_backend().session() as backend:
         first, second = backend.measure(4), backend.measure(4)
     assert abs(second.peak_bytes - first.peak_bytes) <= 1024
+
+
+def test_a_memory_budget_is_measured_against_the_default_partitioner() -> None:
+    from memorymark.reporting.json_form import report_to_dict
+
+    settings = Settings(
+        model="tiny-gpt2", gpu="a10", seq_len=64, max_batch=16, compile=True,
+        activation_memory_budget=0.0,
+    )  # fmt: skip
+    report = Session(settings).analyze(fixes=False, plan=False)
+    gap = report.compile_gap
+    assert gap is not None and gap.full_budget is not None
+    full = Session(settings.replace(activation_memory_budget=1.0)).measure(gap.at_batch)
+    assert gap.full_budget.required_bytes == full.required_bytes
+    assert "activation memory budget 0 saved" in gap.verdict()  # recomputing all saves memory
+    data = report_to_dict(report)["compile_gap"]
+    assert data["activation_memory_budget"] == 0.0 and data["full_budget_required_gb"] > 0

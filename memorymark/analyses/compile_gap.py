@@ -50,6 +50,11 @@ class CompileGap:
     eager: Measurement
     stopped_by: str | None = None
     """The limit that ended the eager sweep early (its largest is the best known), or None."""
+    budget: float = 1.0
+    """The compiled step's `activation_memory_budget`."""
+    full_budget: Measurement | None = None
+    """With a budget below 1: the compiled step at `at_batch` with the default budget (1.0),
+    what the budget is measured against; None at the default."""
 
     def reasons(self) -> list[tuple[str, int, int]]:
         """(category, eager bytes, compiled bytes) at each step's peak for every category that
@@ -85,7 +90,22 @@ class CompileGap:
             said, why = _WHY.get(name, (name.replace("_", " "), ""))
             because = f" ({why})" if why and after < before else ""
             parts.append(f"{said} {gib_text(before)} -> {gib_text(after)}{because}")
-        return text + (": " + "; ".join(parts) + "." if parts else "; no category differs.")
+        text += ": " + "; ".join(parts) + "." if parts else "; no category differs."
+        return text + self._budget_sentence()
+
+    def _budget_sentence(self) -> str:
+        """What the activation memory budget saved against the default partitioner, or ""."""
+        if self.full_budget is None:
+            return ""
+        held, full = _held(self.compiled), _held(self.full_budget)
+        if held is None or full is None:
+            return f" At the default budget (1.0) the step did not run at batch {self.at_batch}."
+        saved = full - held
+        how = f"saved {gib_text(saved)}" if saved >= 0 else f"cost {gib_text(-saved)} more"
+        return (
+            f" The activation memory budget {self.budget:g} {how} against the default (1.0), "
+            f"which needs {gib_text(full)} at batch {self.at_batch}."
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON report's `compile_gap`."""
@@ -102,6 +122,10 @@ class CompileGap:
                 for name, before, after in self.reasons()
             ],
             "stopped_by": self.stopped_by,
+            "activation_memory_budget": self.budget,
+            "full_budget_required_gb": None
+            if self.full_budget is None
+            else _gib(_held(self.full_budget)),
             "verdict": self.verdict(),
         }
 

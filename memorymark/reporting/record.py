@@ -127,6 +127,8 @@ def _gap_record(gap: CompileGap) -> dict[str, Any]:
         "compiled": measurement_record(gap.compiled),
         "eager": measurement_record(gap.eager),
         "stopped_by": gap.stopped_by,
+        "budget": gap.budget,
+        "full_budget": measurement_record(gap.full_budget) if gap.full_budget else None,
     }
 
 
@@ -138,6 +140,8 @@ def _gap_from_record(data: dict[str, Any]) -> CompileGap:
         compiled=measurement_from_record(data["compiled"]),
         eager=measurement_from_record(data["eager"]),
         stopped_by=data.get("stopped_by"),
+        budget=float(data.get("budget", 1.0)),
+        full_budget=measurement_from_record(full) if (full := data.get("full_budget")) else None,
     )
 
 
