@@ -717,11 +717,11 @@ class _Bench:
 
 def _refuse_unsimulated(settings: Settings) -> None:
     hw = settings.hardware
-    if hw.pp > 1 and hw.tp * hw.cp > 1:
+    if hw.pp > 1 and hw.cp > 1:
         # Each is simulated alone; an answer that dropped one would be another layout's.
         raise ValueError(
-            "--pp beside --tp or --cp is not simulated yet: size the pipeline with FSDP "
-            "(--dist fsdp --pp N), or tensor and context parallelism without it"
+            "--pp beside --cp is not simulated yet: size the pipeline with FSDP and tensor "
+            "parallelism (--dist fsdp --tp T --pp N), or context parallelism without it"
         )
 
 

@@ -52,5 +52,5 @@ def test_the_models_shape_bounds_the_degrees():
 def test_the_engine_refuses_a_layout_it_does_not_simulate_yet():
     from memorymark.engine import Session
 
-    with pytest.raises(ValueError, match="--pp beside --tp or --cp is not simulated yet"):
-        Session(Settings(model="tiny-llama", dist="fsdp", gpus="8", pp=2, tp=2, backend="sim"))
+    with pytest.raises(ValueError, match="--pp beside --cp is not simulated yet"):
+        Session(Settings(model="tiny-llama", dist="fsdp", gpus="8", pp=2, cp=2, backend="sim"))

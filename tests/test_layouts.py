@@ -247,11 +247,11 @@ def test_bad_layout_input_is_one_line(argv, message, capsys):
 @pytest.mark.fast
 def test_the_bench_refuses_degrees_the_engine_does_not_simulate():
     # The layout search steps through the bench: it must refuse what a Session refuses, not
-    # answer another layout's figures for pipeline and tensor parallelism together.
+    # answer another layout's figures for pipeline and context parallelism together.
     from memorymark import Session
 
     bench = Session(Settings(model="tiny-llama", seq_len=32, backend="sim", gpu="a10")).bench
     s = Settings(model="tiny-llama", seq_len=32, backend="sim", gpu="a10", dist="fsdp",
-                 gpus="8", pp=2, tp=2)  # fmt: skip
+                 gpus="8", pp=2, cp=2)  # fmt: skip
     with pytest.raises(ValueError, match="not simulated yet"):
         bench.measure(s, H100, 1)

@@ -161,3 +161,17 @@ def test_a_pipeline_search_tries_multiples_of_its_microbatches(capsys):
     assert tried and all(b % 2 == 0 for b in tried)  # 1 never: 1F1B takes 2 microbatches
     assert report["optimal_batch_size"] is None
     assert "even a local batch of 2" in report["verdict"]
+
+
+def test_tensor_parallelism_splits_each_stage(llama4: str) -> None:
+    # FSDP 2 x TP 2 x PP 2 on 8 GPUs against FSDP 2 x PP 2 on 4: each stage's blocks, and the
+    # last stage's output layer, split over the tp ranks (the logits by vocabulary for
+    # loss_parallel), the stream between stages each rank's half of the sequence.
+    alone = Session(_pp(llama4)).measure(8)
+    split = Session(_pp(llama4, gpus="8", tp=2)).measure(8)
+    for one, two in zip(alone.stages, split.stages, strict=True):
+        assert two.peak_bytes < one.peak_bytes
+    # Half the parameters, less the norms' weights, which every tp rank keeps whole.
+    assert 0.49 < split.breakdown.parameters / alone.breakdown.parameters < 0.51
+    assert split.breakdown.logits < alone.breakdown.logits / 2
+    assert [s.rank for s in split.stages] == [0, 4]  # pp is the mesh's outermost dimension

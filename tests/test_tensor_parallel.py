@@ -103,7 +103,7 @@ def test_context_parallelism_halves_activations_and_shards_over_dp_times_cp(step
         (dict(dist="fsdp", gpus="4", cp=2, attention="eager"), "use --attention sdpa"),
         (dict(dist="ddp", gpus="4", tp=2), "--dist ddp beside --tp or --cp is not modelled"),
         (dict(dist="fsdp", gpus="4", tp=2, lora_rank=8), "--tp beside LoRA adapters"),
-        (dict(dist="fsdp", gpus="8", tp=2, pp=2), "--pp beside --tp or --cp is not simulated"),
+        (dict(dist="fsdp", gpus="8", cp=2, pp=2), "--pp beside --cp is not simulated"),
         (dict(dist="fsdp", gpus="4", tp=2, compile=True), "--compile beside --tp"),
         (dict(model="tiny-bert", seq_len=64, dist="fsdp", gpus="4", cp=2), "as a causal LM"),
         (dict(model="resnet", dist="fsdp", gpus="4", tp=2), "resnet is an image model"),

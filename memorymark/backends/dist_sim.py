@@ -297,6 +297,26 @@ def parallel_contexts(parts: dict[str, Any]) -> list[contextlib.AbstractContextM
     return contexts
 
 
+_last_rank: list[int] = [0]
+"""The rank the last fake process group was opened as (one group at a time: `_GROUP_LOCK`)."""
+
+
+def _forget_other_ranks_meshes(rank: int) -> None:
+    """Empty DTensor's sharding-propagation cache when this process simulates another rank than
+    the last group did. A `DeviceMesh` compares equal to another of the same layout over the
+    same world whatever this rank's coordinate (torch/distributed/device_mesh.py `__eq__`), so
+    rank 0's tp mesh and rank 2's look the same to the cache, and an answer cached for rank 0
+    would hand rank 2 a mesh whose process group no longer exists (pipeline ranks beside
+    tensor parallelism)."""
+    if rank == _last_rank[0]:
+        return
+    _last_rank[0] = rank
+    # Python's cache and the C++ dispatch fast path's (torch/distributed/tensor/debug).
+    from torch.distributed.tensor import debug
+
+    debug._clear_sharding_prop_cache()
+
+
 class DistSimBackend(SimBackend):
     """Simulates rank 0 of `settings.hardware.gpu_count` GPUs under `settings.hardware.dist`."""
 
@@ -344,6 +364,7 @@ class DistSimBackend(SimBackend):
             from torch.distributed.device_mesh import init_device_mesh
 
             shape, names = self._mesh_shape()
+            _forget_other_ranks_meshes(self.rank)
             self._mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
             self._parts = sharding.mesh_parts(self._mesh)
         except BaseException:

@@ -107,11 +107,16 @@ class StageSimBackend(DistSimBackend):
         return activation_dtype(self.training_step.settings, self._sharded())
 
     def _distribute(self, model: nn.Module) -> nn.Module:
-        if not self._sharded():
+        tp = self._parts.get("tp")
+        if tp is None and not self._sharded():
             return model
         with contextlib.ExitStack() as stack:
             for patch in _sharding_patches():
                 stack.enter_context(patch.active())
+            if tp is not None:
+                split_stages(model, tp)
+            if not self._sharded():
+                return model
             return shard_stages(model, self.training_step.settings, self._mesh)
 
 
@@ -130,6 +135,20 @@ def activation_dtype(settings: Settings, sharded: bool) -> torch.dtype:
         if compute is not None:
             return compute
     return cuda_rules.parameter_dtype(precision) or torch.float32
+
+
+def split_stages(model: nn.Module, tp_mesh: Any) -> None:
+    """Tensor parallelism in each stage of a rank, before FSDP2 as torchtitan orders them: the
+    stage's blocks, and its embeddings, final norm and output layer where it holds them
+    (memorymark/backends/tensor_parallel.py), the logits split by vocabulary for
+    `loss_parallel()`."""
+    from memorymark.backends import tensor_parallel
+
+    for chunk in chunks(model):
+        tensor_parallel.apply_tp(
+            chunk, tp_mesh, loss_parallel=True, config=chunk.config, blocks=list(chunk.layers)
+        )
+        chunk.tp_mesh = tp_mesh
 
 
 def shard_stages(model: nn.Module, settings: Settings, mesh: Any) -> nn.Module:

@@ -20,6 +20,7 @@ how memory is counted or which process group it runs on (the backend hands it `g
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,20 +91,40 @@ class StageModule(nn.Module):
         self.lm_head: Any = model.lm_head if last else None
         # FSDP2 wraps each of these one by one (memorymark/backends/sharding.py `blocks`).
         self._no_split_modules = list(getattr(model, "_no_split_modules", None) or ())
+        self.config: Any = model.config
+        """The whole model's config: tensor parallelism reads its plan from it."""
         self._autocast = autocast
         self.on_phase: OnPhase = no_phase
+        self.tp_mesh: Any = None
+        """The tensor-parallel mesh when the stage's blocks are split (set by the backend):
+        the residual stream between stages is then each rank's slice of the sequence."""
+
+    def get_input_embeddings(self) -> Any:
+        """The token embeddings, on the first stage (None elsewhere)."""
+        return self.embed_tokens
+
+    def get_output_embeddings(self) -> Any:
+        """The output layer, on the last stage (None elsewhere)."""
+        return self.lm_head
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.on_phase(Phase.FORWARD)
         with self._autocast():
             h = self.embed_tokens(x) if self.embed_tokens is not None else x
+            if self.tp_mesh is not None and self.embed_tokens is None:
+                # Stages pass plain tensors: under tensor parallelism, this rank's slice of the
+                # sequence-split stream (torchtitan's stages hand on local tensors too).
+                from torch.distributed.tensor import DTensor, Shard
+
+                h = DTensor.from_local(h, self.tp_mesh, [Shard(1)], run_check=False)
             positions = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
             rotary = self.rotary_emb(h, positions)
             for layer in self.layers:
                 out = layer(h, position_embeddings=rotary, position_ids=positions)
                 h = out[0] if isinstance(out, tuple) else out
             if self.norm is None or self.lm_head is None:
-                return h
+                local = getattr(h, "to_local", None)
+                return local() if self.tp_mesh is not None and local is not None else h
             h = self.norm(h)
             self.on_phase(Phase.LOGITS)
             return self.lm_head(h)
@@ -239,7 +260,12 @@ class PipelineStep:
         args = (batch["input_ids"],) if first else ()
         target = batch["labels"] if last else None
         del batch
-        schedule.step(*args, target=target)
+        with warnings.catch_warnings():
+            # Under tensor parallelism a stage hands on its DTensor's local slice, a view, and
+            # FSDP2 warns that an in-place op on it would skip its pre-backward hook; the
+            # schedule only sends it and runs backward from it.
+            warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view tensor")
+            schedule.step(*args, target=target)
 
     @contextlib.contextmanager
     def _listening(self, model: nn.Module, on_phase: OnPhase) -> Iterator[None]:
@@ -289,6 +315,7 @@ class PipelineStep:
             shape = (micro, seq, config["vocab_size"])
             logits = torch.zeros(shape, dtype=dtype or self.activation_dtype, device="meta")
             return logits.requires_grad_()
-        shape = (micro, seq, config["hidden_size"])
+        # Under tensor parallelism a stage hands on its slice of the sequence.
+        shape = (micro, seq // self.settings.hardware.tp, config["hidden_size"])
         hidden = torch.zeros(shape, dtype=self.activation_dtype, device="meta")
         return hidden.requires_grad_()
