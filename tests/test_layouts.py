@@ -131,6 +131,18 @@ BASE = Settings(model="tiny-llama", seq_len=2048, gpu="h100", backend="sim", dis
 
 
 @pytest.mark.fast
+def test_layouts_past_the_time_limit_are_listed_not_searched(monkeypatch):
+    clock = iter(range(0, 10**6, 40))  # each reading 40 s after the one before
+    monkeypatch.setattr(layouts.time, "monotonic", lambda: next(clock))
+    bench = FakeBench()
+    search = layouts.search_layouts(BASE.replace(time_limit_seconds=100), bench, 16, _inputs())
+    skipped = [r for r in search.rows if r.status == "not searched"]
+    assert skipped and len(bench.analyzed) + len(skipped) == len(search.rows)
+    assert search.rows[-1].status == "not searched" and "time limit (100 s)" in skipped[0].note
+    assert search.rows[0].fits  # what was searched still ranks first
+
+
+@pytest.mark.fast
 def test_the_layouts_rank_by_estimated_throughput_with_the_refused_last():
     bench = FakeBench(refuse_tp=2)
     search = layouts.search_layouts(BASE, bench, 16, _inputs())

@@ -46,7 +46,8 @@ class LayoutRow:
 
     candidate: Candidate
     status: str
-    """fits, no fit (batch 1 does not), pruned (the states alone pass a GPU), or refused."""
+    """fits, no fit (batch 1 does not), pruned (the states alone pass a GPU), refused, or not
+    searched (the search's time limit passed before its turn)."""
     note: str | None = None
     """Why a layout was pruned or refused, in one line."""
     per_gpu_batch: int | None = None
@@ -195,7 +196,14 @@ def search_layouts(settings: Settings, bench: Bench, gpus: int, inputs: Inputs) 
     found, refused = layout_costs.candidates(
         gpus, dist, inputs.shape, settings.workload.seq_len, settings.hardware.nodes
     )
-    rows = _ranked([_row(settings, bench, c, inputs) for c in found])
+    limit = settings.search.time_limit_seconds
+    rows = []
+    for c in found:
+        if limit is not None and time.monotonic() - start > limit:
+            rows.append(_not_searched(c, inputs, limit))
+        else:
+            rows.append(_row(settings, bench, c, inputs))
+    rows = _ranked(rows)
     # The interleaved schedule is tried as a variant of the fastest pipeline only: it changes
     # the bubble and the stages' memory, not which degrees fit (one sweep, not one per layout).
     piped = next((r for r in rows if r.fits and r.candidate.layout.pp > 1), None)
@@ -211,7 +219,7 @@ def search_layouts(settings: Settings, bench: Bench, gpus: int, inputs: Inputs) 
 
 
 def _ranked(rows: list[LayoutRow]) -> list[LayoutRow]:
-    order = {"fits": 0, "no fit": 1, "pruned": 2, "refused": 3}
+    order = {"fits": 0, "no fit": 1, "pruned": 2, "refused": 3, "not searched": 4}
     return sorted(rows, key=lambda r: (order[r.status], -(r.samples_per_second or 0.0)))
 
 
@@ -336,6 +344,15 @@ def _pruned(settings: Settings, c: Candidate, inputs: Inputs) -> bool:
         return False  # the states live on the host
     capacity = inputs.capacity(layout_settings(settings, c))
     return layout_costs.pruned(inputs.states_bytes, c.layout, capacity)
+
+
+def _not_searched(c: Candidate, inputs: Inputs, limit: float) -> LayoutRow:
+    """A candidate left unstepped: the search's time limit had passed (`--time-limit`)."""
+    return LayoutRow(
+        candidate=c, status="not searched", states_bytes=layout_costs.sharded_states(
+            inputs.states_bytes, c.layout),
+        note=f"the search passed its time limit ({limit:g} s) before this layout's turn",
+    )  # fmt: skip
 
 
 def _row(settings: Settings, bench: Bench, c: Candidate, inputs: Inputs) -> LayoutRow:

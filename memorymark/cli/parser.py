@@ -169,7 +169,7 @@ def _add_layouts(sub: Any) -> None:
     )
     _add_workload_flags(layouts)
     setting_flags.add_setting_flags(
-        layouts, ("strategy", "step", "max_batch", "margin", "target_batch")
+        layouts, ("strategy", "step", "max_batch", "time_limit_seconds", "margin", "target_batch")
     )
     layouts.add_argument(
         "--price", type=number, metavar="USD_PER_HOUR", help=setting_flags.help_text("usd_per_hour")
