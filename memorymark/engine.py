@@ -34,12 +34,12 @@ from memorymark import gpus, models
 from memorymark.analyses import compare, layouts, scale_out
 from memorymark.analyses.bench import Bench
 from memorymark.analyses.compare import GpuFit
-from memorymark.analyses.compile_gap import CompileGap
 from memorymark.analyses.fixes import WaysOutSearch
 from memorymark.analyses.layouts import LayoutSearch
 from memorymark.analyses.proof import PROOF_STEPS, BackwardProof, ProtocolResult, protocol_settings
 from memorymark.analyses.scale_out import ScaleOutRow
 from memorymark.backends import selection
+from memorymark.compile_gap import CompileGap
 from memorymark.environment import stamp, torch_version
 from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU

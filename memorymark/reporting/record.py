@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from memorymark.analyses.compile_gap import CompileGap
+from memorymark.compile_gap import CompileGap
 from memorymark.environment import Stamp
 from memorymark.gpus import GPU
 from memorymark.limits import one_line

@@ -114,6 +114,11 @@ class CatalogStep:
             # After checkpointing, before FSDP (the backend's): torchtitan's order.
             budget = s.workload.activation_memory_budget
             backend = compiled.simulated_backend(budget) if simulating() else None
+            if backend is None:
+                # A real step compiles afresh too, as the simulation does (SimBackend's
+                # `_build_model`): Dynamo's recompile limit, reached by earlier models of the
+                # same code in this process, would run this one eagerly without a word.
+                torch._dynamo.reset()
             compiled.compile_model(model, backend or compiled.inductor_backend(budget))
         return model
 

@@ -6,8 +6,9 @@ for backward and recomputes the rest, and Inductor fuses pointwise chains so the
 intermediates are never allocated. A report of a compiled step says so by giving both steps'
 largest batch, and at one batch both ran, the peak of each by category: the difference in
 saved activations is the partitioner's, the difference in temporaries and logits is fusion's
-(the loss's upcasts and log-softmax fuse into fewer buffers). Pure data and sentences: no
-torch, no search, no Streamlit.
+(the loss's upcasts and log-softmax fuse into fewer buffers). The engine fills it
+(`Session.compile_gap`) and the report carries it, as `ways_out.Fix` beside it. Pure data and
+sentences: no torch, no search, no Streamlit.
 """
 
 from __future__ import annotations
