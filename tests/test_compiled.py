@@ -209,6 +209,7 @@ def test_an_eager_report_has_no_compile_gap() -> None:
 # A step compiled a second time in one process: Dynamo, re-tracing the block, reads a gradient
 # attribute torch warns about (not ours, and it changes nothing counted).
 @pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+@pytest.mark.usefixtures("any_config_path")  # a file: config in tmp_path
 def test_the_simulated_compiled_step_holds_what_inductors_cpu_code_holds(tmp_path) -> None:
     # Inductor's real CPU code, its own buffers seen by the profiler (the tracker misses them),
     # against the simulated compiled step: the same bytes (benchmarks/compiled_cpu.py).
