@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memorymark.measurement import Measurement
-from memorymark.units import MIB, gib, gib_text
+from memorymark.units import MIB, gib, gib_or_none, gib_text
 
 _WHY = {
     "activations": (
@@ -64,12 +64,20 @@ class CompileGap:
         eager, compiled = self.eager.breakdown, self.compiled.breakdown
         if eager is None or compiled is None:
             return []
+        after = compiled.to_dict()
         rows = [
-            (name, before, compiled.to_dict()[name])
+            (name, before, after[name])
             for name, before in eager.to_dict().items()
-            if abs(before - compiled.to_dict()[name]) >= SMALLEST_SAID
+            if abs(before - after[name]) >= SMALLEST_SAID
         ]
         return sorted(rows, key=lambda row: -abs(row[1] - row[2]))
+
+    @property
+    def stopped_note(self) -> str | None:
+        """What a limit that cut the eager sweep short means for its answer, or None."""
+        if self.stopped_by is None:
+            return None
+        return f"the eager sweep stopped at {self.stopped_by}: its largest is the best known"
 
     def verdict(self) -> str:
         """Both largest batches, then both peaks at `at_batch` and why they differ, e.g.
@@ -114,8 +122,8 @@ class CompileGap:
             "compiled_max_batch": self.compiled_max,
             "eager_max_batch": self.eager_max,
             "at_batch": self.at_batch,
-            "compiled_required_gb": _gib(_held(self.compiled)),
-            "eager_required_gb": _gib(_held(self.eager)),
+            "compiled_required_gb": gib_or_none(_held(self.compiled)),
+            "eager_required_gb": gib_or_none(_held(self.eager)),
             "compiled_breakdown": _breakdown(self.compiled),
             "eager_breakdown": _breakdown(self.eager),
             "reasons": [
@@ -126,7 +134,7 @@ class CompileGap:
             "activation_memory_budget": self.budget,
             "full_budget_required_gb": None
             if self.full_budget is None
-            else _gib(_held(self.full_budget)),
+            else gib_or_none(_held(self.full_budget)),
             "verdict": self.verdict(),
         }
 
@@ -144,10 +152,6 @@ def _gib_text(m: Measurement) -> str:
     held = _held(m)
     reserved = "" if held is None else f" ({gib(held):.2f} reserved)"
     return f"{gib(m.peak_bytes):.2f} GiB live{reserved}"
-
-
-def _gib(n: int | None) -> float | None:
-    return None if n is None else gib(n)
 
 
 def _breakdown(m: Measurement) -> dict[str, int] | None:

@@ -22,6 +22,11 @@ def gib(n_bytes: float, digits: int = 3) -> float:
     return round(n_bytes / GIB, digits)
 
 
+def gib_or_none(n_bytes: int | None) -> float | None:
+    """`gib`, or None for a figure that is not known (JSON's null)."""
+    return None if n_bytes is None else gib(n_bytes)
+
+
 def gib_text(n_bytes: float) -> str:
     """Bytes as a GiB figure a person reads: two decimals from 1 GiB (`20.19 GiB`), three
     significant digits below (`0.0123 GiB`), so a tiny model's figure is not `0.00 GiB`."""

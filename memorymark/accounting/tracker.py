@@ -511,7 +511,7 @@ class MemoryTracker(TorchDispatchMode):
         key = id(storage)
         seq = self._next_seq
         self._next_seq = seq + 1
-        stream = self.stream_of() if self.stream_of is not None else 0
+        stream = self._stream()
         self.events.append(on_stream(nbytes, stream))
         if self._log is not None:
             self._log.append((_ALLOC, nbytes, category, stream))
@@ -520,6 +520,10 @@ class MemoryTracker(TorchDispatchMode):
         self.live_bytes += nbytes
         self.live_by_category[category] += nbytes
         weakref.finalize(storage, self._free, key, record)
+
+    def _stream(self) -> int:
+        """The stream an allocation made now is made on (`stream_of`; 0: the default)."""
+        return self.stream_of() if self.stream_of is not None else 0
 
     def _add_unified(self, storage: torch.UntypedStorage) -> None:
         key, nbytes = id(storage), storage.nbytes()
@@ -571,8 +575,7 @@ class MemoryTracker(TorchDispatchMode):
                     raise simulated_oom(nbytes, self.live_bytes, self.budget_bytes)
                 record.nbytes, record.category, record.seq = nbytes, category, self._next_seq
                 self._next_seq += 1
-                stream = self.stream_of() if self.stream_of is not None else 0
-                self.events.append(on_stream(nbytes, stream))
+                self.events.append(on_stream(nbytes, self._stream()))
                 self.live_bytes += nbytes
                 self.live_by_category[category] += nbytes
             else:

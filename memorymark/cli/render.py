@@ -242,8 +242,8 @@ def _print_compile_gap(r: Report) -> None:
     if gap is None:
         return
     print(f"  {gap.verdict()} ({r.memory_source})")
-    if gap.stopped_by:
-        print(f"  the eager sweep stopped at {gap.stopped_by}: its largest is the best known")
+    if gap.stopped_note:
+        print(f"  {gap.stopped_note}")
 
 
 def _print_evaluation(r: Report) -> None:

@@ -12,7 +12,7 @@ from memorymark import models
 from memorymark.distributed import topology
 from memorymark.measurement import Breakdown, Measurement
 from memorymark.settings import Workload
-from memorymark.units import gib
+from memorymark.units import gib, gib_or_none
 
 # The one fit policy (memorymark/fit.py), in words, for every backend alike.
 FIT_CRITERION = (
@@ -51,7 +51,7 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "optimal_memory_gb": gib(optimal.peak_bytes) if optimal else None,
         "current_batch_size": r.settings.search.current_batch,
         "current_memory_gb": gib(current.peak_bytes) if current and current.runs else None,
-        "waste_gb": _gib_or_none(r.waste_bytes),
+        "waste_gb": gib_or_none(r.waste_bytes),
         "waste_percent": r.waste_percent,
         "speedup": r.speedup,
         "speedup_source": r.speedup_source,
@@ -61,7 +61,7 @@ def report_to_dict(r: Report) -> dict[str, Any]:
         "memory_source": r.memory_source,
         "loop_start": r.loop_start,
         "max_batch_size": maximum.batch_size if maximum else None,
-        "max_reserved_gb": _gib_or_none(maximum.required_bytes if maximum else None),
+        "max_reserved_gb": gib_or_none(maximum.required_bytes if maximum else None),
         "usable_gb": gib(r.gpu.usable_bytes),
         **_memory_dict(r),
         **_throughput_dict(r),
@@ -144,14 +144,14 @@ def _memory_dict(r: Report) -> dict[str, Any]:
     optimal, current = r.optimal, r.current
     current_fit = current if current is not None and current.runs else None
     return {
-        "optimal_allocated_gb": _gib_or_none(optimal.cuda_allocated_bytes if optimal else None),
-        "optimal_reserved_gb": _gib_or_none(optimal.cuda_reserved_bytes if optimal else None),
-        "current_reserved_gb": _gib_or_none(
+        "optimal_allocated_gb": gib_or_none(optimal.cuda_allocated_bytes if optimal else None),
+        "optimal_reserved_gb": gib_or_none(optimal.cuda_reserved_bytes if optimal else None),
+        "current_reserved_gb": gib_or_none(
             current_fit.cuda_reserved_bytes if current_fit else None
         ),
         "limit_gb": gib(r.limit_bytes),
         "margin_gb": gib(r.margin_bytes),
-        "headroom_gb": _gib_or_none(r.headroom_bytes),
+        "headroom_gb": gib_or_none(r.headroom_bytes),
         "predicted_oom_batch": r.predicted_oom_batch,
         "fit_criterion": FIT_CRITERION,
         # Only the context: the cuBLAS workspaces come from the caching allocator, so they are
@@ -250,7 +250,7 @@ def _row(m: Measurement) -> dict[str, Any]:
         "runs": m.runs,
         "replayed": m.replayed,
         "required_bytes": m.required_bytes,
-        "reserved_gb": _gib_or_none(m.cuda_reserved_bytes),
+        "reserved_gb": gib_or_none(m.cuda_reserved_bytes),
         "alloc_retries": m.alloc_retries,
         "samples_per_second": _sps(m),
         "error": m.error,
@@ -259,10 +259,6 @@ def _row(m: Measurement) -> dict[str, Any]:
 
 def _batch(m: Measurement) -> int:
     return m.batch_size
-
-
-def _gib_or_none(n_bytes: int | None) -> float | None:
-    return None if n_bytes is None else gib(n_bytes)
 
 
 def _sps(m: Measurement | None) -> float | None:

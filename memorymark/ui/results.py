@@ -216,8 +216,8 @@ def _compile_gap(report: Report) -> None:
     if gap is None:
         return
     text = f"{gap.verdict()} ({report.memory_source})"
-    if gap.stopped_by:
-        text += f" The eager sweep stopped at {gap.stopped_by}: its largest is the best known."
+    if gap.stopped_note:
+        text += f" {gap.stopped_note[0].upper()}{gap.stopped_note[1:]}."
     st.info(text)
 
 
