@@ -39,13 +39,13 @@ from memorymark.analyses.layouts import LayoutSearch
 from memorymark.analyses.proof import PROOF_STEPS, BackwardProof, ProtocolResult, protocol_settings
 from memorymark.analyses.scale_out import ScaleOutRow
 from memorymark.backends import selection
-from memorymark.compile_gap import CompileGap
 from memorymark.environment import stamp, torch_version
 from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
 from memorymark.measurement import DepthReplay, Measurement, is_measured, memory_source
 from memorymark.report import Report
 from memorymark.search import estimate, gpu_count
+from memorymark.search.compile_gap import CompileGap
 from memorymark.search.eval_batch import EvalAnswer, EvalMeasurer
 from memorymark.search.gpu_count import GpuSearch, with_gpus
 from memorymark.search.pick import pick_strategy

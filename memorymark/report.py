@@ -20,11 +20,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from memorymark.accounting.allocator import LOOP_STARTS
-from memorymark.compile_gap import CompileGap
 from memorymark.environment import Stamp
 from memorymark.fit import FitPolicy
 from memorymark.gpus import GPU
 from memorymark.measurement import DepthReplay, Measurement, ValueRead, memory_source
+from memorymark.search.compile_gap import CompileGap
 from memorymark.search.eval_batch import EvalAnswer
 from memorymark.search.plan import TrainingPlan
 from memorymark.search.sweep import best_fit
@@ -146,7 +146,7 @@ class Report:
     """The limit that ended the sweep early ("the time limit (60 s)"): the answer is partial,
     the best known within what was measured. None when the search finished."""
     compile_gap: CompileGap | None = None
-    """With --compile, the same step run eagerly beside it (memorymark/compile_gap.py);
+    """With --compile, the same step run eagerly beside it (memorymark/search/compile_gap.py);
     None otherwise, or when the sweep was cut short."""
     search_fallback: str | None = None
     """Why the symbolic search traced probes it would have replayed (None: it replayed, or

@@ -14,7 +14,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "memorymark"
 TOP_LEVEL = {
     "__init__",
     "__main__",
-    "compile_gap",
     "engine",
     "environment",
     "fit",
@@ -39,9 +38,9 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("measurement", "gpus", "models", "distributed"),
     # What a user chose, validated against the catalogs and the topology.
     ("settings",),
-    # Read settings and measurements only: the fit rule, the ways-out and compiled-beside-eager
-    # records the report carries, the tracker and allocator.
-    ("fit", "ways_out", "compile_gap", "accounting"),
+    # Read settings and measurements only: the fit rule, the ways-out records the report
+    # carries, the tracker and allocator.
+    ("fit", "ways_out", "accounting"),
     # Below the step that runs under its rules (the step asks which apply, not the reverse).
     ("cuda_rules",),
     # The training step, built from settings, its optimizer state tracked by accounting.

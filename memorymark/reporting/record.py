@@ -15,12 +15,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from memorymark.compile_gap import CompileGap
 from memorymark.environment import Stamp
 from memorymark.gpus import GPU
 from memorymark.limits import one_line
 from memorymark.measurement import Breakdown, DepthReplay, Measurement, StagePeak
 from memorymark.report import Report
+from memorymark.search.compile_gap import CompileGap
 from memorymark.search.eval_batch import EvalAnswer
 from memorymark.search.plan import TrainingPlan
 from memorymark.settings import Costs, Settings, check_model

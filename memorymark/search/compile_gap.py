@@ -7,8 +7,8 @@ intermediates are never allocated. A report of a compiled step says so by giving
 largest batch, and at one batch both ran, the peak of each by category: the difference in
 saved activations is the partitioner's, the difference in temporaries and logits is fusion's
 (the loss's upcasts and log-softmax fuse into fewer buffers). The engine fills it
-(`Session.compile_gap`) and the report carries it, as `ways_out.Fix` beside it. Pure data and
-sentences: no torch, no search, no Streamlit.
+(`Session.compile_gap`) and the report carries it, as it carries `eval_batch.EvalAnswer`. Pure
+data and sentences: no torch, no strategy, no Streamlit.
 """
 
 from __future__ import annotations
