@@ -1,5 +1,5 @@
 """Accumulation plans hit the target exactly, with the largest micro-batch that fits while
-accumulating, and checking as few micro-batches as bisection needs."""
+accumulating: the largest checked first (it usually fits), the rest bisected when it does not."""
 
 import pytest
 
@@ -29,6 +29,22 @@ def test_the_largest_divisor_that_fits_with_accumulation_wins():
     assert (plan.micro_batch, plan.accumulation_steps, plan.effective_batch) == (128, 8, 1024)
     assert len(checked) <= 4  # bisected over the 8 divisors up to 248
     assert checked[-1] in (64, 128)
+
+
+def test_the_largest_divisor_is_checked_first_and_settles_the_plan_when_it_fits():
+    # Llama-3.1-70B on 24 H100s: batch 3 fits alone, the current 16 does not; 2 x 8 fits.
+    checked = []
+    plan = plan_for_target(16, 3, _fits_below(2, checked))
+    assert (plan.micro_batch, plan.accumulation_steps) == (2, 8)
+    assert checked == [2]
+
+
+def test_when_the_largest_divisor_does_not_fit_the_rest_are_bisected():
+    checked = []
+    plan = plan_for_target(1024, 248, _fits_below(20, checked))
+    assert (plan.micro_batch, plan.accumulation_steps) == (16, 64)
+    assert checked[0] == 128 and 128 not in checked[1:]
+    assert len(checked) <= 4
 
 
 def test_accumulation_can_push_the_micro_batch_below_the_single_step_answer():

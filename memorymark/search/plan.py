@@ -3,8 +3,9 @@
 With gradient accumulation, every gradient stays alive through the next micro-batch's forward and
 backward, so a micro-batch that fits alone may not fit while accumulating. A plan therefore takes
 the largest micro-batch that divides the target exactly *and* fits with accumulation, checked by
-the caller's `fits_accumulating` (a measured or simulated step with accumulation). Memory grows
-with the micro-batch, so the divisors are bisected, not all tried. Pure arithmetic apart from that
+the caller's `fits_accumulating` (a measured or simulated step with accumulation). The largest
+divisor is checked first; when it does not fit, memory growing with the micro-batch, the rest are
+bisected, not all tried. Pure arithmetic apart from that
 callback: no torch.
 Must not know how the step is measured, nor how the plan is shown.
 """
@@ -67,7 +68,11 @@ def plan_for_target(
             micro_batch=target_batch, accumulation_steps=1, target_batch=target_batch
         )
     candidates = divisors_up_to(target_batch, largest_fit)
-    if not accumulation_measured:
+    # The largest divisor first: accumulating adds only the gradients kept through the next
+    # micro-batch, so it usually fits too and one step settles the plan (each check builds and
+    # steps the model afresh: 8 s for Llama-3.1-70B on 24 fake ranks). Bisect the rest if not.
+    if not accumulation_measured and candidates and not fits_accumulating(candidates[-1]):
+        candidates.pop()
         lo, hi = -1, len(candidates)  # candidates[lo] fits (-1: none known), candidates[hi] not
         while hi - lo > 1:
             mid = (lo + hi) // 2
