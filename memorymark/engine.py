@@ -567,15 +567,15 @@ class Session:
     # -- many GPUs ------------------------------------------------------------------------------
     def min_gpus(self, counts: tuple[int, ...] | None = None) -> GpuSearch:
         """The smallest GPU count (of `counts`, a cluster's by default: 1-8, then whole 8-GPU
-        nodes up to 1024) on which batch 1 trains under these settings' strategy."""
+        nodes up to 1024) on which batch 1 fits under these settings' strategy."""
         self._catalog_entry("--gpus auto")
         if self.settings.hardware.dist == "none":
             raise ValueError("--gpus auto needs a distributed strategy (--dist)")
 
         gpu = self.gpu
 
-        def capacity(n: int) -> int:
-            return selection.fit_policy(with_gpus(self.settings, n), gpu).capacity_bytes
+        def limit(n: int) -> int:
+            return selection.fit_policy(with_gpus(self.settings, n), gpu).limit_bytes
 
         def measure(s: Settings) -> Measurement:
             return Session(s, cuda=self._cuda).measure(1)
@@ -586,7 +586,7 @@ class Session:
             # FSDP2 shards every weight, gradient and optimizer state over all ranks (HSDP only
             # inside a node, DDP none; offloaded ones live on the host).
             sharded = self.bench.counted_states(self.settings)[0]
-        return gpu_count.min_gpus(self.settings, measure, counts, capacity, sharded)
+        return gpu_count.min_gpus(self.settings, measure, counts, limit, sharded)
 
     def with_min_gpus(self, counts: tuple[int, ...] | None = None) -> Session:
         """A session on the smallest count that trains (the largest tried when none does),
@@ -628,6 +628,7 @@ class Session:
             states_bytes=self.bench.counted_states(s)[0],  # once: every layout shares it
             gpu=gpu,
             capacity=lambda chosen: selection.fit_policy(chosen, gpu).capacity_bytes,
+            limit=lambda chosen: selection.fit_policy(chosen, gpu).limit_bytes,
             usd_per_hour=(costs or Costs()).usd_per_hour or gpu.usd_per_hour,
             samples_per_run=samples_per_run,
         )

@@ -255,6 +255,13 @@ class Measurement:
     sweep, memorymark/accounting/symbolic.py): the same figures a trace gives, by arithmetic."""
 
     @property
+    def needs_bytes(self) -> int | None:
+        """What the step needs with no cache flush: `demand_bytes` where known (simulated),
+        else `required_bytes`. Past the capacity where a step runs only after a flush, whose
+        `required_bytes` is then the capacity it held."""
+        return self.demand_bytes if self.demand_bytes is not None else self.required_bytes
+
+    @property
     def held_back(self) -> str | None:
         """Why a step that runs is not recommended ("after a cache flush", "inside the
         margin"), or None for one that fits or does not run."""

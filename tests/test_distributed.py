@@ -134,7 +134,7 @@ def test_min_gpus_predicts_from_one_gpu_and_one_node():
     # the count before it (8) was the node measured second: three steps, none on 1,024 ranks.
     seen: list[int] = []
     measure = _fake_measure(16, seen, a=10, b=1000)
-    search = min_gpus(_on("fsdp", 1), measure, capacity=lambda n: 80)
+    search = min_gpus(_on("fsdp", 1), measure, limit=lambda n: 80)
     assert search.min_gpus == 16
     assert seen == [1, 8, 16]
 
@@ -142,7 +142,7 @@ def test_min_gpus_predicts_from_one_gpu_and_one_node():
 def test_min_gpus_checks_the_count_before_a_prediction():
     # 10 + 2000/n <= 80 from n = 28.6: predicted 32, and 24 is checked (it does not run).
     seen: list[int] = []
-    search = min_gpus(_on("fsdp", 1), _fake_measure(32, seen, a=10, b=2000), capacity=lambda n: 80)
+    search = min_gpus(_on("fsdp", 1), _fake_measure(32, seen, a=10, b=2000), limit=lambda n: 80)
     assert search.min_gpus == 32
     assert seen == [1, 8, 32, 24]
 
@@ -157,14 +157,14 @@ def test_min_gpus_does_not_step_counts_the_sharded_states_alone_overflow():
     # 900 units of states need 900/80 > 11 ranks: 16 is the first stepped, then 24.
     seen: list[int] = []
     measure = _fake_measure(24, seen, a=10, b=1000)
-    search = min_gpus(_on("fsdp", 1), measure, capacity=lambda n: 80, sharded_states=900)
+    search = min_gpus(_on("fsdp", 1), measure, limit=lambda n: 80, sharded_states=900)
     assert search.min_gpus == 24 and seen == [16, 24]
     assert search.to_dict()["first_count_stepped"] == 16 and search.ruled_out_below == 16
     assert search.to_dict()["searched_counts"][0]["gpus"] == 16
     # States no count holds: the largest is stepped, to say how far off it is.
     seen.clear()
     measure = _fake_measure(None, seen, a=10, b=10**6)
-    none = min_gpus(_on("fsdp", 1), measure, capacity=lambda n: 80, sharded_states=10**6)
+    none = min_gpus(_on("fsdp", 1), measure, limit=lambda n: 80, sharded_states=10**6)
     assert none.min_gpus is None and seen == [1024] and none.first_count == 1024
 
 
@@ -181,7 +181,7 @@ def test_min_gpus_is_none_when_no_count_trains():
     assert min_gpus(_on("ddp", 1), _fake_measure(None, seen)).min_gpus is None
     assert seen == [1, 8, 1024]
     seen.clear()
-    flat = min_gpus(_on("ddp", 1), _fake_measure(None, seen, a=90), capacity=lambda n: 80)
+    flat = min_gpus(_on("ddp", 1), _fake_measure(None, seen, a=90), limit=lambda n: 80)
     assert flat.min_gpus is None and seen == [1, 8, 1024]
 
 
@@ -244,12 +244,29 @@ def test_cpu_offload_keeps_states_in_host_memory():
     assert moved.breakdown.activations == kept.breakdown.activations
 
 
+def test_min_gpus_wants_batch_1_to_fit_with_the_margin_not_only_to_run():
+    # On 16 batch 1 runs only past the margin (after a cache flush, say): the sweep there
+    # would recommend nothing, so the answer is the first count where it fits, 24.
+    seen: list[int] = []
+
+    def measure(s: Settings) -> Measurement:
+        n = s.hardware.gpu_count
+        seen.append(n)
+        return Measurement(batch_size=1, fits=n >= 24, runs=n >= 16, peak_bytes=1,
+                           backend="fake", measured=False)  # fmt: skip
+
+    search = min_gpus(_on("fsdp", 1), measure, counts=(8, 16, 24, 32))
+    assert search.min_gpus == 24 and seen == [8, 16, 32, 24]
+    assert [c["fits"] for c in search.to_dict()["searched_counts"]] == [False] * 2 + [True] * 2
+    assert [c["runs"] for c in search.to_dict()["searched_counts"]] == [False] + [True] * 3
+
+
 def test_min_gpus_keeps_bisecting_below_a_prediction_that_was_too_high():
     # Predicted 32 (the fit is off), 24 trains too: the answer is below both, and 16 is the
     # bisection's (the fit through 8 and 24 still says 32).
     seen: list[int] = []
     measure = _fake_measure(24, seen, a=10, b=1000)
-    search = min_gpus(_on("fsdp", 1), measure, capacity=lambda n: 45)
+    search = min_gpus(_on("fsdp", 1), measure, limit=lambda n: 45)
     assert search.min_gpus == 24
     assert seen == [1, 8, 32, 24, 16]
 

@@ -122,7 +122,7 @@ class FakeBench:
 def _inputs(states_bytes: int = 100 * GIB) -> layouts.Inputs:
     return layouts.Inputs(
         shape=SHAPE, param_count=10**9, states_bytes=states_bytes, gpu=H100,
-        capacity=lambda s: 78 * GIB, usd_per_hour=2.0,
+        capacity=lambda s: 78 * GIB, limit=lambda s: 70 * GIB, usd_per_hour=2.0,
     )  # fmt: skip
 
 

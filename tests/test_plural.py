@@ -30,9 +30,9 @@ def test_the_cli_gpu_search_says_1_gpu(capsys: pytest.CaptureFixture[str]) -> No
     render.print_gpu_search(GpuSearch(min_gpus=2, tried=((1, step(False)), (2, step(True)))))
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "       1 GPU: batch 1 does not run"
-    assert lines[1] == "      2 GPUs: batch 1 runs"
+    assert lines[1] == "      2 GPUs: batch 1 fits"
     render.print_gpu_search(GpuSearch(min_gpus=None, tried=((1, step(False)),)))
-    assert "no count up to 1 GPU trains batch 1" in capsys.readouterr().out
+    assert "no count up to 1 GPU fits batch 1" in capsys.readouterr().out
 
 
 def test_the_cli_header_says_1_node() -> None:

@@ -67,6 +67,33 @@ def test_states_past_every_limit_step_nothing():
     assert hardware.cheapest_gpu(settings, gpus.custom_gpu(8), step, states=200 * GIB) is None
 
 
+def test_a_rank_holds_its_share_of_the_states_under_fsdp_and_all_of_them_elsewhere():
+    states = 800 * GIB
+    on = dict(model="tiny-llama", gpu="h100")
+    assert hardware.per_rank_states(Settings(**on), states) == states
+    assert hardware.per_rank_states(Settings(**on, dist="ddp", gpus="8"), states) == states
+    assert hardware.per_rank_states(Settings(**on, dist="fsdp", gpus="8"), states) == states // 8
+    fsdp_tp = Settings(**on, dist="fsdp", gpus="16", tp=2)
+    assert hardware.per_rank_states(fsdp_tp, states) == states // 16
+    offloaded = Settings(**on, dist="fsdp", gpus="8", offload="cpu")
+    assert hardware.per_rank_states(offloaded, 0 + states) == 0
+
+
+def test_sharded_states_no_bigger_gpu_holds_whole_still_step_the_bigger_gpu():
+    # 3,000 GiB over 80 FSDP ranks is 37.5 GiB a rank: an H200 is stepped, not ruled out by the
+    # whole model's states (Llama-3.1-405B on 80 H100s said "needs >= 3,023.84 GiB" an H200).
+    stepped = []
+
+    def step(settings, gpu):
+        stepped.append(gpu.name)
+        return _step(100)
+
+    settings = Settings(model="tiny-llama", gpu="h100", dist="fsdp", gpus="80")
+    fix = hardware.cheapest_gpu(settings, gpus.find_gpu("h100"), step, states=3000 * GIB)
+    assert fix is not None and fix.gpu.name == "H200" and not fix.lower_bound
+    assert stepped[-1] == "H200"  # stepped (an A100 80GB first: more usable, cheaper)
+
+
 def test_the_fewest_gpus_start_where_a_rank_s_share_of_the_states_fits():
     # States of 100 GiB, sharded over n A10s, need n >= 5; batch 1 needs 2 GiB more per rank.
     stepped = []

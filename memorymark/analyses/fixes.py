@@ -183,7 +183,7 @@ class WaysOutSearch:
         """One change of settings on the chosen GPU: bounded by its states, else stepped; None
         when the model has no such switch (checkpointing on a plain ResNet, ...)."""
         try:
-            states = self._count(variant)[0]
+            states = hardware.per_rank_states(variant, self._count(variant)[0])
         except ValueError:
             return None
         if states > limit:
@@ -272,8 +272,10 @@ def _bigger_gpu(settings: Settings, gpu: gpus.GPU, step: hardware.Step, states: 
     biggest = max(gpus.CATALOG, key=lambda g: g.usable_bytes)
     on_it = settings.replace(gpu=biggest.name, gpu_memory_gib=None)
     limit = hardware.limit_bytes(on_it, biggest)
-    if biggest.usable_bytes > gpu.usable_bytes and states > limit:
-        return replace(_bound(hardware.BIGGER_GPU, on_it, biggest, states, limit), hardware=True)
+    # A rank's share: 405B's 3,024 GiB over 80 FSDP ranks is 38 GiB, no bound past an H200.
+    share = hardware.per_rank_states(settings, states)
+    if biggest.usable_bytes > gpu.usable_bytes and share > limit:
+        return replace(_bound(hardware.BIGGER_GPU, on_it, biggest, share, limit), hardware=True)
     return None
 
 
@@ -289,8 +291,9 @@ def _closest_change_elsewhere(
     if not changes:
         return None
     closest = min(changes, key=lambda f: f.required_bytes)
-    # A bound is the states themselves: not counted again (a 70B model takes seconds).
-    states = closest.required_bytes if closest.lower_bound else count(closest.settings)[0]
+    # The model's whole states (`count` keeps them: the change's were counted already);
+    # cheapest_gpu takes a rank's share.
+    states = count(closest.settings)[0]
     label = f"{closest.label}, on {hardware.BIGGER_GPU}"
     found = hardware.cheapest_gpu(closest.settings, gpu, step, states, label)
     unchanged = next((f for f in others if f.gpus == 1 and f.fits), None)

@@ -56,13 +56,28 @@ def limit_bytes(settings: Settings, gpu: gpus.GPU) -> int:
     return selection.fit_policy(settings, gpu).limit_bytes
 
 
+def per_rank_states(settings: Settings, states: int) -> int:
+    """A lower bound on the bytes one rank of `settings` holds of `states` (a model's weights,
+    gradients and optimizer state, counted whole): all of them on one GPU or replicated (DDP,
+    ZeRO-1), a 1/N share under FSDP over N ranks and the tensor and pipeline degrees' share of
+    that (padding only adds), none when FSDP offloads them to the host."""
+    hw = settings.hardware
+    if hw.dist in topology.SHARDED and hw.offload != "none":
+        return 0
+    lay = hw.layout()
+    ranks = lay.tp * lay.pp * (lay.dp_shard if hw.dist in topology.SHARDED else 1)
+    return states // ranks
+
+
 def cheapest_gpu(
     settings: Settings, chosen: gpus.GPU, step: Step, states: int, label: str = BIGGER_GPU
 ) -> Fix | None:
     """The cheapest catalog GPU (by its price per hour) with more usable memory than `chosen`
-    on which batch 1 of `settings` fits; None when none does. `states` (bytes) is a lower
-    bound on the step's peak: a GPU whose limit it passes is not stepped, nor one whose
-    compute capability's step already peaked (live bytes, alike on every GPU of it) past it."""
+    on which batch 1 of `settings` fits; None when none does. `states` (bytes, the model's
+    whole) bound the step's peak from below by a rank's share of them (`per_rank_states`): a
+    GPU whose limit that passes is not stepped, nor one whose compute capability's step
+    already peaked (live bytes, alike on every GPU of it) past it."""
+    states = per_rank_states(settings, states)
     candidates = sorted(
         (g for g in gpus.CATALOG if g.usable_bytes > chosen.usable_bytes and g != chosen),
         key=lambda g: (g.usd_per_hour, g.usable_bytes),
@@ -169,9 +184,15 @@ def _reachable(
     if len(steps) < 2 or not counts:
         return tuple(counts)
     (n1, m1), (n2, m2) = sorted(steps.items())[-2:]
-    needs_at = gpu_count.fitted_needs((n1, required(m1)), (n2, required(m2)))
+    needs_at = gpu_count.fitted_needs((n1, _needs(m1)), (n2, _needs(m2)))
     first = next((n for n in counts if needs_at(n) <= limit(n)), None)
     return () if first is None else tuple(n for n in counts if n <= 2 * first)
+
+
+def _needs(m: Measurement) -> int:
+    """What a simulated step needs with no cache flush (`Measurement.needs_bytes`)."""
+    assert m.needs_bytes is not None
+    return m.needs_bytes
 
 
 def required(m: Measurement) -> int:

@@ -164,6 +164,8 @@ class Inputs:
     """The GPU as one rank sees it (its bandwidths and price)."""
     capacity: Callable[[Settings], int]
     """The bytes a rank of these settings may reserve (the fit policy's capacity)."""
+    limit: Callable[[Settings], int]
+    """The bytes a rank's step may need to fit (the fit policy's capacity less its margin)."""
     usd_per_hour: float
     samples_per_run: float = DEFAULT_SAMPLES_PER_RUN
 
@@ -266,12 +268,12 @@ def fewest_gpus(
 def _min_gpus(
     settings: Settings, bench: Bench, inputs: Inputs, kind: Candidate, counts: tuple[int, ...]
 ) -> gpu_count.GpuSearch:
-    """`kind`'s smallest count of `counts` that trains batch 1 (gpu_count.min_gpus)."""
+    """`kind`'s smallest count of `counts` on which batch 1 fits (gpu_count.min_gpus)."""
 
     def measure(s: Settings) -> Measurement:  # `s`: `kind` on a count of `counts`
         return bench.measure(s, bench.simulated_gpu(s), 1)
 
-    return kind_min_gpus(settings, kind, counts, measure, inputs.capacity, inputs.states_bytes)
+    return kind_min_gpus(settings, kind, counts, measure, inputs.limit, inputs.states_bytes)
 
 
 def kind_min_gpus(
@@ -279,12 +281,12 @@ def kind_min_gpus(
     kind: Candidate,
     counts: tuple[int, ...],
     measure: Callable[[Settings], Measurement],
-    capacity: Callable[[Settings], int],
+    limit: Callable[[Settings], int],
     states_bytes: int,
 ) -> gpu_count.GpuSearch:
-    """The smallest of `counts` on which layout `kind` (its degrees, on any count) trains
-    batch 1, `measure` stepping batch 1 of the settings on a count; a ValueError where the
-    engine does not step those degrees."""
+    """The smallest of `counts` on which batch 1 of layout `kind` (its degrees, on any count)
+    fits within `limit`, `measure` stepping batch 1 of the settings on a count; a ValueError
+    where the engine does not step those degrees."""
 
     def on(n: int) -> Settings:
         lay = replace(kind.layout, gpus=n, nodes=topology.nodes_for(n))
@@ -294,7 +296,7 @@ def kind_min_gpus(
     sharded = None
     if settings.hardware.offload == "none" and settings.hardware.dist in topology.SHARDED:
         sharded = states_bytes * kind.layout.cp
-    return gpu_count.min_gpus(on(counts[0]), measure, counts, lambda n: capacity(on(n)), sharded)
+    return gpu_count.min_gpus(on(counts[0]), measure, counts, lambda n: limit(on(n)), sharded)
 
 
 PARALLEL_LAYOUT = "a parallel layout"
@@ -305,13 +307,13 @@ def way_out(
     settings: Settings,
     shape: ModelShape,
     measure: Callable[[Settings], Measurement],
-    capacity: Callable[[Settings], int],
+    limit: Callable[[Settings], int],
     states_bytes: int,
     counts: tuple[int, ...] | None = None,
 ) -> tuple[str, Settings, Measurement] | None:
-    """When nothing fits: the fewest GPUs on which a model-parallel layout (tp, cp or pp above
-    1, FSDP over the rest) trains batch 1, as (label naming the layout, its settings, its
-    batch-1 step); None when no such layout trains on any count, or none is simulated.
+    """When nothing fits: the fewest GPUs on which batch 1 of a model-parallel layout (tp, cp
+    or pp above 1, FSDP over the rest) fits within `limit`, as (label naming the layout, its
+    settings, its batch-1 step); None when no such layout trains on any count, or none is simulated.
     memorymark/analyses/fixes.py offers it as a `Fix` beside the fewest GPUs under FSDP."""
     base = settings if settings.hardware.dist != "none" else settings.replace(dist="fsdp")
     kinds, _ = layout_costs.candidates(
@@ -325,7 +327,7 @@ def way_out(
         if not mine:
             continue
         try:
-            found = kind_min_gpus(base, kind, mine, measure, capacity, states_bytes)
+            found = kind_min_gpus(base, kind, mine, measure, limit, states_bytes)
         except ValueError:
             continue
         if found.min_gpus is not None:

@@ -104,7 +104,7 @@ def seq_probe_line(seq_len: int, m: Measurement, usable_bytes: int) -> str:
 
 
 def print_gpu_search(search: GpuSearch) -> None:
-    """Each GPU count tried for batch 1, and the fewest that train it."""
+    """Each GPU count tried for batch 1, and the fewest on which it fits."""
     if search.ruled_out_below is not None and search.states_bytes is not None:
         print(
             f"  fewer than {plural(search.ruled_out_below, 'GPU')} not stepped: a rank's share "
@@ -112,12 +112,14 @@ def print_gpu_search(search: GpuSearch) -> None:
             "its memory"
         )
     for n, m in search.tried:
-        need = "" if m.required_bytes is None else f", needs {gib(m.required_bytes):.1f} GiB"
-        print(f"  {plural(n, 'GPU'):>10}: batch 1 {'runs' if m.runs else 'does not run'}{need}")
+        need = "" if m.needs_bytes is None else f", needs {gib(m.needs_bytes):.1f} GiB"
+        verdict = "fits" if m.fits else ("runs, past the margin" if m.runs else "does not run")
+        print(f"  {plural(n, 'GPU'):>10}: batch 1 {verdict}{need}")
     if search.min_gpus is None:
-        print(f"  no count up to {plural(max(n for n, _ in search.tried), 'GPU')} trains batch 1")
+        most = plural(max(n for n, _ in search.tried), "GPU")
+        print(f"  no count up to {most} fits batch 1")
     else:
-        print(f"  min_gpus = {search.min_gpus} (simulated, batch 1 trains)")
+        print(f"  min_gpus = {search.min_gpus} (simulated, batch 1 fits)")
 
 
 def print_measurement(m: Measurement) -> None:

@@ -37,7 +37,7 @@ def with_gpus(settings: Settings, gpus: int) -> Settings:
 
 @dataclass(frozen=True, slots=True)
 class GpuSearch:
-    """What `min_gpus` found: the smallest count that trains batch 1, or None."""
+    """What `min_gpus` found: the smallest count on which batch 1 fits, or None."""
 
     min_gpus: int | None
     tried: tuple[tuple[int, Measurement], ...]
@@ -54,8 +54,9 @@ class GpuSearch:
         return below if below is not None and below > 1 else None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able: the count and each probe's count, verdict and reserved GiB, and the
-        counts the states alone ruled out."""
+        """JSON-able: the count and each probe's count, verdicts (fits: within the margin;
+        runs: within the capacity) and reserved GiB, and the counts the states alone ruled
+        out."""
         return {
             "min_gpus": self.min_gpus,
             "states_gb": None if self.states_bytes is None else gib(self.states_bytes),
@@ -63,8 +64,10 @@ class GpuSearch:
             "searched_counts": [
                 {
                     "gpus": n,
+                    "fits": m.fits,
                     "runs": m.runs,
                     "required_gb": None if m.required_bytes is None else gib(m.required_bytes),
+                    "demand_gb": None if m.demand_bytes is None else gib(m.demand_bytes),
                 }
                 for n, m in self.tried
             ],
@@ -75,69 +78,73 @@ def min_gpus(
     settings: Settings,
     measure: Callable[[Settings], Measurement],
     counts: tuple[int, ...] | None = None,
-    capacity: Callable[[int], int] | None = None,
+    limit: Callable[[int], int] | None = None,
     sharded_states: int | None = None,
 ) -> GpuSearch:
-    """The smallest of `counts` (a cluster's, by default) on which batch 1 runs, with
-    `measure(settings)` simulating batch 1 of the settings on a count.
+    """The smallest of `counts` (a cluster's, by default) on which batch 1 fits, with
+    `measure(settings)` simulating batch 1 of the settings on a count. Fits, as the sweep
+    judges its recommendation (within the capacity less the margin), not merely runs: a count
+    where batch 1 runs only after a cache flush at 100% leaves the sweep nothing to recommend
+    (Llama-3.1-405B on 80 H100s did, and sent the report to its ways out).
 
     With `sharded_states` (bytes every rank holds a 1/n share of at least: FSDP's weights,
-    gradients and optimizer state) and `capacity`, a count on which that share alone passes a
-    rank's capacity is not stepped: Llama-3.1-70B's 1,051 GiB rule out fewer than 16 H100s.
+    gradients and optimizer state) and `limit`, a count on which that share alone passes a
+    rank's limit is not stepped: Llama-3.1-70B's 1,051 GiB rule out fewer than 16 H100s.
 
     The smallest count is measured first, then one node's (`FIRST_PROBE_GPUS`), not the
     largest: a simulated FSDP step costs more the more ranks it shards over (Llama-3.1-70B's
     batch 1 took 30 s on 1,024 fake ranks against 3 s on 24, on a 2-core machine). With
-    `capacity(n)` (the bytes a rank of n may reserve), what batch 1 needs is fitted as a + b/n
+    `limit(n)` (the bytes batch 1 may need on a rank of n: the fit policy's capacity less its
+    margin), what batch 1 needs is fitted as a + b/n
     through the two counts nearest the answer (sharded states fall as 1/n, the rest stays), the
-    first count predicted to fit is measured, and when it runs so is the count before it: one
+    first count predicted to fit is measured, and when it fits so is the count before it: one
     guess usually settles it. Where no fit predicts a count, the search bisects, and the largest
-    count is measured only when nothing smaller is known to run."""
+    count is measured only when nothing smaller is known to fit."""
     counts = counts or topology.cluster_counts()
     hw = settings.hardware
     # Only counts the tensor, context and pipeline degrees divide make a layout.
     counts = tuple(n for n in counts if n % hw.model_parallel == 0) or counts
     tried: list[tuple[int, Measurement]] = []
     floor: dict[str, Any] = {}
-    if sharded_states is not None and capacity is not None:
-        room = tuple(n for n in counts if sharded_states <= n * capacity(n))
+    if sharded_states is not None and limit is not None:
+        room = tuple(n for n in counts if sharded_states <= n * limit(n))
         # None left: the largest count is still stepped, to say how far off it is.
         counts = room or counts[-1:]
         floor = {"states_bytes": sharded_states, "first_count": counts[0]}
 
-    def runs(i: int) -> bool:
+    def fits(i: int) -> bool:
         m = measure(with_gpus(settings, counts[i]))
         tried.append((counts[i], m))
-        return bool(m.runs)  # (None, not known, does not run)
+        return m.fits
 
     def found(index: int | None) -> GpuSearch:
         return GpuSearch(None if index is None else counts[index], tuple(tried), **floor)
 
-    if runs(0):
+    if fits(0):
         return found(0)
     last = len(counts) - 1
-    low, high = 0, None  # counts[low] does not run; counts[high] runs (None: none known to)
+    low, high = 0, None  # counts[low] does not fit; counts[high] fits (None: none known to)
     # One node second, or the next count where the states rule out the first node.
     probe = min(last, max(1, bisect.bisect_left(counts, FIRST_PROBE_GPUS)))
     if probe > 0:
-        if runs(probe):
+        if fits(probe):
             high = probe
         else:
             low = probe
     while high is None or high - low > 1:
         top = last + 1 if high is None else high
-        guess = _predicted(counts, tried, capacity, low, top)
+        guess = _predicted(counts, tried, limit, low, top)
         predicted = guess is not None
         if guess is None:
             guess = last if high is None else (low + high) // 2
-        if guess == low:  # only when none is known to run and low is the largest count
+        if guess == low:  # only when none is known to fit and low is the largest count
             return found(None)
-        if not runs(guess):
+        if not fits(guess):
             low = guess
             continue
         high = guess
         if predicted and guess - 1 > low:
-            if runs(guess - 1):
+            if fits(guess - 1):
                 high = guess - 1
             else:
                 low = guess - 1
@@ -147,25 +154,25 @@ def min_gpus(
 def _predicted(
     counts: tuple[int, ...],
     tried: list[tuple[int, Measurement]],
-    capacity: Callable[[int], int] | None,
+    limit: Callable[[int], int] | None,
     low: int,
     top: int,
 ) -> int | None:
     """Index between `low` and `top` (both excluded) of the first count that a + b/n says
     fits, fitted through the two counts tried nearest the answer: the largest that does not
-    run and the smallest that does (or the next largest that does not)."""
-    if capacity is None:
+    fit and the smallest that does (or the next largest that does not)."""
+    if limit is None:
         return None
-    needs = {n: m.required_bytes for n, m in tried if m.required_bytes is not None}
-    below = sorted(n for n, m in tried if not m.runs and n in needs)
-    above = sorted(n for n, m in tried if m.runs and n in needs)
+    # Not `required_bytes`: where batch 1 runs only after a flush it is the capacity it held
+    # (405B's "needed" 78.4 GiB on 88 to 160 H100s alike, each fit predicting the next count).
+    needs = {n: m.needs_bytes for n, m in tried if m.needs_bytes is not None}
+    below = sorted(n for n, m in tried if not m.fits and n in needs)
+    above = sorted(n for n, m in tried if m.fits and n in needs)
     points = below[-1:] + above[:1] if above else below[-2:]
     if len(points) < 2 or below[-1:] != [counts[low]]:
         return None
     needs_at = fitted_needs((points[0], needs[points[0]]), (points[1], needs[points[1]]))
-    return next(
-        (i for i in range(low + 1, top) if needs_at(counts[i]) <= capacity(counts[i])), None
-    )
+    return next((i for i in range(low + 1, top) if needs_at(counts[i]) <= limit(counts[i])), None)
 
 
 def fitted_needs(one: tuple[int, int], other: tuple[int, int]) -> Callable[[int], float]:

@@ -36,7 +36,7 @@ def distribution_inputs(sb: Any) -> dict[str, Any]:
             "GPUs (a number, or auto)",
             key=key("gpus"),
             help="auto: the fewest GPUs a cluster offers (1-8 in a node, then whole 8-GPU "
-            "nodes up to 1024) on which batch 1 trains",
+            "nodes up to 1024) on which batch 1 fits, margin kept",
         )
         st.number_input(
             "Nodes (optional)",

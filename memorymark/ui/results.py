@@ -155,10 +155,10 @@ def distributed_note(report: Report) -> str | None:
             "" if below is None else f"; fewer than {below} ruled out by the sharded states alone"
         )
         found = (
-            f"Smallest GPU count that trains batch 1: {search.min_gpus} "
+            f"Smallest GPU count on which batch 1 fits: {search.min_gpus} "
             f"({plural(len(search.tried), 'count')} simulated{ruled_out}). "
             if search.min_gpus is not None
-            else f"No count up to {plural(max(n for n, _ in search.tried), 'GPU')} trains batch 1. "
+            else f"No count up to {plural(max(n for n, _ in search.tried), 'GPU')} fits batch 1. "
         )
     best = report.optimal
     if best is None:
