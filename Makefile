@@ -70,7 +70,7 @@ bench: $(VENV)/.dev-installed  ## prints the figures the README and closing note
 # torch; the wheels it lacks travel in .whl/ (make evidence-wheels, here, first). DRY=1 runs
 # every chunk on CPU with tiny models (tests/test_gpu_evidence.py runs it).
 EVIDENCE_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
-EVIDENCE_WHEELS := bitsandbytes==0.50.2 liger-kernel==0.8.5
+EVIDENCE_WHEELS := bitsandbytes==0.50.2 liger-kernel==0.8.5 torchao==0.18.0
 
 gpu-evidence:  ## the real-GPU evidence run: OUT=dir [BUNDLE=file.tar.gz] [CHUNKS="loops peers"] [DRY=1]
 	@test -n "$(OUT)" || { echo "usage: make gpu-evidence OUT=DIR [BUNDLE=FILE] [CHUNKS=...] [DRY=1]"; exit 2; }

@@ -100,6 +100,8 @@ CONTRACT = (
     "quantization",
     "kernels",
     "cap_method",
+    "compile",
+    "float8",
 )
 
 

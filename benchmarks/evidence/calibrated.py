@@ -1,5 +1,5 @@
 """The evidence chunks made of calibration rows: the smoke test, the capped-capacity question,
-and QLoRA with the bitsandbytes optimizers and Liger.
+QLoRA with the bitsandbytes optimizers and Liger, and the compiled step beside eager.
 
 Each runs `memorymark calibrate`'s engine (memorymark/calibration/run.py) on the `Device` it is
 handed and writes rows in the docs/calibration contract, one file pair per capacity and cap,
@@ -32,7 +32,10 @@ from memorymark.calibration.run import (
 from memorymark.engine import Session
 from memorymark.settings import Settings
 
-LIBRARIES = ("bitsandbytes", "liger_kernel", "lightning", "accelerate", "flash_attn", "peft")
+LIBRARIES = (
+    "bitsandbytes", "liger_kernel", "lightning", "accelerate", "flash_attn", "peft", "torchao",
+    "triton",
+)  # fmt: skip
 """The optional libraries the chunks use, whose versions the smoke test records."""
 
 
@@ -145,6 +148,23 @@ def quantized(device: Device, plan: Plan, out: Path, day: datetime.date) -> dict
     return {"files": files, "skipped": skipped}
 
 
+def compiled(device: Device, plan: Plan, out: Path, day: datetime.date) -> dict[str, Any]:
+    """The same step eager, compiled and compiled with Float8, each beside its simulation on
+    the whole device (dry: the compiled rows simulated on both sides, the manifest says why).
+    A row whose library is missing (torchao for Float8) is skipped with the reason."""
+    skipped: list[str] = []
+    found: list[CalibrationRow] = []
+    files: list[str] = []
+    for row in plan.compiled:
+        why = needs(device, row.settings)
+        if why:
+            skipped.append(f"{row.settings}: {why}")
+            continue
+        found += rows(device, row, None, skipped)
+        files = _write(found, out, day, "compiled")  # rewritten as each row lands
+    return {"files": files, "skipped": skipped}
+
+
 def needs(device: Device, settings: dict[str, Any]) -> str:
     """What keeps `settings` from running here: a library its measured side needs (on a
     GPU) or its simulation needs (bitsandbytes' modules, dry or not); empty when nothing."""
@@ -154,6 +174,8 @@ def needs(device: Device, settings: dict[str, Any]) -> str:
         libraries.append("bitsandbytes")
     if s.workload.kernels == "liger" and not device.dry:
         libraries.append("liger_kernel")
+    if s.workload.float8 != "none":
+        libraries.append("torchao")  # the simulation converts the model with it too
     if device.dry and s.workload.kernels == "liger" and missing("liger_kernel"):
         device.notes.append("liger_kernel is not installed here: the dry run simulated Liger only")
     return "; ".join(filter(None, (missing(name) for name in libraries)))

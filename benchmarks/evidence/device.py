@@ -6,7 +6,8 @@ CUDA runtime a ballast is taken with, and the environment stamp. `gpu_device()` 
 CUDA GPU; `dry_device()` stands in for it on CPU: a fake `torch.cuda` module (`DryCuda`) whose
 device is named "DRY RUN ..." (so every file name and row says it is no measurement), real CPU
 kernels for the measured side where they can run the step, and the simulation where only CUDA
-could (bitsandbytes' 4-bit and paged kernels, Liger's Triton kernels), each saying why.
+could (bitsandbytes' 4-bit and paged kernels, Liger's Triton kernels, torchao's Float8 matmuls,
+Inductor's compiled step), each saying why.
 """
 
 from __future__ import annotations
@@ -90,6 +91,11 @@ def cuda_only(settings: Settings) -> str:
         return f"bitsandbytes' {w.optimizer} needs CUDA"
     if w.kernels == "liger":
         return "Liger's Triton kernels need CUDA"
+    if w.float8 != "none":
+        return "torchao's Float8 matmuls (torch._scaled_mm) need an sm_89 or newer GPU"
+    if w.compile:
+        # Inductor builds each graph with a C++ compiler on CPU: minutes, not a dry run's seconds.
+        return "Inductor's CPU build of the compiled step is too slow for a dry run"
     return ""
 
 

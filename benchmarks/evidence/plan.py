@@ -38,6 +38,9 @@ class Plan:
     quantized: tuple[Row, ...]
     """Beside the uncapped device; `quantized_boundary` also at a capacity with boundary rows."""
     quantized_boundary: Row
+    compiled: tuple[Row, ...]
+    """The same step eager, compiled (`torch.compile` per block) and compiled with Float8, each
+    beside its simulation on the uncapped device."""
     loop_models: tuple[dict[str, Any], ...]
     """Settings of each model looped at its recommended batch on each of `loop_capacities`."""
     loop_capacities: tuple[str, ...]
@@ -85,6 +88,18 @@ GPU = Plan(
         Row("", {"model": "qwen2.5-0.5b", **LLM, "kernels": "liger"}, (8,)),
     ),
     quantized_boundary=Row("A10", {"model": "llama-3.2-1b", **QLORA}, ()),
+    # Issue 33's check: the compiled step's peak against Inductor's on a GPU, and the gap to
+    # eager the report states (`compile_gap`), on the model torchtitan's Float8 recipes fit
+    # (every linear's dimensions divisible by 16).
+    compiled=(
+        Row("", {"model": "llama-3.2-1b", **LLM}, (8,)),
+        Row("", {"model": "llama-3.2-1b", **LLM, "compile": True}, (8,)),
+        Row("", {"model": "llama-3.2-1b", **LLM, "compile": True, "float8": "tensorwise"}, (8,)),
+        Row("", {"model": "gpt2", "seq_len": 1024, "precision": "bf16-mixed"}, (8,)),
+        Row(
+            "", {"model": "gpt2", "seq_len": 1024, "precision": "bf16-mixed", "compile": True}, (8,)
+        ),
+    ),
     loop_models=(
         {"model": "gpt2", "seq_len": 128, "precision": "bf16-mixed"},
         {"model": "bert", "seq_len": 128, "precision": "bf16-mixed"},
@@ -117,6 +132,10 @@ DRY = Plan(
     ),
     quantized_boundary=Row(
         DRY_SMALL, {"model": "tiny-llama", **QLORA, "seq_len": 16, "max_batch": 32}, ()
+    ),
+    compiled=(
+        Row("", {"model": "tiny-llama", **LLM, "seq_len": 16}, (2,)),
+        Row("", {"model": "tiny-llama", **LLM, "seq_len": 16, "compile": True}, (2,)),
     ),
     loop_models=({"model": "tiny-gpt2", "seq_len": 32, "max_batch": 8},),
     loop_capacities=(DRY_SMALL, DRY_LARGE),

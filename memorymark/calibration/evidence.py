@@ -135,14 +135,19 @@ def from_steady_state(line: Mapping[str, Any], source: str) -> Evidence:
 
 
 def _step_extras(row: Mapping[str, str]) -> dict[str, Any]:
-    """The `quantization` and `kernels` columns (files from 2026-11-28 on) as settings:
-    "nf4 double-quant" is quantization nf4 with double_quant; an absent column, the default."""
+    """The `quantization`, `kernels`, `compile` and `float8` columns (files from 2026-11-28
+    on) as settings: "nf4 double-quant" is quantization nf4 with double_quant; an absent
+    column, the default."""
     quantization, _, double = (row.get("quantization") or "none").partition(" ")
     extras: dict[str, Any] = {}
     if quantization != "none":
         extras.update(quantization=quantization, double_quant=double == "double-quant")
     if row.get("kernels"):
         extras["kernels"] = row["kernels"]
+    if str(row.get("compile", "")).lower() == "true":
+        extras["compile"] = True
+    if row.get("float8") not in (None, "", "none"):
+        extras["float8"] = row["float8"]
     return extras
 
 
@@ -176,6 +181,14 @@ def _describe(s: Settings) -> str:
         parts.append(f"LoRA r{s.workload.lora_rank}")
     if s.workload.grad_accum != 1:
         parts.append(f"accumulation {s.workload.grad_accum}")
+    if s.workload.quantization != "none":
+        parts.append(s.workload.quantization + (" double-quant" if s.workload.double_quant else ""))
+    if s.workload.kernels != "none":
+        parts.append(s.workload.kernels)
+    if s.workload.compile:
+        parts.append("compiled")
+    if s.workload.float8 != "none":
+        parts.append(f"float8 {s.workload.float8}")
     text = models.find_model(s.workload.model).input_kind == "text"
     parts.append(f"seq {s.workload.seq_len}" if text else f"{s.workload.image_size}px")
     return ", ".join(parts)

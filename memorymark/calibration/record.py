@@ -115,6 +115,13 @@ class CalibrationRow:
     (`set_per_process_memory_fraction`, PyTorch's allocator alone) or "ballast" (the rest of
     the card held by raw `cudaMalloc`, so `cudaMemGetInfo` sees the smaller card too); empty
     for an uncapped run, and in files written before the column (they were capped by fraction)."""
+    compile: bool = False
+    """Whether each transformer block ran under `torch.compile` (Inductor on the GPU, the
+    compiled simulation beside it: memorymark/step/compiled.py); false in files written before
+    the column."""
+    float8: str = "none"
+    """torchao's Float8 training recipe the linear layers ran (`tensorwise`, `rowwise`), else
+    "none"."""
 
     @property
     def allocated_error(self) -> float | None:
@@ -170,7 +177,7 @@ LOOP_COLUMNS: tuple[str, ...] = (
     "loop_start",
 )
 """The columns a loop's steps fill, after the derived columns."""
-EXTRA_COLUMNS: tuple[str, ...] = ("quantization", "kernels", "cap_method")
+EXTRA_COLUMNS: tuple[str, ...] = ("quantization", "kernels", "cap_method", "compile", "float8")
 """The columns added on 2026-11-28, last in a file."""
 
 COLUMNS: tuple[str, ...] = (

@@ -312,6 +312,8 @@ def _row(
         loop_start=measured.start,
         quantization=quantization_label(settings),
         kernels="" if settings.workload.kernels == "none" else settings.workload.kernels,
+        compile=settings.workload.compile,
+        float8=settings.workload.float8,
     )
 
 
