@@ -14,6 +14,13 @@ from memorymark.settings import Settings
 
 
 @pytest.fixture(autouse=True)
+def no_depth_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every depth traced in the test's own process, where its monkeypatches apply (a worker
+    process runs the code unpatched); tests/test_depth_worker.py turns the worker on."""
+    monkeypatch.setenv("MEMORYMARK_DEPTH_WORKER", "0")
+
+
+@pytest.fixture(autouse=True)
 def history_db(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test saves its analyses to a database of its own, never the user's history."""
     path = tmp_path_factory.mktemp("history") / "history.sqlite3"

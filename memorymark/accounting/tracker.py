@@ -81,10 +81,37 @@ operator's end: which operator, `_op_id`; an allocation: its stream)."""
 _OP_IDS: dict[Any, int] = {}
 """A number for each operator seen, the same in every step of this process: what the depth
 replay aligns steps of several depths by (memorymark/accounting/depth.py)."""
+_OP_NAMES: list[str] = []
+"""Each number's operator by name ("aten.mm.default"): what another process's numbers are read
+by (`operator_names`, `renumbered`)."""
+_NAME_IDS: dict[str, int] = {}
 
 
 def _op_id(func: Any) -> int:
-    return _OP_IDS.setdefault(func, len(_OP_IDS))
+    found = _OP_IDS.get(func)
+    if found is None:
+        found = _OP_IDS[func] = _named_id(str(func))
+    return found
+
+
+def _named_id(name: str) -> int:
+    found = _NAME_IDS.get(name)
+    if found is None:
+        found = _NAME_IDS[name] = len(_OP_NAMES)
+        _OP_NAMES.append(name)
+    return found
+
+
+def operator_names() -> tuple[str, ...]:
+    """The operators this process has numbered, by number: what a step's `operators` mean
+    (the depth worker sends them with its steps)."""
+    return tuple(_OP_NAMES)
+
+
+def renumbered(operators: list[int], names: tuple[str, ...]) -> list[int]:
+    """Another process's operator numbers (`names`: its `operator_names()`) as this one's."""
+    mine = [_named_id(name) for name in names]
+    return [mine[i] for i in operators]
 
 
 _UNIFIED = threading.local()

@@ -7,18 +7,23 @@ stretches, and the fourth checks the whole record entry by entry. At every other
 traces the middle two and reads the full depth off them through the structure found. Each depth
 is a backend of its own, kept for the sweep (its model built once, its optimizer step recorded
 once), so the batch replay (memorymark/search/symbolic.py) sees full-depth steps as if traced.
+Half the depths step in a second process (memorymark/backends/depth_worker.py) while this
+one steps the others: they share nothing, and a 2-core machine traces both at once.
 Wherever the structure is not found, a figure disagrees, or a shallower step fails, it falls
-back for good: the full model is traced from then on and `fallback` says why. This module knows
-nothing about search, reports or the UI.
+back for good: the full model is traced from then on and `fallback` says why (a worker that dies
+hands its depths back to this process instead). This module knows nothing about search, reports
+or the UI.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from memorymark.accounting.depth import DepthStep, DepthStructure
 from memorymark.accounting.symbolic import StepRecord
+from memorymark.backends import depth_worker
+from memorymark.backends.depth_worker import Recipe, RemoteShallower
 from memorymark.limits import one_line
 from memorymark.measurement import DepthReplay, Measurement
 from memorymark.models.depth import LayerPlan
@@ -39,6 +44,8 @@ class ShallowerBackend(Protocol):
 
     def shallower(self, step: CatalogStep, group_owner: Any = None) -> ShallowerBackend: ...
 
+    def shallower_recipe(self, step: CatalogStep) -> Recipe | None: ...
+
     def keep_records(self) -> Any: ...
 
     def release(self) -> None: ...
@@ -48,6 +55,10 @@ _STRUCTURES: dict[tuple[Any, ...], list[DepthStructure]] = {}
 """Structures found in this process, by what decides them (`_structure_key`)."""
 _KEPT_STEPS = 64
 """Most steps whose structures are kept (a sweep opens a few dozen backends at most)."""
+_REMOTE = slice(1, None, 2)
+"""The depths (of `LayerPlan.depths`) the depth worker traces: the second and fourth, so the
+two a fitted structure steps at every batch split one and one, and a search's four two and two
+with the blocks near even (2 + 4 here, 3 + 5 there)."""
 
 
 def _structure_key(backend: ShallowerBackend) -> tuple[Any, ...]:
@@ -79,9 +90,11 @@ class DepthReplayer:
         self.traced_steps = 0
         self.replayed_steps = 0
         self._depths_traced: set[int] = set()
-        self._variants: dict[int, ShallowerBackend] = {}
+        self._variants: dict[int, ShallowerBackend | RemoteShallower] = {}
         self._steps: dict[int, int] = {}
         """Steps each shallower backend has run."""
+        if backend.shallower_recipe(CatalogStep(backend.training_step.settings)) is not None:
+            depth_worker.worker()  # its start (seconds) overlaps the first depths traced here
         if len(_STRUCTURES) >= _KEPT_STEPS:
             _STRUCTURES.clear()
         self._structures = _STRUCTURES.setdefault(_structure_key(backend), [])
@@ -178,30 +191,58 @@ class DepthReplayer:
     ) -> tuple[dict[int, StepRecord] | str, Measurement]:
         """The records of the model built at each of `depths`, traced at `batch_size`, and the
         first one's measurement; or why one left none. `have` holds steps just traced at this
-        batch (a depth's latest), kept where they line up with the others."""
+        batch (a depth's latest), kept where they line up with the others. Depths that live in
+        the depth worker step there while this process steps the rest."""
         have = have or {}
-        records: dict[int, StepRecord] = {}
-        first: Measurement | None = None
         # Steps are aligned only between backends that have run as many: a first step can run
         # operators no later one does (FSDP's lazy initialisation). One that ran fewer (a depth
         # traced only to find a structure) catches up first; a step in `have` is already the
         # step the others are brought to, or is traced again.
         target = max(self._steps.get(d, 0) + (d not in have) for d in depths)
+        todo = [d for d in depths if not (d in have and self._steps.get(d) == target)]
+        variants = {d: self._variant(d) for d in todo}
+        remote = [d for d in todo if isinstance(variants[d], RemoteShallower)]
+        for depth in remote:
+            for _ in range(target - self._steps.get(depth, 0)):
+                cast(RemoteShallower, variants[depth]).begin(batch_size)
+        stepped: dict[int, tuple[Measurement, StepRecord | None]] = {}
+        try:
+            for depth in (d for d in todo if d not in remote):
+                backend = variants[depth]
+                for _ in range(target - 1 - self._steps.get(depth, 0)):
+                    backend.measure(batch_size)
+                    self.traced_steps += 1
+                stepped[depth] = backend.measure(batch_size), backend.last_record
+                self.traced_steps += 1
+                self._steps[depth] = target
+        finally:  # every step asked of the worker is collected, whatever happened here
+            failed = None
+            for depth in remote:
+                backend = cast(RemoteShallower, variants[depth])
+                try:
+                    for _ in range(target - 1 - self._steps.get(depth, 0)):
+                        backend.finish()
+                        self.traced_steps += 1
+                    stepped[depth] = backend.finish(), backend.last_record
+                    self.traced_steps += 1
+                    self._steps[depth] = target
+                except RuntimeError as exc:
+                    failed = failed or exc
+        if failed is not None:
+            if not self._worker_lost():
+                raise failed
+            # The worker died: its depths are traced here from their first step.
+            return self._traced(depths, batch_size, have)
+        records: dict[int, StepRecord] = {}
+        first: Measurement | None = None
         for depth in depths:
-            if depth in have and self._steps.get(depth) == target:
+            if depth not in stepped:
                 records[depth], measurement = have[depth]
                 first = first or measurement
                 continue
-            backend = self._variant(depth)
-            for _ in range(target - 1 - self._steps.get(depth, 0)):
-                backend.measure(batch_size)
-                self.traced_steps += 1
-            self._steps[depth] = target
-            measurement = backend.measure(batch_size)
-            self.traced_steps += 1
+            measurement, record = stepped[depth]
             self._depths_traced.add(depth)
             first = first or measurement
-            record = backend.last_record
             if record is None:
                 why = measurement.error or "it ran an evaluation pass, whose log is not kept"
                 return f"the step at {depth} blocks left no record ({why})", first
@@ -209,21 +250,49 @@ class DepthReplayer:
         assert first is not None
         return records, first
 
-    def _variant(self, depth: int) -> ShallowerBackend:
+    def _worker_lost(self) -> bool:
+        """Whether the depth worker is gone; if so its depths are dropped, to be built here."""
+        gone = [d for d, v in self._variants.items() if isinstance(v, RemoteShallower)]
+        pool = depth_worker.worker()
+        if not gone or pool is not None:
+            return False
+        for depth in gone:
+            del self._variants[depth]
+            self._steps.pop(depth, None)
+        return True
+
+    def _variant(self, depth: int) -> ShallowerBackend | RemoteShallower:
         """The backend of the model built with `depth` blocks, as the full one is set up (its
         GPU's kernels, workspaces, roofline, and the settings it steps now: a sequence-length
-        search changes them between probes)."""
+        search changes them between probes): in the depth worker for half the depths traced
+        (`_REMOTE`), where one serves, else here."""
         full = self._backend
         settings = full.training_step.settings
         variant = self._variants.get(depth)
         if variant is None:
-            owner = self._variants[min(self._variants)] if self._variants else None
-            variant = full.shallower(CatalogStep(settings, layers=depth), group_owner=owner)
-            variant.keep_records()
+            step = CatalogStep(settings, layers=depth)
+            variant = self._remote(depth, step) or self._local(step)
             self._variants[depth] = variant
         elif variant.training_step.settings != settings:
             variant.training_step = CatalogStep(settings, layers=depth)
         return variant
+
+    def _local(self, step: CatalogStep) -> ShallowerBackend:
+        local = [v for v in self._variants.values() if not isinstance(v, RemoteShallower)]
+        owner = local[0] if local else None  # the first opened holds the process group
+        variant = self._backend.shallower(step, group_owner=owner)
+        variant.keep_records()
+        return variant
+
+    def _remote(self, depth: int, step: CatalogStep) -> RemoteShallower | None:
+        if depth not in self.plan.depths()[_REMOTE]:
+            return None
+        recipe = self._backend.shallower_recipe(step)
+        pool = depth_worker.worker() if recipe is not None else None
+        if pool is None or recipe is None:
+            return None
+        remote = [v for v in self._variants.values() if isinstance(v, RemoteShallower)]
+        return RemoteShallower(pool, recipe, remote[0] if remote else None)
 
     def _fall_back(self, why: str) -> None:
         """Trace the full model from now on, saying why; the shallower backends go (a process

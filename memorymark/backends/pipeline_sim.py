@@ -86,6 +86,8 @@ def simulated_ranks(pp: int) -> tuple[int, ...]:
 class StageSimBackend(DistSimBackend):
     """One pipeline rank's step (`PipelineStep`) on a fake process group, as that rank."""
 
+    travels = False  # its rank and stage are set past the constructor: traced in this process
+
     def __init__(self, step: PipelineStep, **kwargs: Any) -> None:
         super().__init__(step, **kwargs)
         self.step = step

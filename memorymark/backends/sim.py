@@ -24,7 +24,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -36,6 +36,7 @@ from memorymark.accounting.symbolic import Replays, StepRecord
 from memorymark.accounting.throughput import RATE_NONE, OpWork, WorkCounter, work_of
 from memorymark.accounting.tracker import MemoryTracker, Segment
 from memorymark.backends.base import PHASE_CATEGORY, Backend
+from memorymark.backends.depth_worker import Recipe
 from memorymark.backends.user_code import ReadingFakeMode
 from memorymark.cuda_rules.scoped_patch import ScopedPatch
 from memorymark.fit import FitPolicy
@@ -203,6 +204,8 @@ class SimBackend(Backend):
     measured = False
     device = "cpu"
     holds_memory = False
+    travels: ClassVar[bool] = True
+    """Whether `shallower_recipe` rebuilds this kind of backend whole in another process."""
 
     def __init__(
         self,
@@ -398,6 +401,20 @@ class SimBackend(Backend):
         backend.compute_capability = self.compute_capability
         backend.roofline = self.roofline
         return backend
+
+    def shallower_recipe(self, step: CatalogStep) -> Recipe | None:
+        """How another process builds `shallower(step)` (memorymark/backends/depth_worker.py);
+        None for a backend that holds more than its constructor says (a pipeline's stages)."""
+        if not self.travels:
+            return None
+        arguments = {
+            "policy": self.policy,
+            "resident_allocations": self.resident_allocations,
+            "thread_workspace": self.thread_workspace,
+            "cuda_rules": self.cuda_rules,
+            "reuse_optimizer_step": self.reuse_optimizer_step,
+        }
+        return Recipe(type(self), step, arguments, self.compute_capability, self.roofline)
 
     def measure(self, batch_size: int) -> Measurement:
         """One step at `batch_size`: read off the model built shallower when the depth replay

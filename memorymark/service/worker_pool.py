@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
-import multiprocessing.spawn
 import os
 import threading
 from collections import deque
@@ -26,9 +25,10 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.context import ForkServerContext, SpawnContext
 from typing import Any, cast
 
+from memorymark.backends.depth_worker import spawn_without_main
+
 WORKER_NAME = "memorymark-worker"
-"""Every process this pool starts carries this name (how `_without_main` knows its own)."""
-_patch_lock = threading.Lock()
+"""Every process this pool starts carries this name (how `spawn_without_main` knows its own)."""
 
 
 class WorkerDied(RuntimeError):
@@ -129,34 +129,6 @@ class _Job:
     watcher: threading.Thread | None = field(default=None, repr=False)
 
 
-def _without_main(prepare: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
-    """`multiprocessing.spawn.get_preparation_data`, less the main module for this pool's
-    processes. A child process re-runs the parent's `__main__` to find functions defined there
-    (spawn and forkserver alike: `spawn.prepare`); a job's function lives in memorymark, never in
-    `__main__`, and under Streamlit `__main__` is the page script of the thread that submitted
-    the job, which the child would run again, bare, before its job (and die with it when the page
-    fails outside Streamlit)."""
-
-    def preparation_data(name: str | None) -> dict[str, Any]:
-        data = prepare(name)
-        if name == WORKER_NAME:
-            data.pop("init_main_from_path", None)
-            data.pop("init_main_from_name", None)
-        return data
-
-    preparation_data.memorymark_without_main = True  # type: ignore[attr-defined]
-    return preparation_data
-
-
-def _start_without_main() -> None:
-    """Install `_without_main` once per process: popen_spawn_posix and popen_forkserver look
-    `spawn.get_preparation_data` up at each start."""
-    with _patch_lock:
-        current = multiprocessing.spawn.get_preparation_data
-        if not getattr(current, "memorymark_without_main", False):
-            multiprocessing.spawn.get_preparation_data = _without_main(current)
-
-
 class WorkerPool(cf.Executor):
     """At most `max_workers` jobs at once, each in its own process; see the module docstring.
 
@@ -180,7 +152,7 @@ class WorkerPool(cf.Executor):
             raise ValueError("a worker pool needs at least one worker")
         self.memory_limit_bytes = memory_limit_bytes
         self._ready_check = ready_check
-        _start_without_main()
+        spawn_without_main(WORKER_NAME)
         methods = multiprocessing.get_all_start_methods()
         method = start_method or ("forkserver" if "forkserver" in methods else "spawn")
         # (get_context types a name it cannot see as the base class, which starts no process)
