@@ -34,6 +34,7 @@ from memorymark.accounting.symbolic import StepRecord
 from memorymark.accounting.tracker import operator_names, renumbered
 from memorymark.limits import one_line
 from memorymark.measurement import Measurement
+from memorymark.settings import Settings
 from memorymark.step.catalog import CatalogStep
 
 PROCESS_NAME = "memorymark-depth-worker"
@@ -193,6 +194,33 @@ def _worth_starting() -> bool:
     return not multiprocessing.current_process().daemon
 
 
+_WARMED: set[str] = set()
+"""The models whose classes a worker has imported and built once (`warm`)."""
+
+
+def warm(settings: Settings) -> None:
+    """Start the worker now, and have it build `settings`' model once on the meta device,
+    where the depth replay will want it: its first build imports the model's code (4-6 s for
+    Llama-3.1-70B here), which then overlaps this process's own start instead of the first
+    depths it traces. Nothing where the replay would not use the worker."""
+    from memorymark import models
+    from memorymark.models import depth
+
+    if settings.workload.model in _WARMED or os.environ.get(ENV_SWITCH, "1") == "0":
+        return
+    try:
+        config = models.config_of(models.find_model(settings.workload.model))
+    except ValueError:
+        return  # an unknown model: the session says so in one line
+    plan = None if config is None else depth.replayed_plan(config)
+    if plan is None or not plan.worth_replaying():
+        return
+    pool = worker()
+    if pool is not None:
+        _WARMED.add(settings.workload.model)
+        pool.send(("warm", 0, CatalogStep(settings, layers=plan.depths()[1])))
+
+
 class RemoteShallower:
     """A shallower backend that lives in the worker: what the depth replay asks of one here
     (`depth_replay.ShallowerBackend`), with `begin` and `finish` to step it while this process
@@ -249,7 +277,12 @@ def _serve(conn: Connection) -> None:
             break
         key = rest[0]
         try:
-            if kind == "open":
+            if kind == "warm":
+                import torch
+
+                with torch.device("meta"):
+                    rest[1].build_model()
+            elif kind == "open":
                 backends[key] = _built(rest[1], backends.get(rest[2]))
             elif kind == "retarget":
                 if key in backends:
@@ -269,7 +302,7 @@ def _serve(conn: Connection) -> None:
             why = one_line(exc, 300)
             if kind == "step":
                 conn.send(("error", why))
-            else:
+            elif kind != "warm":  # a warm-up that failed costs nothing: the step will say
                 failed[key] = why
     for backend in backends.values():
         backend.release()

@@ -17,7 +17,7 @@ import torch
 
 from memorymark import gpus
 from memorymark.accounting import throughput
-from memorymark.backends import selection
+from memorymark.backends import depth_worker, selection
 from memorymark.backends.base import Backend
 from memorymark.backends.device import CpuBackend, DeviceBackend
 from memorymark.backends.sim import SimBackend
@@ -136,6 +136,8 @@ def resolve(
     this machine's; `gpu` judges against another, such as calibrate's emulated GPU) as one
     rank sees it, and the fit policy on it. `training` is the user's code, when it runs."""
     name, ranked = selection.decide(settings, _TorchGPUs(cuda), gpu)
+    if name == "sim" and training is None and settings.search.depth == "replay":
+        depth_worker.warm(settings)
     return Resolution(settings, name, ranked, FitPolicy.on(settings, ranked), cuda, training)
 
 
