@@ -28,14 +28,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from memorymark.accounting.symbolic import StepRecord
-from memorymark.accounting.tracker import operator_names, renumbered
 from memorymark.limits import one_line
 from memorymark.measurement import Measurement
 from memorymark.settings import Settings
-from memorymark.step.catalog import CatalogStep
+
+if TYPE_CHECKING:  # torch-free to import: the service's worker pool starts its jobs with it
+    from memorymark.accounting.symbolic import StepRecord
+    from memorymark.step.catalog import CatalogStep
 
 PROCESS_NAME = "memorymark-depth-worker"
 ENV_SWITCH = "MEMORYMARK_DEPTH_WORKER"
@@ -116,6 +117,8 @@ class Worker:
             raise RuntimeError(f"in the depth worker: {rest[0]}")
         measurement, record, names = rest
         if record is not None and record.operators is not None:
+            from memorymark.accounting.tracker import renumbered
+
             # Operators are numbered per process in the order first seen: read as this one's.
             record = dataclasses.replace(record, operators=renumbered(record.operators, names))
         return measurement, record
@@ -205,6 +208,7 @@ def warm(settings: Settings) -> None:
     depths it traces. Nothing where the replay would not use the worker."""
     from memorymark import models
     from memorymark.models import depth
+    from memorymark.step.catalog import CatalogStep
 
     if settings.workload.model in _WARMED or os.environ.get(ENV_SWITCH, "1") == "0":
         return
@@ -265,6 +269,8 @@ class RemoteShallower:
 # -- the worker's side ---------------------------------------------------------------------------
 def _serve(conn: Connection) -> None:
     """The worker's loop: one request at a time, until told to stop or the pipe closes."""
+    from memorymark.accounting.tracker import operator_names
+
     backends: dict[int, Any] = {}
     failed: dict[int, str] = {}
     while True:
