@@ -16,11 +16,14 @@ Cases (issue 31's targets on a 2-core machine: the first two under 30 s, the 405
 - 405b-fsdp: the same on a config with Llama-3.1-405B's dimensions
   (benchmarks/configs/llama-3.1-405b.json), bf16-true.
 
-`--steps` also prints one simulated step of each model in a fresh process: seconds, RSS and
-the simulated peak (fake tensors allocate nothing: a 70B step must stay within a few GB).
+`--one-process` also runs each replay with the depth worker off (every shallower build traced
+in the one process, as before 2026-11-28): the worker uses this machine's second core, so its
+ratio to a one-core raw step counts two cores' work in one wall time. `--steps` also prints one
+simulated step of each model in a fresh process: seconds, RSS and the simulated peak (fake
+tensors allocate nothing: a 70B step must stay within a few GB).
 
     PYTHONPATH=. python benchmarks/big_models.py [--cases 70b-a10 70b-fsdp 405b-fsdp]
-        [--after-only] [--steps]
+        [--after-only] [--one-process] [--steps]
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ CASES: dict[str, list[str]] = {
                   "--seq-len", "2048", "--grad-checkpointing", "--dist", "fsdp", "--gpus", "auto"],
 }  # fmt: skip
 RAW_BATCH = 16
+ONE_PROCESS = {"MEMORYMARK_DEPTH_WORKER": "0"}
+"""Every depth traced in the analyzing process (memorymark/backends/depth_worker.py off)."""
 
 _STEP_CHILD = """
 import json, resource, sys, time
@@ -75,7 +80,9 @@ class RawStep:
         return time.perf_counter() - start
 
 
-def timed_python(argv: list[str], what: str) -> tuple[float, str]:
+def timed_python(
+    argv: list[str], what: str, env: dict[str, str] | None = None
+) -> tuple[float, str]:
     """Wall seconds of `python ARGV` run from the checkout (a whole process, as a user's),
     and what it printed; exits saying `what` failed, with the end of its errors."""
     start = time.perf_counter()
@@ -84,7 +91,12 @@ def timed_python(argv: list[str], what: str) -> tuple[float, str]:
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={"TRANSFORMERS_VERBOSITY": "error", "PYTHONPATH": str(ROOT), **os.environ},
+        env={
+            "TRANSFORMERS_VERBOSITY": "error",
+            "PYTHONPATH": str(ROOT),
+            **os.environ,
+            **(env or {}),
+        },
     )
     seconds = time.perf_counter() - start
     if proc.returncode:
@@ -92,10 +104,10 @@ def timed_python(argv: list[str], what: str) -> tuple[float, str]:
     return seconds, proc.stdout
 
 
-def _process(args: list[str]) -> tuple[float, dict[str, Any]]:
+def _process(args: list[str], env: dict[str, str] | None = None) -> tuple[float, dict[str, Any]]:
     """Wall seconds of `python -m memorymark analyze ARGS --json`, and its JSON."""
     argv = ["-m", "memorymark", "analyze", *args, "--backend", "sim", "--json"]
-    seconds, out = timed_python(argv, f"analyze {' '.join(args)}")
+    seconds, out = timed_python(argv, f"analyze {' '.join(args)}", env)
     return seconds, json.loads(out)
 
 
@@ -114,10 +126,12 @@ def _answer(report: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _bracketed(raw: RawStep, args: list[str]) -> tuple[float, float, dict[str, Any]]:
+def _bracketed(
+    raw: RawStep, args: list[str], env: dict[str, str] | None = None
+) -> tuple[float, float, dict[str, Any]]:
     """(ratio to the raw step, seconds, JSON) of one whole process."""
     before = raw.seconds()
-    seconds, report = _process(args)
+    seconds, report = _process(args, env)
     unit = (before + raw.seconds()) / 2
     return seconds / unit, seconds, report
 
@@ -127,6 +141,9 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--after-only", action="store_true", help="skip the --depth trace runs")
     parser.add_argument("--steps", action="store_true", help="also one step per model: RSS")
+    parser.add_argument(
+        "--one-process", action="store_true", help="also the replay without the depth worker"
+    )
     args = parser.parse_args()
     raw = RawStep()
     print("whole `analyze` processes, as multiples of a raw fake step (Llama-3.2-1B, batch 16)")
@@ -134,6 +151,13 @@ def main() -> None:
         after = _bracketed(raw, [*CASES[case], "--depth", "replay"])
         line = f"  {case:<10} replay {after[0]:7.1f} x raw ({after[1]:6.1f} s)"
         depth = after[2].get("depth_note") or "(no depth note)"
+        if args.one_process:
+            alone = _bracketed(raw, [*CASES[case], "--depth", "replay"], ONE_PROCESS)
+            same = _answer(alone[2]) == _answer(after[2])
+            line += (
+                f"   one process {alone[0]:7.1f} x raw ({alone[1]:6.1f} s)   worker "
+                f"{alone[1] / after[1]:4.2f}x faster, answers {'agree' if same else 'DIFFER'}"
+            )
         if not args.after_only:
             before = _bracketed(raw, [*CASES[case], "--depth", "trace"])
             same = _answer(before[2]) == _answer(after[2])
