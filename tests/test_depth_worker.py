@@ -104,3 +104,16 @@ def test_the_switch_keeps_every_depth_here(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(depth_worker, "_WORKER", None)
     monkeypatch.setenv(depth_worker.ENV_SWITCH, "0")
     assert depth_worker.worker() is None and depth_worker._WORKER is None
+
+
+def test_a_hosted_server_keeps_every_depth_in_its_job_unless_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(depth_worker.ENV_SWITCH)
+    monkeypatch.setenv("MEMORYMARK_HOSTED", "true")
+    assert not depth_worker.switched_on()
+    monkeypatch.setenv(depth_worker.ENV_SWITCH, "1")
+    assert depth_worker.switched_on()
+    monkeypatch.delenv("MEMORYMARK_HOSTED")
+    monkeypatch.delenv(depth_worker.ENV_SWITCH)
+    assert depth_worker.switched_on()

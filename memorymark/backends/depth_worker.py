@@ -11,8 +11,8 @@ takes it a few seconds, while this process traces its own share), and serves req
 over a pipe: build a shallower backend from its `Recipe`, step it, point it at other settings,
 release it. Each step's answer is its Measurement and StepRecord, plain values, or one line
 saying why it failed. Where no worker can start (one core, a process that may have no
-children, `MEMORYMARK_DEPTH_WORKER=0`) or one dies, the replay traces every depth here, as it
-did before. Knows nothing of searches, reports or the UI.
+children, a hosted server, `MEMORYMARK_DEPTH_WORKER=0`) or one dies, the replay traces every
+depth here, as it did before. Knows nothing of searches, reports or the UI.
 """
 
 from __future__ import annotations
@@ -172,10 +172,21 @@ def _without_main(prepare: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
     return preparation_data
 
 
+def switched_on() -> bool:
+    """`MEMORYMARK_DEPTH_WORKER`: 0 off, 1 on; unset, on but on a hosted server
+    (`MEMORYMARK_HOSTED`), whose container is sized for one job's libraries, not two
+    processes' (torch and transformers alone are most of a gigabyte each)."""
+    asked = os.environ.get(ENV_SWITCH, "").strip()
+    if asked:
+        return asked != "0"
+    hosted = os.environ.get("MEMORYMARK_HOSTED", "").strip().lower()
+    return hosted not in ("1", "true", "yes", "on")
+
+
 def worker() -> Worker | None:
     """This process's worker, started on first use; None where none can serve."""
     global _WORKER
-    if os.environ.get(ENV_SWITCH, "1") == "0":
+    if not switched_on():
         return None
     with _LOCK:
         if _WORKER is not None:
@@ -210,7 +221,7 @@ def warm(settings: Settings) -> None:
     from memorymark.models import depth
     from memorymark.step.catalog import CatalogStep
 
-    if settings.workload.model in _WARMED or os.environ.get(ENV_SWITCH, "1") == "0":
+    if settings.workload.model in _WARMED or not switched_on():
         return
     try:
         config = models.config_of(models.find_model(settings.workload.model))
