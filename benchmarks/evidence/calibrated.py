@@ -129,15 +129,7 @@ def quantized(device: Device, plan: Plan, out: Path, day: datetime.date) -> dict
     device, then QLoRA's boundary at a smaller capacity. A row whose library is missing is
     skipped with the reason (the manifest carries it)."""
     skipped: list[str] = []
-    found: list[CalibrationRow] = []
-    files: list[str] = []
-    for row in plan.quantized:
-        why = needs(device, row.settings)
-        if why:
-            skipped.append(f"{row.settings}: {why}")
-            continue
-        found += rows(device, row, None, skipped)
-        files = _write(found, out, day, "quantized")  # rewritten as each row lands
+    files = _uncapped(device, plan.quantized, out, day, "quantized", skipped)
     edge = plan.quantized_boundary
     why = needs(device, edge.settings)
     if why:
@@ -153,16 +145,30 @@ def compiled(device: Device, plan: Plan, out: Path, day: datetime.date) -> dict[
     the whole device (dry: the compiled rows simulated on both sides, the manifest says why).
     A row whose library is missing (torchao for Float8) is skipped with the reason."""
     skipped: list[str] = []
+    files = _uncapped(device, plan.compiled, out, day, "compiled", skipped)
+    return {"files": files, "skipped": skipped}
+
+
+def _uncapped(
+    device: Device,
+    planned: Iterable[Row],
+    out: Path,
+    day: datetime.date,
+    suffix: str,
+    skipped: list[str],
+) -> list[str]:
+    """Each of `planned` on the whole device, its file pair rewritten as each row lands; a row
+    whose library is missing is skipped with the reason."""
     found: list[CalibrationRow] = []
     files: list[str] = []
-    for row in plan.compiled:
+    for row in planned:
         why = needs(device, row.settings)
         if why:
             skipped.append(f"{row.settings}: {why}")
             continue
         found += rows(device, row, None, skipped)
-        files = _write(found, out, day, "compiled")  # rewritten as each row lands
-    return {"files": files, "skipped": skipped}
+        files = _write(found, out, day, suffix)
+    return files
 
 
 def needs(device: Device, settings: dict[str, Any]) -> str:
