@@ -93,8 +93,6 @@ class DepthReplayer:
         self._variants: dict[int, ShallowerBackend | RemoteShallower] = {}
         self._steps: dict[int, int] = {}
         """Steps each shallower backend has run."""
-        if backend.shallower_recipe(CatalogStep(backend.training_step.settings)) is not None:
-            depth_worker.worker()  # its start (seconds) overlaps the first depths traced here
         if len(_STRUCTURES) >= _KEPT_STEPS:
             _STRUCTURES.clear()
         self._structures = _STRUCTURES.setdefault(_structure_key(backend), [])

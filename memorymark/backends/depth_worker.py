@@ -209,7 +209,7 @@ def _worth_starting() -> bool:
 
 
 _WARMED: set[str] = set()
-"""The models whose classes a worker has imported and built once (`warm`)."""
+"""The models `warm` has looked at: each config is read, and a worker warmed, once."""
 
 
 def warm(settings: Settings) -> None:
@@ -223,6 +223,7 @@ def warm(settings: Settings) -> None:
 
     if settings.workload.model in _WARMED or not switched_on():
         return
+    _WARMED.add(settings.workload.model)  # asked once per model: every session resolves here
     try:
         config = models.config_of(models.find_model(settings.workload.model))
     except ValueError:
@@ -232,7 +233,6 @@ def warm(settings: Settings) -> None:
         return
     pool = worker()
     if pool is not None:
-        _WARMED.add(settings.workload.model)
         pool.send(("warm", 0, CatalogStep(settings, layers=plan.depths()[1])))
 
 
