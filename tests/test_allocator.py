@@ -5,12 +5,15 @@ memorymark/accounting/allocator.py cites.
 """
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from memorymark.accounting.allocator import (
     LIGHTNING_LOOP,
     PROBE,
     TRAINING_LOOP,
     CachingAllocator,
+    canonical_frees,
     event_bytes,
     event_stream,
     loop_start_named,
@@ -351,3 +354,50 @@ def test_an_empty_cache_event_returns_whole_cached_segments_as_torch_cuda_empty_
     flushed = replay((0, [4 * MIB]), step, budget, steps=2, between=(10, [44 * MIB, ~10, None]))
     assert kept.retries_per_step == (1, 0)
     assert flushed.retries_per_step == (1, 1)
+
+
+_SIZES = (300, 4096, 600_000, 3 * MIB // 2, 3 * MIB, 12 * MIB, 25 * MIB)
+"""Requests that land in every pool and segment kind: small, 20 MiB-packed, large."""
+
+
+@settings(
+    max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(st.data())
+def test_frees_with_no_allocation_between_them_leave_the_same_cache_in_any_order(data):
+    # A step's log as runs: allocations (some on a second stream), then frees of some of what
+    # is live, in an order the test draws. Any order of each run of frees replays alike, and
+    # canonical_frees writes every order the same: what lets two traces of a step align when
+    # autocast's cache freed its casts in another order.
+    live: list[int] = []
+    drawn: list[int | None] = []
+    shuffled: list[int | None] = []
+    seq = 1
+    for _ in range(data.draw(st.integers(2, 8))):
+        for _ in range(data.draw(st.integers(1, 6))):
+            size = data.draw(st.sampled_from(_SIZES))
+            event = on_stream(size, data.draw(st.sampled_from((0, 0, 1))))
+            drawn.append(event)
+            shuffled.append(event)
+            live.append(seq)
+            seq += 1
+        freed = data.draw(st.lists(st.sampled_from(live), unique=True)) if live else []
+        live = [s for s in live if s not in freed]
+        drawn.extend(~s for s in freed)
+        shuffled.extend(~s for s in data.draw(st.permutations(freed)))
+        if data.draw(st.booleans()):
+            drawn.append(None)
+            shuffled.append(None)
+    setup = (0, [8 * MIB])
+    assert replay(setup, (1, drawn), steps=None) == replay(setup, (1, shuffled), steps=None)
+    assert canonical_frees(drawn) == canonical_frees(shuffled)
+    assert sorted(canonical_frees(drawn), key=str) == sorted(drawn, key=str)
+
+
+def test_a_run_of_frees_is_ordered_within_its_bounds_alone():
+    events = [MIB, 2 * MIB, 3 * MIB, ~1, ~3, ~2, None, ~9, ~8, MIB, ~4]
+    assert canonical_frees(events) == [MIB, 2 * MIB, 3 * MIB, ~3, ~2, ~1, None, ~9, ~8, MIB, ~4]
+    # A cut (where the optimizer's state is made) is a bound no free is moved across.
+    assert canonical_frees(events, cuts=(5,)) == [
+        *(MIB, 2 * MIB, 3 * MIB, ~3, ~1, ~2, None, ~9, ~8, MIB, ~4)
+    ]

@@ -59,6 +59,35 @@ def event_stream(event: int) -> int:
     return event >> STREAM_SHIFT
 
 
+def canonical_frees(events: Sequence[int | None], cuts: Iterable[int] = ()) -> list[int | None]:
+    """`events` with each run of consecutive frees in one order (by sequence number, newest
+    first), a run ending at an allocation, an `empty_cache` (None) or an index in `cuts`.
+
+    Freeing blocks with no allocation between them leaves the same cache whatever their order
+    (`free` merges a block with its free neighbours, and merging is associative), so the order
+    within a run is not part of the step. It does vary between two traces of one step: the
+    autocast cache frees its casts in hash-map order (`clear_cache` in
+    aten/src/ATen/autocast_mode.cpp clears `cached_casts`, keyed by the weight's TensorImpl
+    pointer), so a LoRA model's casts are freed in one order or another from run to run.
+    Written in one order, two traces of a step align (the batch replay).
+    `cuts` are indices a run must not cross (where the optimizer's state is made)."""
+    out = list(events)
+    stops = set(cuts)
+    i, n = 0, len(out)
+    while i < n:
+        start = out[i]
+        if start is None or start >= 0:
+            i += 1
+            continue
+        j = i + 1
+        while j < n and j not in stops and (e := out[j]) is not None and e < 0:
+            j += 1
+        if j - i > 1:
+            out[i:j] = sorted(out[i:j])  # type: ignore[type-var]
+        i = j
+    return out
+
+
 def round_size(nbytes: int) -> int:
     """The block size a request of `nbytes` gets: a multiple of 512, at least 512 (`round_size`,
     with roundup_power2_divisions unset, its default)."""

@@ -32,6 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.amp.grad_scaler import OptState
 
 from memorymark import cuda_rules, gpus
+from memorymark.accounting.allocator import canonical_frees
 from memorymark.accounting.symbolic import Replays, StepRecord
 from memorymark.accounting.throughput import RATE_NONE, OpWork, WorkCounter, work_of
 from memorymark.accounting.tracker import MemoryTracker, Segment
@@ -461,10 +462,13 @@ class SimBackend(Backend):
         # A step with an evaluation pass is not kept: its pass's log is not in the record.
         if self._keeping and error is None and tracked is None and evaluation is None:
             if tracker is not None and tracker.category_timeline is not None:
+                first, setup = tracker.baseline_events
+                state_from = () if tracker.state_from is None else (tracker.state_from,)
+                optimizer_at = () if tracker.optimizer_at is None else (tracker.optimizer_at,)
                 self.last_record = StepRecord(
                     events_first_seq=tracker.events_first_seq,
-                    events=list(tracker.events),
-                    baseline_events=tracker.baseline_events,
+                    events=canonical_frees(tracker.events, optimizer_at),
+                    baseline_events=(first, canonical_frees(setup, state_from)),
                     timeline=list(tracker.timeline),
                     categories=list(tracker.category_timeline),
                     start_categories=tracker.start_categories,
