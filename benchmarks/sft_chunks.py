@@ -33,7 +33,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
                           TrainingArguments)
 from memorymark.integrations import hf
 
-kind, layers = sys.argv[1], int(sys.argv[2])
+kind, layers, checkpointing = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "on"
 TOKENS = 512
 config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
                      num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
@@ -55,7 +55,8 @@ with hf.target_gpu("a10"):
                                  processing_class=tokenizer)
     else:
         args = TrainingArguments(output_dir=out, report_to=[], bf16=True,
-                                 per_device_train_batch_size=8)
+                                 per_device_train_batch_size=8,
+                                 gradient_checkpointing=checkpointing)
         data = datasets.Dataset.from_dict({"input_ids": rows, "labels": rows})
         trainer = Trainer(model=get_peft_model(LlamaForCausalLM(config), lora), args=args,
                           train_dataset=data)
@@ -67,14 +68,16 @@ print(json.dumps({
     "traced": sum(not m.replayed for m in report.measurements),
     "replayed": sum(m.replayed for m in report.measurements),
     "search_note": report.search_note,
+    "checkpointing": trainer.args.gradient_checkpointing,
     "trl": sys.modules["trl"].__version__ if "trl" in sys.modules else None,
 }))
 """
 
 
-def _case(kind: str, layers: int) -> tuple[float, dict[str, object]]:
-    """Whole-process seconds of one sizing, and what its child printed."""
-    seconds, out = timed_python(["-c", _CHILD, kind, str(layers)], kind)
+def _case(kind: str, layers: int, checkpointing: str) -> tuple[float, dict[str, object]]:
+    """Whole-process seconds of one sizing (`checkpointing` "on" or "off" for the plain
+    Trainer; the SFT one keeps its config's), and what its child printed."""
+    seconds, out = timed_python(["-c", _CHILD, kind, str(layers), checkpointing], kind)
     return seconds, json.loads(out.strip().splitlines()[-1])
 
 
@@ -82,21 +85,46 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--layers", type=int, default=22, help="TinyLlama-1.1B has 22")
+    parser.add_argument(
+        "--plain-checkpointing",
+        choices=("same", "off"),
+        default="same",
+        help="the plain Trainer's gradient checkpointing: as SFTConfig chose (default), or "
+        "that and off as well",
+    )
     args = parser.parse_args()
     for run in range(args.repeat):
-        times = {}
-        for kind in ("plain", "sft"):
-            seconds, child = _case(kind, args.layers)
-            times[kind] = seconds
-            print(
-                f"  run {run + 1} {kind:<5} {seconds:6.1f} s whole process "
-                f"({child['sweep_seconds']:.1f} s sweep), optimal {child['optimal']}, "
-                f"{child['traced']} traced, {child['replayed']} replayed"
-                + (f" (trl {child['trl']})" if child["trl"] else ""),
-                flush=True,
-            )
-            print(f"             {child['search_note']}", flush=True)
-        print(f"  run {run + 1} SFTTrainer / Trainer: {times['sft'] / times['plain']:.1f}x")
+        times: dict[str, tuple[float, float]] = {}
+        seconds, sft = _case("sft", args.layers, "")
+        times["sft"] = (seconds, float(sft["sweep_seconds"]))  # type: ignore[arg-type]
+        _print(run, "sft", seconds, sft)
+        same = "on" if sft["checkpointing"] else "off"
+        other = "off" if args.plain_checkpointing == "off" else same
+        for checkpointing in dict.fromkeys((same, other)):
+            kind = f"plain, checkpointing {checkpointing}"
+            seconds, plain = _case("plain", args.layers, checkpointing)
+            times[kind] = (seconds, float(plain["sweep_seconds"]))  # type: ignore[arg-type]
+            _print(run, kind, seconds, plain)
+        for kind, (whole, sweep) in times.items():
+            if kind != "sft":
+                print(
+                    f"  run {run + 1} SFTTrainer / Trainer ({kind}): "
+                    f"{times['sft'][0] / whole:.1f}x whole process, "
+                    f"{times['sft'][1] / sweep:.1f}x sweep",
+                    flush=True,
+                )
+
+
+def _print(run: int, kind: str, seconds: float, child: dict[str, object]) -> None:
+    """One case's line: its times, answer, traces, and the search's note."""
+    print(
+        f"  run {run + 1} {kind}: {seconds:6.1f} s whole process "
+        f"({child['sweep_seconds']:.1f} s sweep), optimal {child['optimal']}, "
+        f"{child['traced']} traced, {child['replayed']} replayed"
+        + (f" (trl {child['trl']})" if child["trl"] else ""),
+        flush=True,
+    )
+    print(f"      {child['search_note']}", flush=True)
 
 
 if __name__ == "__main__":
