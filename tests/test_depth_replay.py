@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from memorymark import Session, Settings
-from memorymark.accounting.depth import canonical, difference, numbered_afresh
+from memorymark.accounting.depth import difference, numbered_afresh
 from memorymark.backends import depth_replay
 from memorymark.models import CONFIG_DIR
 from memorymark.models.depth import LayerPlan, layer_plan, with_layers
@@ -205,12 +205,6 @@ def test_a_replay_that_disagrees_falls_back_to_the_full_trace(
     assert summary.traced_depths == () and summary.replayed_steps == 0
     assert replayed.required_bytes == traced.required_bytes
     assert "the full model traced (8 blocks, simulated): the step at 5" in summary.says()
-
-
-def test_canonical_orders_runs_of_frees_but_not_across_the_cut() -> None:
-    assert canonical([10, 20, ~1, ~0, 30, ~3, ~2]) == [10, 20, ~0, ~1, 30, ~2, ~3]
-    assert canonical([~1, ~0, ~3, ~2], cut=2) == [~0, ~1, ~2, ~3]
-    assert canonical([~3, ~0, ~2, ~1], cut=2) == [~0, ~3, ~1, ~2]
 
 
 def test_numbered_afresh_drops_what_steps_before_took() -> None:

@@ -59,32 +59,34 @@ def event_stream(event: int) -> int:
     return event >> STREAM_SHIFT
 
 
-def canonical_frees(events: Sequence[int | None], cuts: Iterable[int] = ()) -> list[int | None]:
-    """`events` with each run of consecutive frees in one order (by sequence number, newest
-    first), a run ending at an allocation, an `empty_cache` (None) or an index in `cuts`.
+def canonical_frees(events: Sequence[int | None], cut: int | None = None) -> list[int | None]:
+    """`events` with each run of consecutive frees in the order of what they free (the oldest
+    allocation first); a run ends at an allocation or an `empty_cache` (None), and none crosses
+    `cut` (where the optimizer's state is made: a replay splits the log there).
 
-    Freeing blocks with no allocation between them leaves the same cache whatever their order
-    (`free` merges a block with its free neighbours, and merging is associative), so the order
-    within a run is not part of the step. It does vary between two traces of one step: the
-    autocast cache frees its casts in hash-map order (`clear_cache` in
-    aten/src/ATen/autocast_mode.cpp clears `cached_casts`, keyed by the weight's TensorImpl
-    pointer), so a LoRA model's casts are freed in one order or another from run to run.
-    Written in one order, two traces of a step align (the batch replay).
-    `cuts` are indices a run must not cross (where the optimizer's state is made)."""
+    Freeing blocks with no allocation between them leaves the cache in the same state whatever
+    their order (each block returns to its pool, merged with whichever free neighbours it has
+    when the run ends), so the order carries nothing a replay reads. It is not always the same
+    from one trace of a step to the next: autocast's weight cache is freed in its hash map's
+    order when the forward pass ends (`clear_cache` in aten/src/ATen/autocast_mode.cpp clears
+    `cached_casts`, keyed by TensorImpl pointer), so a LoRA model's casts are freed in one
+    order or another from run to run, and at two depths or two batch sizes alike. Written in
+    one order, two traces of a step align (the batch and depth replays)."""
     out = list(events)
-    stops = set(cuts)
-    i, n = 0, len(out)
-    while i < n:
-        start = out[i]
-        if start is None or start >= 0:
-            i += 1
-            continue
-        j = i + 1
-        while j < n and j not in stops and (e := out[j]) is not None and e < 0:
-            j += 1
-        if j - i > 1:
-            out[i:j] = sorted(out[i:j])  # type: ignore[type-var]
-        i = j
+    start = 0
+    while start < len(out):
+        end = start
+        while (
+            end < len(out)
+            and (e := out[end]) is not None
+            and e < 0
+            and (end == start or end != cut)
+        ):
+            end += 1
+        if end - start > 1:
+            frees = [e for e in out[start:end] if e is not None]
+            out[start:end] = sorted(frees, reverse=True)  # ~seq falls as seq grows
+        start = end + 1 if end == start else end
     return out
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from memorymark.accounting.allocator import canonical_frees
 from memorymark.accounting.symbolic import StepRecord
 from memorymark.measurement import Category
 
@@ -52,42 +53,15 @@ class _Sequence:
     tokens: np.ndarray
 
 
-def canonical(events: Sequence[int | None], cut: int | None = None) -> list[int | None]:
-    """`events` with each run of consecutive frees in the order of what they free.
-
-    The caching allocator ends a run of frees in the same state whatever their order (each
-    block returns to its pool, merged with whichever free neighbours it has when the run
-    ends), so the order carries nothing a replay reads; and it is not always the order the
-    blocks were made in: autocast's weight cache is freed in its hash map's order when the
-    forward pass ends (`clear_autocast_cache`), which no two depths share. No run crosses
-    `cut` (where the optimizer's state is made: a replay splits the log there)."""
-    out = list(events)
-    start = 0
-    while start < len(out):
-        end = start
-        while (
-            end < len(out)
-            and (e := out[end]) is not None
-            and e < 0
-            and (end == start or end != cut)
-        ):
-            end += 1
-        if end - start > 1:
-            frees = [e for e in out[start:end] if e is not None]
-            out[start:end] = sorted(frees, reverse=True)  # ~seq falls as seq grows
-        start = end + 1 if end == start else end
-    return out
-
-
 def _log(
     first: int, events: Sequence[int | None], sizes: dict[int, int], cut: int | None
 ) -> _Sequence:
-    """An event log (`canonical`): kind, then bytes (allocation) or the sequence number freed
+    """An event log (`canonical_frees`): kind, then bytes (allocation) or the sequence number freed
     (free)."""
     rows: list[tuple[int, int]] = []
     tokens: list[int] = []
     freed = None  # what the event before freed, if it was a free
-    for event in canonical(events, cut):
+    for event in canonical_frees(events, cut):
         if event is None:
             rows.append((_EMPTY, 0))
             tokens.append(_token(_EMPTY, 0))
@@ -566,8 +540,8 @@ class DepthStep:
             rates = (operators % _RATES).tolist()
             flops, moved = ops[:, width].tolist(), ops[:, width + 1].tolist()
             work = list(zip(flops, moved, rates, strict=True))
-        events = canonical(_events(self.structure.patterns[0], step, j), optimizer_at)
-        setup_events = canonical(_events(self.structure.patterns[1], setup, j), state_from)
+        events = canonical_frees(_events(self.structure.patterns[0], step, j), optimizer_at)
+        setup_events = canonical_frees(_events(self.structure.patterns[1], setup, j), state_from)
         return StepRecord(
             events_first_seq=first,
             events=events,
@@ -604,17 +578,21 @@ def _events(pattern: _Pattern, values: np.ndarray, copies: int) -> list[int | No
 
 def difference(predicted: StepRecord, traced: StepRecord) -> str | None:
     """The first way a record read off shallower steps differs from the step traced, in one
-    line (the traced one `numbered_afresh`, their event logs `canonical`); None when they do
+    line (the traced one `numbered_afresh`, their event logs `canonical_frees`); None when they do
     not."""
     traced = numbered_afresh(traced)
     checks: tuple[tuple[str, object, object], ...] = (
-        ("the step's event log", predicted.events, canonical(traced.events, traced.optimizer_at)),
+        (
+            "the step's event log",
+            predicted.events,
+            canonical_frees(traced.events, traced.optimizer_at),
+        ),
         ("where the step's log begins", predicted.events_first_seq, traced.events_first_seq),
         ("where setting up's log begins", predicted.baseline_events[0], traced.baseline_events[0]),
         (
             "setting up's event log",
             predicted.baseline_events[1],
-            canonical(traced.baseline_events[1], traced.state_from),
+            canonical_frees(traced.baseline_events[1], traced.state_from),
         ),
         ("the live bytes after each operator", predicted.timeline, traced.timeline),
         ("the breakdown after each operator", predicted.categories, traced.categories),

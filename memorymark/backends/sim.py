@@ -463,12 +463,10 @@ class SimBackend(Backend):
         if self._keeping and error is None and tracked is None and evaluation is None:
             if tracker is not None and tracker.category_timeline is not None:
                 first, setup = tracker.baseline_events
-                state_from = () if tracker.state_from is None else (tracker.state_from,)
-                optimizer_at = () if tracker.optimizer_at is None else (tracker.optimizer_at,)
                 self.last_record = StepRecord(
                     events_first_seq=tracker.events_first_seq,
-                    events=canonical_frees(tracker.events, optimizer_at),
-                    baseline_events=(first, canonical_frees(setup, state_from)),
+                    events=canonical_frees(tracker.events, tracker.optimizer_at),
+                    baseline_events=(first, canonical_frees(setup, tracker.state_from)),
                     timeline=list(tracker.timeline),
                     categories=list(tracker.category_timeline),
                     start_categories=tracker.start_categories,
