@@ -147,6 +147,19 @@ def test_min_gpus_checks_the_count_before_a_prediction():
     assert seen == [1, 8, 32, 24]
 
 
+def test_min_gpus_starts_from_the_counts_a_caller_stepped():
+    # The ways out stepped 2 and 3 in order (10 + 60/n: 40 and 30 do not fit 20): they are
+    # not stepped again, and a + b/n through them goes straight to 6 (20 fits) and checks 5.
+    seen: list[int] = []
+    measure = _fake_measure(6, seen, a=10, b=60)
+    known = {n: measure(_on("fsdp", n)) for n in (2, 3)}
+    seen.clear()
+    search = min_gpus(_on("fsdp", 4), measure, (4, 5, 6, 7, 8), lambda n: 20, known=known)
+    assert search.min_gpus == 6
+    assert seen == [6, 5]
+    assert [n for n, _ in search.tried] == [2, 3, 6, 5]
+
+
 def test_min_gpus_answers_inside_a_node_without_a_prediction():
     seen: list[int] = []
     assert min_gpus(_on("fsdp", 1), _fake_measure(3, seen)).min_gpus == 3

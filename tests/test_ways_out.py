@@ -130,10 +130,9 @@ def test_a_gpu_count_past_the_search_s_first_tries_is_bisected():
     settings = Settings(model="tiny-bert", gpu="a10")
     fix = hardware.fewest_gpus(settings, gpus.find_gpu("a10"), step, states=100 * GIB,
                                parameters=10**9)  # fmt: skip
-    # 5, 6, 7 in order (too big); 15 + 100/n through 6 and 7 says 24 holds it, so the search
-    # runs over 8...48 only, and finds 24 (19.2 GiB per rank).
-    assert stepped[:3] == [5, 6, 7] and fix.gpus == 24 and fix.fits
-    assert max(stepped) <= 48 and len(stepped) <= 8
+    # 5 and 6 in order (too big); 15 + 100/n through them says 24 holds it (19.2 GiB per
+    # rank): stepped next, then the count before it (16: 21.25 GiB, too big). Four steps.
+    assert stepped == [5, 6, 24, 16] and fix.gpus == 24 and fix.fits
 
 
 def test_no_more_gpus_are_stepped_once_activations_overflow_alone():

@@ -13,7 +13,7 @@ shown.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +80,7 @@ def min_gpus(
     counts: tuple[int, ...] | None = None,
     limit: Callable[[int], int] | None = None,
     sharded_states: int | None = None,
+    known: Mapping[int, Measurement] | None = None,
 ) -> GpuSearch:
     """The smallest of `counts` (a cluster's, by default) on which batch 1 fits, with
     `measure(settings)` simulating batch 1 of the settings on a count. Fits, as the sweep
@@ -99,8 +100,13 @@ def min_gpus(
     through the two counts nearest the answer (sharded states fall as 1/n, the rest stays), the
     first count predicted to fit is measured, and when it fits so is the count before it: one
     guess usually settles it. Where no fit predicts a count, the search bisects, and the largest
-    count is measured only when nothing smaller is known to fit."""
-    counts = counts or topology.cluster_counts()
+    count is measured only when nothing smaller is known to fit.
+
+    `known` holds counts the caller stepped already (the ways out step the first few in
+    order): they are not stepped again, and when two of them do not fit, a + b/n through them
+    picks the next count at once, not one node's."""
+    known = dict(known or {})
+    counts = tuple(sorted({*(counts or topology.cluster_counts()), *known}))
     hw = settings.hardware
     # Only counts the tensor, context and pipeline degrees divide make a layout.
     counts = tuple(n for n in counts if n % hw.model_parallel == 0) or counts
@@ -113,8 +119,9 @@ def min_gpus(
         floor = {"states_bytes": sharded_states, "first_count": counts[0]}
 
     def fits(i: int) -> bool:
-        m = measure(with_gpus(settings, counts[i]))
-        tried.append((counts[i], m))
+        n = counts[i]
+        m = known[n] if n in known else measure(with_gpus(settings, n))
+        tried.append((n, m))
         return m.fits
 
     def found(index: int | None) -> GpuSearch:
@@ -124,9 +131,14 @@ def min_gpus(
         return found(0)
     last = len(counts) - 1
     low, high = 0, None  # counts[low] does not fit; counts[high] fits (None: none known to)
+    while high is None and low < last and counts[low + 1] in known:
+        if fits(low + 1):
+            high = low + 1
+        else:
+            low += 1
     # One node second, or the next count where the states rule out the first node.
     probe = min(last, max(1, bisect.bisect_left(counts, FIRST_PROBE_GPUS)))
-    if probe > 0:
+    if low == 0 and high is None and probe > 0:
         if fits(probe):
             high = probe
         else:
