@@ -16,7 +16,7 @@ from memorymark.distributed import topology
 from memorymark.measurement import Measurement
 from memorymark.reporting.json_form import report_to_dict
 from memorymark.search.gpu_count import min_gpus
-from memorymark.units import MIB
+from memorymark.units import GIB, MIB
 
 # A 2-layer GPT-2 whose every dimension divides by 4, so FSDP2's shards carry no padding.
 ONE_GPU = Settings(model="tiny-gpt2", seq_len=32, gpu="a10", backend="sim", max_batch=64)
@@ -158,6 +158,29 @@ def test_min_gpus_starts_from_the_counts_a_caller_stepped():
     assert search.min_gpus == 6
     assert seen == [6, 5]
     assert [n for n, _ in search.tried] == [2, 3, 6, 5]
+
+
+def test_min_gpus_checks_below_a_fit_when_the_fit_between_says_none_does():
+    # Llama-3.1-70B's QLoRA on A10s (GiB, limit 21.25): a + b/n through 2 and 3 guesses 7;
+    # 7 and 6 fit; through 3 and 6 none of 4, 5 would, so 5 alone is checked, not 4 then 5.
+    needs = {2: 34.6, 3: 28.2, 4: 23.5, 5: 21.4, 6: 20.0, 7: 18.8, 8: 17.9}
+    seen: list[int] = []
+
+    def measure(s: Settings) -> Measurement:
+        n = s.hardware.gpu_count
+        seen.append(n)
+        fits = needs[n] <= 21.25
+        return Measurement(
+            batch_size=1, fits=fits, runs=fits, peak_bytes=1, backend="fake", measured=False,
+            required_bytes=int(needs[n] * GIB),
+        )  # fmt: skip
+
+    known = {n: measure(_on("fsdp", n)) for n in (2, 3)}
+    seen.clear()
+    search = min_gpus(
+        _on("fsdp", 4), measure, (4, 5, 6, 7, 8), lambda n: int(21.25 * GIB), known=known
+    )
+    assert search.min_gpus == 6 and seen == [7, 6, 5]
 
 
 def test_min_gpus_answers_inside_a_node_without_a_prediction():

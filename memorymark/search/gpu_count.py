@@ -147,7 +147,12 @@ def min_gpus(
         top = last + 1 if high is None else high
         guess = _predicted(counts, tried, limit, low, top)
         predicted = guess is not None
-        if guess is None:
+        if guess == top and high is not None:
+            # The fit says none below the smallest count known to fit does: check the one just
+            # below it, not the middle (its fit through the farther counts guessed high).
+            guess = high - 1
+        elif guess is None or guess == top:
+            predicted = False
             guess = last if high is None else (low + high) // 2
         if guess == low:  # only when none is known to fit and low is the largest count
             return found(None)
@@ -172,7 +177,8 @@ def _predicted(
 ) -> int | None:
     """Index between `low` and `top` (both excluded) of the first count that a + b/n says
     fits, fitted through the two counts tried nearest the answer: the largest that does not
-    fit and the smallest that does (or the next largest that does not)."""
+    fit and the smallest that does (or the next largest that does not); `top` when it says
+    none of them does, None when there is no fit."""
     if limit is None:
         return None
     # Not `required_bytes`: where batch 1 runs only after a flush it is the capacity it held
@@ -184,7 +190,7 @@ def _predicted(
     if len(points) < 2 or below[-1:] != [counts[low]]:
         return None
     needs_at = fitted_needs((points[0], needs[points[0]]), (points[1], needs[points[1]]))
-    return next((i for i in range(low + 1, top) if needs_at(counts[i]) <= limit(counts[i])), None)
+    return next((i for i in range(low + 1, top) if needs_at(counts[i]) <= limit(counts[i])), top)
 
 
 def fitted_needs(one: tuple[int, int], other: tuple[int, int]) -> Callable[[int], float]:
