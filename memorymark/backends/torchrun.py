@@ -104,12 +104,21 @@ class RankedBackend:
     training_step: Any
     device: str
     _tracker: Any
+    _failed_tracker: Any
 
     def _mesh(self) -> Any:
         from torch.distributed.device_mesh import init_device_mesh
 
         shape, names = sharding.mesh_shape(self.training_step.settings)
-        return init_device_mesh(self.device, shape, mesh_dim_names=names)
+        return self._on_host(init_device_mesh(self.device, shape, mesh_dim_names=names))
+
+    def _on_host(self, mesh: Any) -> Any:
+        """`mesh`, its rank layout (`DeviceMesh.mesh`, a CPU tensor beside any device) not
+        counted: host memory on a GPU, which a CPU run's tracker would add to every peak (8
+        bytes for 2 ranks; the simulation's fake mesh holds none)."""
+        if self._failed_tracker is not None:  # setting up runs under it (base._prepare)
+            self._failed_tracker.to_host(mesh.mesh)
+        return mesh
 
     def _distribute(self, model: nn.Module) -> nn.Module:
         self._device_mesh = self._mesh()
@@ -146,7 +155,7 @@ class RankedPipelineBackend(RankedBackend):
         from torch.distributed.device_mesh import init_device_mesh
 
         shape, names = self.training_step.settings.hardware.layout().mesh()
-        return init_device_mesh(self.device, shape, mesh_dim_names=names)
+        return self._on_host(init_device_mesh(self.device, shape, mesh_dim_names=names))
 
     def _distribute(self, model: nn.Module) -> nn.Module:
         from memorymark.backends import pipeline_sim
@@ -156,6 +165,8 @@ class RankedPipelineBackend(RankedBackend):
         sharded = pipeline_sim.sharded_stages(settings, int(os.environ["WORLD_SIZE"]))
         self.training_step.group = mesh["pp"].get_group()
         self.training_step.activation_dtype = pipeline_sim.activation_dtype(settings, sharded)
+        if settings.hardware.tp > 1:  # each stage split first, as the simulation splits it
+            pipeline_sim.split_stages(model, self._on_host(mesh["tp"]))
         return pipeline_sim.shard_stages(model, settings, mesh) if sharded else model
 
 

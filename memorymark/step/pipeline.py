@@ -188,6 +188,12 @@ class PipelineStep:
     """Build the model with this many blocks (None: its config's count)."""
     user_code: bool = field(default=False, init=False)
 
+    def __post_init__(self) -> None:
+        # torch.distributed.pipelining makes a tensor as it is imported (microbatch.py's
+        # `sum_reducer`, 4 bytes): imported here, before any step is tracked, so no rank counts
+        # it as the step's (on a GPU it is host memory).
+        from torch.distributed import pipelining  # noqa: F401
+
     @property
     def catalog(self) -> CatalogStep:
         """The unsplit step: model, optimizer, batch and precision come from it."""
