@@ -388,30 +388,40 @@ class DepthReplay:
     replayed_steps: int
     """Full-depth steps synthesized from them."""
     fallback: str | None = None
-    """Why the full model was traced instead; None when it replayed (or `--depth trace`)."""
+    """Why the full model was traced instead; None when it replayed (or `--depth trace`). Beside
+    `traced_depths`: why some pipeline ranks' stages were traced in full."""
+    stages: int = 1
+    """Pipeline stages (pp x virtual stages) the model is split into, each of `layers` blocks
+    replayed; 1 when the model is not split."""
 
     def says(self) -> str:
-        """One line for reports: what was traced and what replayed, saying it was simulated."""
+        """One line for reports: what was traced and what replayed, saying it was simulated
+        ("40 blocks a stage (2 stages) replayed from simulated traces at 3 and 4 blocks a
+        stage (4 steps traced, 2 replayed)" for a pipeline)."""
         if self.traced_depths:
             *first, last = self.traced_depths
             depths = f"{', '.join(map(str, first))} and {last}" if first else str(last)
-            return (
-                f"{plural(self.layers, 'block')} replayed from simulated traces at {depths} "
-                f"blocks ({plural(self.traced_steps, 'step')} traced, "
-                f"{self.replayed_steps:,} replayed)"
+            split = f" a stage ({self.stages} stages)" if self.stages > 1 else ""
+            said = (
+                f"{plural(self.layers, 'block')}{split} replayed from simulated traces at "
+                f"{depths} blocks{' a stage' if split else ''} "
+                f"({plural(self.traced_steps, 'step')} traced, {self.replayed_steps:,} replayed)"
             )
+            return f"{said}; {self.fallback}" if self.fallback else said
         blocks = f"{plural(self.layers, 'block')}, " if self.layers else ""
         full = f"the full model traced ({blocks}simulated)"
         return f"{full}: {self.fallback}" if self.fallback else full
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form: {layers, traced_depths, traced_steps, replayed_steps, fallback}."""
+        """The JSON form: {layers, traced_depths, traced_steps, replayed_steps, fallback,
+        stages}."""
         return {
             "layers": self.layers,
             "traced_depths": list(self.traced_depths),
             "traced_steps": self.traced_steps,
             "replayed_steps": self.replayed_steps,
             "fallback": self.fallback,
+            "stages": self.stages,
         }
 
     @classmethod
@@ -423,6 +433,7 @@ class DepthReplay:
             traced_steps=int(data["traced_steps"]),
             replayed_steps=int(data["replayed_steps"]),
             fallback=data.get("fallback"),
+            stages=int(data.get("stages", 1)),
         )
 
 

@@ -98,7 +98,7 @@ def test_the_report_carries_each_stage_and_the_worst_rank(llama4, capsys):
     assert pipeline["micro_batch"] * pipeline["microbatches"] == report.optimal.batch_size
     # Two data-parallel ranks share each local batch's pipeline: the global batch is 2 x local.
     assert data["distributed"]["global_batch"] == 2 * report.optimal.batch_size
-    assert data["depth_replay"]["fallback"].startswith("pipeline stages are traced in full")
+    assert data["depth_replay"]["fallback"].startswith("2 blocks a stage are too few to gain")
     render.print_report(report, data)
     printed = capsys.readouterr().out
     assert "worst stage on rank 2 (pipeline rank 1)" in printed
@@ -175,3 +175,36 @@ def test_tensor_parallelism_splits_each_stage(llama4: str) -> None:
     assert 0.49 < split.breakdown.parameters / alone.breakdown.parameters < 0.51
     assert split.breakdown.logits < alone.breakdown.logits / 2
     assert [s.rank for s in split.stages] == [0, 4]  # pp is the mesh's outermost dimension
+
+
+def test_each_rank_s_stages_are_depth_replayed_as_traced(tmp_path: Path) -> None:
+    # 28 blocks, 14 a stage: each rank's stages are read off the model built with 2 to 5
+    # blocks a stage, and every rank's peak, reserved and required bytes are the full trace's.
+    path = tmp_path / "llama28.json"
+    path.write_text(json.dumps({**TINY, "_source": None, "num_hidden_layers": 28}))
+    sources.restrict_config_files(None)
+    runs, summaries = {}, {}
+    for depth in ("replay", "trace"):
+        settings = _pp(f"file:{path}", seq_len=32, microbatches=2, depth=depth)
+        backend = Session(settings).open_backend()
+        with backend.session():
+            runs[depth] = [backend.measure(b) for b in (2, 4)]
+            summaries[depth] = backend.depth_replay
+    replay = summaries["replay"]
+    assert replay is not None and replay.fallback is None, replay
+    assert (replay.layers, replay.stages, replay.replayed_steps) == (14, 2, 4)
+    assert replay.says().startswith("14 blocks a stage (2 stages) replayed from simulated")
+    for replayed, traced in zip(runs["replay"], runs["trace"], strict=True):
+        assert replayed.stages == traced.stages
+        for name in ("peak_bytes", "cuda_reserved_bytes", "required_bytes", "runs", "fits"):
+            assert getattr(replayed, name) == getattr(traced, name), name
+
+
+def test_stages_of_uneven_depth_are_traced_in_full(llama4: str, tmp_path: Path) -> None:
+    path = tmp_path / "llama29.json"
+    path.write_text(json.dumps({**TINY, "_source": None, "num_hidden_layers": 29}))
+    sources.restrict_config_files(None)
+    backend = Session(_pp(f"file:{path}", seq_len=32, microbatches=2)).open_backend()
+    replay = backend.depth_replay
+    assert replay is not None and not replay.traced_depths
+    assert replay.fallback == "its 29 blocks do not split evenly into 2 pipeline stages"

@@ -295,6 +295,7 @@ def test_the_report_and_its_json_carry_the_depth_replay():
         "traced_steps": 14,
         "replayed_steps": 6,
         "fallback": None,
+        "stages": 1,
     }
     assert d["depth_note"] == r.depth_note
     assert DepthReplay.from_dict(d["depth_replay"]) == REPLAYED

@@ -18,6 +18,7 @@ or the UI.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 from memorymark.accounting.depth import DepthStep, DepthStructure
@@ -27,7 +28,9 @@ from memorymark.backends.depth_worker import Recipe, RemoteShallower
 from memorymark.limits import one_line
 from memorymark.measurement import DepthReplay, Measurement
 from memorymark.models.depth import LayerPlan
+from memorymark.settings import Settings
 from memorymark.step.catalog import CatalogStep
+from memorymark.step.pipeline import PipelineStep
 from memorymark.step.protocol import TrainingStep
 
 
@@ -69,22 +72,37 @@ def _structure_key(backend: ShallowerBackend) -> tuple[Any, ...]:
     another GPU's kernels do not follow is passed over and one is found for them. (The ways out
     of a 70B model step QLoRA on an L40S, then an A100: one structure serves both.)"""
     s = backend.training_step.settings
+    hw = s.hardware
     return (
         s.workload,
         type(backend).__name__,
-        s.hardware.dist,
-        s.hardware.offload,
-        s.hardware.mp_policy,
+        hw.dist,
+        hw.offload,
+        hw.mp_policy,
+        (hw.tp, hw.cp, hw.pp, hw.virtual_stages, hw.microbatches, hw.pp_schedule),
+        getattr(backend.training_step, "rank", None),  # a pipeline rank holds its own stages
     )
 
 
-class DepthReplayer:
-    """Full-depth steps of `backend`'s model, read off shallower builds of it."""
+StepAt = Callable[[Settings, int], Any]
+"""The backend's training step for `settings` with its model built at a depth (blocks)."""
 
-    def __init__(self, backend: ShallowerBackend, plan: LayerPlan) -> None:
+
+def _catalog_step_at(settings: Settings, depth: int) -> CatalogStep:
+    return CatalogStep(settings, layers=depth)
+
+
+class DepthReplayer:
+    """Full-depth steps of `backend`'s model, read off shallower builds of it. `plan` counts
+    the blocks `step_at` builds (a pipeline stage's: `replayer_for`)."""
+
+    def __init__(
+        self, backend: ShallowerBackend, plan: LayerPlan, step_at: StepAt = _catalog_step_at
+    ) -> None:
         self._backend = backend
         """The full-depth backend: it judges the steps replayed, and traces them on a fallback."""
         self.plan = plan
+        self._step_at = step_at
         self.fallback: str | None = None
         """Why the full model is traced instead; None while the replay holds."""
         self.traced_steps = 0
@@ -132,9 +150,12 @@ class DepthReplayer:
 
     def release(self) -> None:
         """Release every shallower backend (the first opened, which may hold a process group
-        the others share, last)."""
+        the others share, last). Each sets up afresh at its next step, a first step again (a
+        pipeline's stages are released after every probe: their process group is the next
+        rank's)."""
         for depth in sorted(self._variants, reverse=True):
             self._variants[depth].release()
+        self._steps.clear()
 
     def _record(self, batch_size: int) -> tuple[StepRecord | str, Measurement]:
         """The full-depth record at `batch_size` (or why there is none) and a shallower step's
@@ -268,11 +289,11 @@ class DepthReplayer:
         settings = full.training_step.settings
         variant = self._variants.get(depth)
         if variant is None:
-            step = CatalogStep(settings, layers=depth)
+            step = self._step_at(settings, depth)
             variant = self._remote(depth, step) or self._local(step)
             self._variants[depth] = variant
         elif variant.training_step.settings != settings:
-            variant.training_step = CatalogStep(settings, layers=depth)
+            variant.training_step = self._step_at(settings, depth)
         return variant
 
     def _local(self, step: CatalogStep) -> ShallowerBackend:
@@ -306,6 +327,9 @@ def replayer_for(backend: Any) -> DepthReplayer | str:
     from memorymark.models import depth
 
     step = backend.training_step
+    stage = step if isinstance(step, PipelineStep) else None
+    if stage is not None:
+        step = stage.catalog
     if not isinstance(step, CatalogStep):
         return "your own training code is traced as written"
     config = models.config_of(step.entry)
@@ -314,10 +338,42 @@ def replayer_for(backend: Any) -> DepthReplayer | str:
     plan = depth.layer_plan(config, step.settings.workload.checkpoint_every)
     if isinstance(plan, str):
         return plan
+    step_at: StepAt = _catalog_step_at
+    if stage is not None:
+        found = _stage_plan(plan, stage.n_stages)
+        if isinstance(found, str):
+            return found
+        plan, step_at = found, _stage_step_at(stage)
     if not plan.worth_replaying():
         traced = plan.depths()
+        each = " a stage" if stage is not None else ""
         return (
-            f"{plan.layers} blocks are too few to gain: the replay traces {traced[1]} and "
-            f"{traced[2]} blocks at each batch size"
+            f"{plan.layers} blocks{each} are too few to gain: the replay traces {traced[1]} "
+            f"and {traced[2]} blocks{each} at each batch size"
         )
-    return DepthReplayer(backend, plan)
+    return DepthReplayer(backend, plan, step_at)
+
+
+def _stage_plan(plan: LayerPlan, stages: int) -> LayerPlan | str:
+    """The depth of each of a pipeline's `stages` (pp x virtual stages, the model's blocks split
+    evenly, as `memorymark/step/pipeline.py` splits them), or why a stage is traced in full. A
+    model built with k blocks a stage is split into stages of k blocks: the same stage, at
+    depth k. Only where every block is alike: a layer pattern or every K-th block checkpointed
+    puts other blocks in each stage of a shallower build."""
+    if plan.period != 1 or plan.prefix:
+        return "its blocks follow a pattern, which a pipeline stage's shallower builds would not"
+    if plan.layers % stages:
+        return f"its {plan.layers} blocks do not split evenly into {stages} pipeline stages"
+    return dataclasses.replace(plan, layers=plan.layers // stages)
+
+
+def _stage_step_at(stage: PipelineStep) -> StepAt:
+    """Pipeline rank `stage.rank`'s step with each of its stages built at a depth: the model
+    built with that many blocks a stage."""
+
+    def step_at(settings: Settings, depth: int) -> PipelineStep:
+        return dataclasses.replace(
+            stage, settings=settings, layers=depth * stage.n_stages, group=None
+        )
+
+    return step_at

@@ -13,9 +13,10 @@ every stage's peak beside it (`Measurement.stages`).
 
 Under PP, FSDP2 keeps each stage's parameters gathered from forward to backward
 (`reshard_after_forward=False`), as torchtitan does by default (`fsdp_reshard_after_forward =
-"default"`: "False for PP"), so a block is not gathered again for every microbatch. The depth
-replay does not split a model into stages: each stage is traced in full. This module knows
-nothing about search or reports.
+"default"`: "False for PP"), so a block is not gathered again for every microbatch. Each rank's
+stages are depth-replayed (memorymark/backends/depth_replay.py) where the model's blocks are
+alike and split evenly: the model built with k blocks a stage gives that rank's stages at
+depth k. This module knows nothing about search or reports.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ from memorymark.distributed import layout, topology
 from memorymark.measurement import DepthReplay, Measurement, StagePeak
 from memorymark.settings import Settings
 from memorymark.step.pipeline import PipelineStep, chunks, micro_batch
-
-DEPTH_WHY = "pipeline stages are traced in full (the depth replay does not split a model)"
 
 
 def check(settings: Settings) -> None:
@@ -92,7 +91,6 @@ class StageSimBackend(DistSimBackend):
         super().__init__(step, **kwargs)
         self.step = step
         self.rank = step.rank * (self.world_size // step.pp)  # pp is the mesh's outermost dim
-        self.depth_why = DEPTH_WHY
 
     def _mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
         return self.training_step.settings.hardware.layout(self.world_size).mesh()
@@ -183,7 +181,6 @@ class PipelineSimBackend(Backend):
         first = self.stages[0]
         super().__init__(steps[0], policy=first.policy)
         self.roofline = None
-        self.depth_why = DEPTH_WHY
 
     def measure(self, batch_size: int) -> Measurement:
         """Each distinct rank's step at local batch `batch_size`; the worst stage's measurement
@@ -222,13 +219,29 @@ class PipelineSimBackend(Backend):
 
     @property
     def depth_replay(self) -> DepthReplay | None:
-        """Each stage traced in full, and why, where the depth replay was asked for."""
+        """What the depth replay of each rank's stages traced and replayed, the ranks that
+        traced theirs in full and why; None where it was not asked for."""
         settings = self.training_step.settings
         if settings.search.depth != "replay":
             return None
         config = models.config_of(models.find_model(settings.workload.model)) or {}
         layers = config.get("num_hidden_layers", 0)
-        return DepthReplay(layers, (), 0, 0, DEPTH_WHY)
+        why = next((b.depth_why for b in self.stages if b.depth_why), None)
+        summaries = [(b.step.rank, b.depth_replay) for b in self.stages]
+        if why is not None or any(summary is None for _, summary in summaries):
+            return DepthReplay(layers, (), 0, 0, why)
+        replayed = [s for _, s in summaries if s is not None and s.fallback is None]
+        full = [f"pipeline rank {r}: {s.fallback}" for r, s in summaries if s and s.fallback]
+        if not replayed:
+            return DepthReplay(layers, (), 0, 0, "; ".join(full))
+        return DepthReplay(
+            replayed[0].layers,
+            tuple(sorted({d for s in replayed for d in s.traced_depths})),
+            sum(s.traced_steps for _, s in summaries if s is not None),
+            sum(s.replayed_steps for s in replayed),
+            f"traced in full for {'; '.join(full)}" if full else None,
+            stages=self.stages[0].step.n_stages,
+        )
 
     def resident_bytes(self) -> dict[str, int]:
         """The states of the rank that holds the most before its first step."""

@@ -189,6 +189,8 @@ def _pipeline_backend(
             step, gpu=gpu, policy=policy, thread_workspace=workspace
         )
         stage.roofline = throughput.Roofline.for_gpu(gpu, tf32=settings.workload.tf32)
+        if settings.search.depth == "replay":
+            stage.replay_depth()
         return stage
 
     return pipeline_sim.PipelineSimBackend(settings, open_stage)
