@@ -11,8 +11,9 @@ Half the depths step in a second process (memorymark/backends/depth_worker.py) w
 one steps the others: they share nothing, and a 2-core machine traces both at once.
 Wherever the structure is not found, a figure disagrees, or a shallower step fails, it falls
 back for good: the full model is traced from then on and `fallback` says why (a worker that dies
-hands its depths back to this process instead). This module knows nothing about search, reports
-or the UI.
+hands its depths back to this process instead). A pipeline rank's stages replay the same way:
+its step built at k blocks a stage (`replayer_for`). This module knows nothing about search,
+reports or the UI.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ class ShallowerBackend(Protocol):
 
     def measurement_of(self, batch_size: int, record: StepRecord) -> Measurement: ...
 
-    def shallower(self, step: CatalogStep, group_owner: Any = None) -> ShallowerBackend: ...
+    def shallower(self, step: TrainingStep, group_owner: Any = None) -> ShallowerBackend: ...
 
-    def shallower_recipe(self, step: CatalogStep) -> Recipe | None: ...
+    def shallower_recipe(self, step: TrainingStep) -> Recipe | None: ...
 
     def keep_records(self) -> Any: ...
 
@@ -296,14 +297,14 @@ class DepthReplayer:
             variant.training_step = self._step_at(settings, depth)
         return variant
 
-    def _local(self, step: CatalogStep) -> ShallowerBackend:
+    def _local(self, step: TrainingStep) -> ShallowerBackend:
         local = [v for v in self._variants.values() if not isinstance(v, RemoteShallower)]
         owner = local[0] if local else None  # the first opened holds the process group
         variant = self._backend.shallower(step, group_owner=owner)
         variant.keep_records()
         return variant
 
-    def _remote(self, depth: int, step: CatalogStep) -> RemoteShallower | None:
+    def _remote(self, depth: int, step: TrainingStep) -> RemoteShallower | None:
         if depth not in self.plan.depths()[_REMOTE]:
             return None
         recipe = self._backend.shallower_recipe(step)
