@@ -227,17 +227,17 @@ class PipelineSimBackend(Backend):
         config = models.config_of(models.find_model(settings.workload.model)) or {}
         layers = config.get("num_hidden_layers", 0)
         why = next((b.depth_why for b in self.stages if b.depth_why), None)
-        summaries = [(b.step.rank, b.depth_replay) for b in self.stages]
-        if why is not None or any(summary is None for _, summary in summaries):
+        ranks = [(b.step.rank, s) for b in self.stages if (s := b.depth_replay) is not None]
+        if why is not None or len(ranks) < len(self.stages):
             return DepthReplay(layers, (), 0, 0, why)
-        replayed = [s for _, s in summaries if s is not None and s.fallback is None]
-        full = [f"pipeline rank {r}: {s.fallback}" for r, s in summaries if s and s.fallback]
+        replayed = [s for _, s in ranks if s.fallback is None]
+        full = [f"pipeline rank {r}: {s.fallback}" for r, s in ranks if s.fallback]
         if not replayed:
             return DepthReplay(layers, (), 0, 0, "; ".join(full))
         return DepthReplay(
             replayed[0].layers,
             tuple(sorted({d for s in replayed for d in s.traced_depths})),
-            sum(s.traced_steps for _, s in summaries if s is not None),
+            sum(s.traced_steps for _, s in ranks),
             sum(s.replayed_steps for s in replayed),
             f"traced in full for {'; '.join(full)}" if full else None,
             stages=self.stages[0].step.n_stages,
