@@ -91,9 +91,15 @@ def test_a_layout_whose_states_alone_pass_a_gpu_is_pruned():
 class FakeBench:
     """Steps whose best batch and speed are known functions of the layout; tp 2 refused."""
 
-    def __init__(self, refuse_tp: int | None = None, needs: dict[int, int] | None = None):
+    def __init__(
+        self,
+        refuse_tp: int | None = None,
+        needs: dict[int, int] | None = None,
+        fail_pp: int | None = None,
+    ):
         self.analyzed: list[str] = []
         self.refuse_tp = refuse_tp
+        self.fail_pp = fail_pp
         self.needs = needs or {}  # tp -> the fewest GPUs its batch 1 runs on
         self.measured: list[tuple[int, int, int]] = []
 
@@ -102,6 +108,8 @@ class FakeBench:
         self.analyzed.append(hw.layout().describe())
         if hw.tp == self.refuse_tp:
             raise ValueError("--tp 2 is not simulated yet")
+        if hw.pp == self.fail_pp:
+            raise RuntimeError("the training step failed at batch 2: a value read\nat line 1")
         batch = 4 * hw.tp * hw.pp  # model parallelism frees memory for activations
         sps = 40.0 * (1 + hw.tp / 8)
         best = Measurement(batch_size=batch, fits=True, runs=True, peak_bytes=70 * GIB,
@@ -140,6 +148,16 @@ def test_layouts_past_the_time_limit_are_listed_not_searched(monkeypatch):
     assert skipped and len(bench.analyzed) + len(skipped) == len(search.rows)
     assert search.rows[-1].status == "not searched" and "time limit (100 s)" in skipped[0].note
     assert search.rows[0].fits  # what was searched still ranks first
+
+
+@pytest.mark.fast
+def test_a_layout_whose_step_fails_is_listed_and_the_search_goes_on():
+    bench = FakeBench(fail_pp=2)
+    search = layouts.search_layouts(BASE, bench, 16, _inputs())
+    failed = [r for r in search.rows if r.candidate.layout.pp == 2]
+    assert failed and {r.status for r in failed} == {"refused"}
+    assert failed[0].note == "the training step failed at batch 2: a value read"
+    assert any(r.fits for r in search.rows) and len(bench.analyzed) == len(search.rows)
 
 
 @pytest.mark.fast

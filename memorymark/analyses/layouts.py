@@ -46,8 +46,8 @@ class LayoutRow:
 
     candidate: Candidate
     status: str
-    """fits, no fit (batch 1 does not), pruned (the states alone pass a GPU), refused, or not
-    searched (the search's time limit passed before its turn)."""
+    """fits, no fit (batch 1 does not), pruned (the states alone pass a GPU), refused (not
+    simulated, or its step failed), or not searched (the time limit passed before its turn)."""
     note: str | None = None
     """Why a layout was pruned or refused, in one line."""
     per_gpu_batch: int | None = None
@@ -367,7 +367,9 @@ def _row(settings: Settings, bench: Bench, c: Candidate, inputs: Inputs) -> Layo
         )  # fmt: skip
     try:
         report = bench.analyze(layout_settings(settings, c))
-    except ValueError as exc:  # e.g. degrees the simulation does not run yet
+    except (ValueError, RuntimeError) as exc:
+        # Degrees the simulation does not run yet, or a step that failed on this layout alone
+        # (the engine's StepError is a RuntimeError): one row says so, the search goes on.
         return LayoutRow(candidate=c, status="refused", note=str(exc).splitlines()[0],
                          states_bytes=share)  # fmt: skip
     return estimate_row(report, c, inputs, share)

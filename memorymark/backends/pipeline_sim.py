@@ -23,16 +23,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from memorymark import cuda_rules, models
 from memorymark.backends import sharding
 from memorymark.backends.base import Backend
 from memorymark.backends.dist_sim import DistSimBackend, _sharding_patches
+from memorymark.cuda_rules.scoped_patch import ScopedPatch
 from memorymark.distributed import layout, topology
 from memorymark.measurement import DepthReplay, Measurement, StagePeak
 from memorymark.settings import Settings
@@ -106,6 +109,12 @@ class StageSimBackend(DistSimBackend):
     def _activation_dtype(self) -> torch.dtype:
         return activation_dtype(self.training_step.settings, self._sharded())
 
+    @contextlib.contextmanager
+    def _step_context(self) -> Iterator[None]:
+        vote = _static_vote()
+        with super()._step_context(), vote.active() if vote else contextlib.nullcontext():
+            yield
+
     def _distribute(self, model: nn.Module) -> nn.Module:
         tp = self._parts.get("tp")
         if tp is None and not self._sharded():
@@ -118,6 +127,47 @@ class StageSimBackend(DistSimBackend):
             if not self._sharded():
                 return model
             return shard_stages(model, self.training_step.settings, self._mesh)
+
+
+@functools.cache
+def _static_vote() -> ScopedPatch | None:
+    from torch.distributed.pipelining import schedules
+
+    base = getattr(schedules, "_PipelineSchedule", None)
+    if base is None or not hasattr(base, "_warmup_p2p"):
+        return None  # a release without the vote: nothing to stand in for
+    return ScopedPatch(base, "_warmup_p2p", _vote_locally)
+
+
+def _vote_locally(
+    original: Callable[..., Any], schedule: Any, stages: list[Any], *args: Any
+) -> Any:
+    """The schedule's first step, where its stages vote across ranks on how they learn their
+    neighbours' shapes (`_warmup_p2p`): on a fake group, decided here, as torch 2.14 does.
+    torch 2.13 runs the vote and reads its result (`result.item() == 1` in
+    torch/distributed/pipelining/schedules.py), a value a fake tensor has not: every pipeline
+    failed at its first step there, as on the hosted app's pinned torch. 2.14 sets each
+    `PipelineStage` static, with no vote, under a fake group with a neighbour on another rank
+    (the stages are given their shapes: `PipelineStep._example`); so does this, on any release
+    that has the vote. Anything else runs as torch has it."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    def crosses_ranks(st: Any) -> bool:
+        return (not st.is_first and not st._is_same_rank(st.stage_index - 1)) or (
+            not st.is_last and not st._is_same_rank(st.stage_index + 1)
+        )
+
+    if (
+        stages
+        and all(isinstance(st, PipelineStage) for st in stages)
+        and any(crosses_ranks(st) for st in stages)
+        and all(dist.get_backend(st.group) == "fake" for st in stages)
+    ):
+        for st in stages:
+            st._inference_mode = InferenceMode.STATIC
+        return None
+    return original(schedule, stages, *args)
 
 
 def sharded_stages(settings: Settings, gpus: int) -> bool:
