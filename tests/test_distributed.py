@@ -140,29 +140,30 @@ def test_min_gpus_predicts_from_one_gpu_and_one_node():
 
 
 def test_min_gpus_checks_the_count_before_a_prediction():
-    # 10 + 2000/n <= 80 from n = 28.6: predicted 32, and 24 is checked (it does not run).
+    # 10 + 2000/n <= 80 from n = 28.6: predicted 32; 24 goes first (it does not run), then 32.
     seen: list[int] = []
     search = min_gpus(_on("fsdp", 1), _fake_measure(32, seen, a=10, b=2000), limit=lambda n: 80)
     assert search.min_gpus == 32
-    assert seen == [1, 8, 32, 24]
+    assert seen == [1, 8, 24, 32]
 
 
 def test_min_gpus_starts_from_the_counts_a_caller_stepped():
     # The ways out stepped 2 and 3 in order (10 + 60/n: 40 and 30 do not fit 20): they are
-    # not stepped again, and a + b/n through them goes straight to 6 (20 fits) and checks 5.
+    # not stepped again, and a + b/n through them predicts 6 (20 fits): 5 goes first, then 6.
     seen: list[int] = []
     measure = _fake_measure(6, seen, a=10, b=60)
     known = {n: measure(_on("fsdp", n)) for n in (2, 3)}
     seen.clear()
     search = min_gpus(_on("fsdp", 4), measure, (4, 5, 6, 7, 8), lambda n: 20, known=known)
     assert search.min_gpus == 6
-    assert seen == [6, 5]
-    assert [n for n, _ in search.tried] == [2, 3, 6, 5]
+    assert seen == [5, 6]
+    assert [n for n, _ in search.tried] == [2, 3, 5, 6]
 
 
-def test_min_gpus_checks_below_a_fit_when_the_fit_between_says_none_does():
-    # Llama-3.1-70B's QLoRA on A10s (GiB, limit 21.25): a + b/n through 2 and 3 guesses 7;
-    # 7 and 6 fit; through 3 and 6 none of 4, 5 would, so 5 alone is checked, not 4 then 5.
+def test_min_gpus_steps_below_a_high_guess_first():
+    # Llama-3.1-70B's QLoRA on A10s (GiB, limit 21.25): a + b/n through 2 and 3 guesses 7,
+    # high; 6 goes first and fits, so 7 is never stepped; through 3 and 6 none of 4, 5 would,
+    # so 5 alone is checked, not 4 then 5.
     needs = {2: 34.6, 3: 28.2, 4: 23.5, 5: 21.4, 6: 20.0, 7: 18.8, 8: 17.9}
     seen: list[int] = []
 
@@ -180,7 +181,7 @@ def test_min_gpus_checks_below_a_fit_when_the_fit_between_says_none_does():
     search = min_gpus(
         _on("fsdp", 4), measure, (4, 5, 6, 7, 8), lambda n: int(21.25 * GIB), known=known
     )
-    assert search.min_gpus == 6 and seen == [7, 6, 5]
+    assert search.min_gpus == 6 and seen == [6, 5]
 
 
 def test_min_gpus_answers_inside_a_node_without_a_prediction():
@@ -298,13 +299,13 @@ def test_min_gpus_wants_batch_1_to_fit_with_the_margin_not_only_to_run():
 
 
 def test_min_gpus_keeps_bisecting_below_a_prediction_that_was_too_high():
-    # Predicted 32 (the fit is off), 24 trains too: the answer is below both, and 16 is the
-    # bisection's (the fit through 8 and 24 still says 32).
+    # Predicted 32 (the fit is off): 24, below it, goes first and trains, so 32 is never
+    # stepped; 16 is the bisection's (the fit through 8 and 24 still says 32).
     seen: list[int] = []
     measure = _fake_measure(24, seen, a=10, b=1000)
     search = min_gpus(_on("fsdp", 1), measure, limit=lambda n: 45)
     assert search.min_gpus == 24
-    assert seen == [1, 8, 32, 24, 16]
+    assert seen == [1, 8, 24, 16]
 
 
 @pytest.mark.parametrize("dim", [0, 1])

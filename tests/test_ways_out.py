@@ -131,8 +131,8 @@ def test_a_gpu_count_past_the_search_s_first_tries_is_bisected():
     fix = hardware.fewest_gpus(settings, gpus.find_gpu("a10"), step, states=100 * GIB,
                                parameters=10**9)  # fmt: skip
     # 5 and 6 in order (too big); 15 + 100/n through them says 24 holds it (19.2 GiB per
-    # rank): stepped next, then the count before it (16: 21.25 GiB, too big). Four steps.
-    assert stepped == [5, 6, 24, 16] and fix.gpus == 24 and fix.fits
+    # rank): the count before it goes first (16: 21.25 GiB, too big), then 24. Four steps.
+    assert stepped == [5, 6, 16, 24] and fix.gpus == 24 and fix.fits
 
 
 def test_no_more_gpus_are_stepped_once_activations_overflow_alone():
