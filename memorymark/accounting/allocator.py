@@ -122,7 +122,9 @@ def should_split(block_size: int, size: int, small: bool) -> bool:
 
 
 _NAMED_STREAMS = 8
-_POOLS = {(stream, small): (stream, small) for stream in range(_NAMED_STREAMS) for small in (False, True)}
+_POOLS = {
+    (stream, small): (stream, small) for stream in range(_NAMED_STREAMS) for small in (False, True)
+}
 """One (stream, small) tuple per pool of the first streams, made once, not per request."""
 
 
@@ -467,8 +469,14 @@ def replay(
                 first_reserved = allocator.peak_reserved_bytes
             if steps is None:
                 layout = allocator.layout()
-                if layout == last and not retries[-1]:
-                    break  # steady: each step from here replays as this one did
+                if layout == last:
+                    # Steady: this step started from the segments the one before started from,
+                    # so every later step replays as it did, its retries and peaks included.
+                    # Where it retried, the loop runs to MAX_LOOP_STEPS as it always did, but
+                    # the steps after this one are copied, not replayed.
+                    _repeat_last(retries, reserved, allocated, MAX_LOOP_STEPS - n - 1)
+                    allocator.alloc_retries += retries[-1] * (len(retries) - n - 1)
+                    break
                 last = layout
     except AllocatorOutOfMemory as oom:
         if retries:  # else setting up alone did not fit
@@ -495,6 +503,15 @@ def replay(
         allocated_per_step=tuple(allocated),
         steps=len(retries),
     )
+
+
+def _repeat_last(retries: list[int], reserved: list[int], allocated: list[int], n: int) -> None:
+    """Each per-step figure's last value again, `n` more steps, where the last step retried
+    (a steady loop that does not retry stops where it settled, as it always did)."""
+    if n <= 0 or not retries[-1]:
+        return
+    for figures in (retries, reserved, allocated):
+        figures.extend([figures[-1]] * n)
 
 
 def _allocations(events: Iterable[int | None]) -> int:
