@@ -40,6 +40,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from memorymark.accounting.tracker import uncounted
 from memorymark.backends.blocks import blocks as find_blocks
 
 PLAN_STYLES = ("colwise", "rowwise", "replicated_with_grad_allreduce")
@@ -122,7 +123,27 @@ def apply_tp(
     stage): pass the whole model's `config` when the subtree has none, and its `blocks` when
     the subtree does not list them (`_no_split_modules`). `loss_parallel`: the LM head's logits
     stay split by vocabulary (run the loss under `loss_parallel_context(True)`); False gathers
-    them whole on every rank."""
+    them whole on every rank.
+
+    What the split makes is not counted as made: torchtitan splits a model built on the meta
+    device and materialises what each rank holds at the end (`to_empty`, then `init_weights`),
+    so each rank's whole slice of every block, which FSDP2 then shards further, never takes
+    device memory at once. Counted as made, those slices of Llama-3.1-70B at tp 2 held 1.7 GiB
+    a block while the model was set up, and the cache they left reserved 146 GiB by the first
+    step at a 16.5 GiB peak. The parameters a rank ends with are counted once the model is
+    spread (`Backend._prepare`), or as FSDP2 makes its shards of them."""
+    with uncounted():
+        return _split(model, tp_mesh, loss_parallel=loss_parallel, config=config, blocks=blocks)
+
+
+def _split(
+    model: nn.Module,
+    tp_mesh: Any,
+    *,
+    loss_parallel: bool,
+    config: Any,
+    blocks: list[nn.Module] | None,
+) -> nn.Module:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
