@@ -98,6 +98,7 @@ class FakeBench:
         fail_pp: int | None = None,
     ):
         self.analyzed: list[str] = []
+        self.max_batches: list[int] = []
         self.refuse_tp = refuse_tp
         self.fail_pp = fail_pp
         self.needs = needs or {}  # tp -> the fewest GPUs its batch 1 runs on
@@ -106,6 +107,7 @@ class FakeBench:
     def analyze(self, s: Settings):
         hw = s.hardware
         self.analyzed.append(hw.layout().describe())
+        self.max_batches.append(s.search.max_batch)
         if hw.tp == self.refuse_tp:
             raise ValueError("--tp 2 is not simulated yet")
         if hw.pp == self.fail_pp:
@@ -171,6 +173,8 @@ def test_the_layouts_rank_by_estimated_throughput_with_the_refused_last():
     assert search.rows[-1].note == "--tp 2 is not simulated yet"
     assert {r.candidate.layout.tp for r in search.rows if r.status == "refused"} == {2}
     plain = next(r for r in search.rows if r.candidate.describe() == "FSDP 16")
+    # Each sweep stops at the local batch the target asks of a rank: 1024 / 16 on FSDP 16.
+    assert bench.max_batches[bench.analyzed.index("FSDP 16")] == 64
     # batch 4 on 16 ranks: 1024 / 64 = 16 accumulation steps to the target's global batch
     assert (plain.per_gpu_batch, plain.accumulation, plain.global_batch) == (4, 16, 1024)
     assert plain.step_seconds == pytest.approx(16 * max(4 / 45.0, plain.dp_seconds))

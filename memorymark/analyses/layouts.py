@@ -366,13 +366,29 @@ def _row(settings: Settings, bench: Bench, c: Candidate, inputs: Inputs) -> Layo
             note=f"its share of the states alone ({gib(int(share))} GiB) passes a GPU",
         )  # fmt: skip
     try:
-        report = bench.analyze(layout_settings(settings, c))
+        report = bench.analyze(_capped(layout_settings(settings, c), c))
     except (ValueError, RuntimeError) as exc:
         # Degrees the simulation does not run yet, or a step that failed on this layout alone
         # (the engine's StepError is a RuntimeError): one row says so, the search goes on.
         return LayoutRow(candidate=c, status="refused", note=str(exc).splitlines()[0],
                          states_bytes=share)  # fmt: skip
     return estimate_row(report, c, inputs, share)
+
+
+def _capped(settings: Settings, c: Candidate) -> Settings:
+    """`settings` with the sweep stopped at the local batch the target global batch asks of
+    each data-parallel rank (a pipeline's: a multiple of its microbatches): a larger one is a
+    bigger global batch than asked for, so no layout's row uses it, and each probe past it
+    costs a sweep seconds."""
+    target = settings.search.target_batch
+    if not target:
+        return settings
+    hw = settings.hardware
+    need = math.ceil(target / c.layout.dp)
+    if c.layout.pp > 1:
+        multiple = hw.microbatches or c.layout.pp
+        need = multiple * math.ceil(need / multiple)
+    return settings.replace(max_batch=min(settings.search.max_batch, need))
 
 
 def traced_steps(report: Report) -> int:
