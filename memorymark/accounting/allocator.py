@@ -310,7 +310,9 @@ class Prediction:
     allocated_per_step: tuple[int, ...] = ()
     """Each finished step's allocated peak, in order."""
     steps: int = 1
-    """Steps replayed: until the segments stopped changing, an OOM, or `MAX_LOOP_STEPS`."""
+    """Steps replayed: until the segments stopped changing, an OOM, or `MAX_LOOP_STEPS` (a loop
+    that settled while retrying runs to `MAX_LOOP_STEPS`, its settled step copied, not
+    replayed)."""
 
 
 EMPTY_CACHE = None
