@@ -96,11 +96,13 @@ class FakeBench:
         refuse_tp: int | None = None,
         needs: dict[int, int] | None = None,
         fail_pp: int | None = None,
+        full_pp: int | None = None,
     ):
         self.analyzed: list[str] = []
         self.max_batches: list[int] = []
         self.refuse_tp = refuse_tp
         self.fail_pp = fail_pp
+        self.full_pp = full_pp
         self.needs = needs or {}  # tp -> the fewest GPUs its batch 1 runs on
         self.measured: list[tuple[int, int, int]] = []
 
@@ -112,6 +114,10 @@ class FakeBench:
             raise ValueError("--tp 2 is not simulated yet")
         if hw.pp == self.fail_pp:
             raise RuntimeError("the training step failed at batch 2: a value read\nat line 1")
+        if hw.pp == self.full_pp:  # only multiples of its 2 microbatches run: 2 is the least
+            two = Measurement(batch_size=2, fits=False, runs=False, peak_bytes=80 * GIB,
+                              backend="fake", measured=False, required_bytes=90 * GIB)  # fmt: skip
+            return SimpleNamespace(settings=s, optimal=None, measurements=(two,), depth_replay=None)
         batch = 4 * hw.tp * hw.pp  # model parallelism frees memory for activations
         sps = 40.0 * (1 + hw.tp / 8)
         best = Measurement(batch_size=batch, fits=True, runs=True, peak_bytes=70 * GIB,
@@ -160,6 +166,13 @@ def test_a_layout_whose_step_fails_is_listed_and_the_search_goes_on():
     assert failed and {r.status for r in failed} == {"refused"}
     assert failed[0].note == "the training step failed at batch 2: a value read"
     assert any(r.fits for r in search.rows) and len(bench.analyzed) == len(search.rows)
+
+
+@pytest.mark.fast
+def test_a_pipeline_that_does_not_fit_says_what_its_smallest_batch_needs():
+    search = layouts.search_layouts(BASE, FakeBench(full_pp=2), 16, _inputs())
+    row = next(r for r in search.rows if r.candidate.layout.pp == 2)
+    assert (row.status, row.note, row.peak_bytes) == ("no fit", "batch 2 does not fit", 90 * GIB)
 
 
 @pytest.mark.fast

@@ -46,8 +46,9 @@ class LayoutRow:
 
     candidate: Candidate
     status: str
-    """fits, no fit (batch 1 does not), pruned (the states alone pass a GPU), refused (not
-    simulated, or its step failed), or not searched (the time limit passed before its turn)."""
+    """fits, no fit (the smallest batch it runs does not), pruned (the states alone pass a
+    GPU), refused (not simulated, or its step failed), or not searched (the time limit passed
+    before its turn)."""
     note: str | None = None
     """Why a layout was pruned or refused, in one line."""
     per_gpu_batch: int | None = None
@@ -58,7 +59,8 @@ class LayoutRow:
     microbatches: int | None = None
     """A pipeline's microbatches per local batch (torchtitan's default unless set)."""
     peak_bytes: int | None = None
-    """The (worst) rank's peak live bytes at that batch, or what batch 1 needs."""
+    """The (worst) rank's peak live bytes at that batch; where none fits, what the smallest
+    batch stepped needs."""
     states_bytes: float | None = None
     """A rank's share of the model's states (counted, not stepped)."""
     worst_rank: int | None = None
@@ -403,11 +405,15 @@ def estimate_row(report: Report, c: Candidate, inputs: Inputs, share: float) -> 
     """A swept layout's row: its best batch, peak and estimated step time and cost."""
     lay, s, traced = c.layout, report.settings, traced_steps(report)
     best = report.optimal
-    shown = best or next((m for m in report.measurements if m.batch_size == 1), None)
+    # Where nothing fits, the smallest batch stepped: 1, or a pipeline's microbatch count
+    # (only its multiples run).
+    smallest = min(report.measurements, key=lambda m: m.batch_size, default=None)
+    shown = best or smallest
     worst = _worst_rank(shown)
     if best is None or best.samples_per_second is None:
+        least = 1 if smallest is None else smallest.batch_size
         return LayoutRow(
-            candidate=c, status="no fit", note="batch 1 does not fit",
+            candidate=c, status="no fit", note=f"batch {least} does not fit",
             peak_bytes=None if shown is None else shown.required_bytes, states_bytes=share,
             worst_rank=worst, traced_steps=traced,
         )  # fmt: skip
