@@ -63,8 +63,8 @@ def test_the_bubble_is_megatrons():
     assert layout_costs.bubble_fraction(8, 32, "gpipe") == pytest.approx(7 / 39)
     assert layout_costs.bubble_fraction(8, 32, "interleaved-1f1b", 2) == pytest.approx(3.5 / 35.5)
     assert layout_costs.bubble_fraction(1, 1, "1f1b") == 0.0
-    assert layout_costs.microbatches(32) == 32  # torchtitan: local batch / microbatch size 1
-    assert layout_costs.microbatches(32, 4) == 4
+    assert layout_costs.microbatches(4) == 4  # one per pipeline rank, as simulated
+    assert layout_costs.microbatches(4, 8) == 8
 
 
 @pytest.mark.fast
@@ -193,8 +193,8 @@ def test_the_layouts_rank_by_estimated_throughput_with_the_refused_last():
     assert plain.step_seconds == pytest.approx(16 * max(4 / 45.0, plain.dp_seconds))
     assert plain.samples_per_second == pytest.approx(1024 / plain.step_seconds)
     piped = next(r for r in search.rows if r.candidate.describe() == "FSDP 8 x PP 2 (1F1B)")
-    assert piped.microbatches == 8  # local batch 8, torchtitan's microbatch size 1
-    assert piped.bubble_fraction == pytest.approx(1 / 9)
+    assert piped.microbatches == 2  # as simulated: one per pipeline rank
+    assert piped.bubble_fraction == pytest.approx(1 / 3)
     assert search.pruned == 0 and search.best is fitting[0]
     # the fastest pipeline's interleaved variant is stepped too, once
     schedules = [r.candidate.schedule for r in search.rows if r.candidate.layout.pp > 1]
@@ -254,6 +254,8 @@ def test_the_chosen_layouts_torchtitan_fragment_and_mesh():
     assert "tensor_parallel_degree = 8" in toml
     assert "pipeline_parallel_degree = 8" in toml
     assert 'pipeline_parallel_schedule = "Interleaved1F1B"' in toml
+    # The microbatch size simulated: a local batch of 32 in 8 microbatches.
+    assert "pipeline_parallel_microbatch_size = 4" in torchtitan_parallelism(c, 32, 2048, 8)
     assert init_device_mesh_line(c.layout) == (
         'mesh = init_device_mesh("cuda", (8, 8, 8), mesh_dim_names=("pp", "dp_shard", "tp"))'
     )

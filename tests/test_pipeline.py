@@ -77,6 +77,16 @@ def test_gpipe_holds_every_microbatch_and_1f1b_fewer(by_schedule):
     assert one_f.peak_bytes < inter.peak_bytes < gpipe.peak_bytes
 
 
+def test_a_pipeline_is_estimated_as_fast_as_its_slowest_stage_less_the_bubble(by_schedule):
+    gpipe, one_f, inter = (by_schedule[s] for s in ("gpipe", "1f1b", "interleaved-1f1b"))
+    assert {m.throughput_source for m in (gpipe, one_f, inter)} == {"estimated"}
+    # The same stages and the same bubble, 1 / (4 + 1): the same rate (the layout search read
+    # none before, and called every pipeline "no fit").
+    assert one_f.samples_per_second == pytest.approx(gpipe.samples_per_second)
+    # Interleaving halves the bubble: (1 / 2) / (4 + 1 / 2) of the step against 1 / 5.
+    assert inter.samples_per_second > one_f.samples_per_second
+
+
 def test_the_middle_ranks_are_stood_for_by_the_second():
     assert simulated_ranks(2) == (0, 1)
     assert simulated_ranks(8) == (0, 1, 7)

@@ -57,7 +57,7 @@ class LayoutRow:
     global_batch: int | None = None
     """per-GPU batch x data-parallel ranks x accumulation."""
     microbatches: int | None = None
-    """A pipeline's microbatches per local batch (torchtitan's default unless set)."""
+    """A pipeline's microbatches per local batch, as simulated (`layout_costs.microbatches`)."""
     peak_bytes: int | None = None
     """The (worst) rank's peak live bytes at that batch; where none fits, what the smallest
     batch stepped needs."""
@@ -388,7 +388,7 @@ def _capped(settings: Settings, c: Candidate) -> Settings:
     hw = settings.hardware
     need = math.ceil(target / c.layout.dp)
     if c.layout.pp > 1:
-        multiple = hw.microbatches or c.layout.pp
+        multiple = layout_costs.microbatches(c.layout.pp, hw.microbatches)
         need = multiple * math.ceil(need / multiple)
     return settings.replace(max_batch=min(settings.search.max_batch, need))
 
@@ -420,9 +420,10 @@ def estimate_row(report: Report, c: Candidate, inputs: Inputs, share: float) -> 
     local = best.batch_size
     target = s.search.target_batch
     accumulation = max(1, math.ceil(target / (local * lay.dp))) if target else s.workload.grad_accum
-    micro = layout_costs.microbatches(local, s.hardware.microbatches) if lay.pp > 1 else None
+    micro = layout_costs.microbatches(lay.pp, s.hardware.microbatches) if lay.pp > 1 else None
     bubble = layout_costs.bubble_fraction(lay.pp, micro or 1, c.schedule, c.virtual_stages)
-    compute = local / best.samples_per_second / (1 - bubble)
+    # A pipeline's rate is its slowest stage's, the bubble already taken off (pipeline_sim).
+    compute = local / best.samples_per_second
     elem = 2 if s.workload.precision in ("bf16-mixed", "16-mixed", "bf16-true") else 4
     gathered, reduced = (
         scale_out.element_bytes(s, compute=True),

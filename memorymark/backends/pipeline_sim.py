@@ -25,7 +25,7 @@ import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -36,7 +36,7 @@ from memorymark.backends import sharding
 from memorymark.backends.base import Backend
 from memorymark.backends.dist_sim import DistSimBackend, _sharding_patches
 from memorymark.cuda_rules.scoped_patch import ScopedPatch
-from memorymark.distributed import layout, topology
+from memorymark.distributed import layout, layout_costs, topology
 from memorymark.measurement import DepthReplay, Measurement, StagePeak
 from memorymark.settings import Settings
 from memorymark.step.pipeline import PipelineStep, chunks, micro_batch
@@ -256,16 +256,29 @@ class PipelineSimBackend(Backend):
             for backend, m in zip(self.stages, measured, strict=True)
         )
         worst = max(range(len(measured)), key=lambda i: _severity(measured[i]))
-        # A pipeline's time is its slowest stage's plus the bubble: not estimated here.
         return dataclasses.replace(
             measured[worst],
             stages=peaks,
             worst_stage=worst,
-            samples_per_second=None,
-            throughput_source=None,
+            samples_per_second=self._throughput(measured),
+            throughput_source=measured[worst].throughput_source,
             step_flops=None,
             step_seconds=None,
         )
+
+    def _throughput(self, measured: list[Measurement]) -> float | None:
+        """Samples a second through the pipeline (estimated): its slowest stage's rate, idle
+        for the bubble's share of the step (`layout_costs.bubble_fraction`). Each rank's rate
+        is its own step's on the roofline; rank 1 stands for the middle ones, alike."""
+        rates = [m.samples_per_second for m in measured]
+        if not rates or any(r is None for r in rates):
+            return None
+        hw = self.training_step.settings.hardware
+        microbatches = self.stages[0].step.microbatches
+        bubble = layout_costs.bubble_fraction(
+            hw.pp, microbatches, hw.pp_schedule, hw.virtual_stages
+        )
+        return min(cast(list[float], rates)) * (1 - bubble)
 
     @property
     def depth_replay(self) -> DepthReplay | None:

@@ -55,7 +55,7 @@ def best_code(search: LayoutSearch) -> dict[str, str]:
         return {}
     return {
         "torchtitan": layout_code.torchtitan_parallelism(
-            best.candidate, best.per_gpu_batch, best.global_batch
+            best.candidate, best.per_gpu_batch, best.global_batch, best.microbatches
         ),
         "device_mesh": layout_code.init_device_mesh_line(best.candidate.layout),
     }

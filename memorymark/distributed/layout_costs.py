@@ -39,8 +39,6 @@ INTERLEAVED_STAGES = 2
 """Stages a GPU holds in the interleaved variant tried (torchtitan's tests use 2)."""
 TP_ALL_REDUCES_PER_LAYER = 4
 """Two all-reduces of b x s x h in a layer's forward, two in its backward (Megatron-LM)."""
-MICROBATCH_SIZE = 1
-"""torchtitan's pipeline_parallel_microbatch_size default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +123,13 @@ def pruned(states_bytes: int, lay: layout.Layout, capacity_bytes: int) -> bool:
     return sharded_states(states_bytes, lay) > capacity_bytes
 
 
-def microbatches(local_batch: int, setting: int | None = None) -> int:
-    """Microbatches a pipeline splits a local batch into: the setting, else torchtitan's
-    default, local batch / microbatch size (1)."""
-    return setting or max(1, local_batch // MICROBATCH_SIZE)
+def microbatches(pp: int, setting: int | None = None) -> int:
+    """Microbatches a pipeline of `pp` ranks splits a local batch into, as the simulation
+    splits it (memorymark/step/pipeline.py): the setting, else one per pipeline rank, the
+    fewest Schedule1F1B takes. Not torchtitan's default (microbatches of 1 sample): the
+    memory, the bubble and the job-config fragment of a layout's row all say one split, the
+    one simulated."""
+    return setting or pp
 
 
 def bubble_fraction(pp: int, microbatches: int, schedule: str, virtual_stages: int = 1) -> float:

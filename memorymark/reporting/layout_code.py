@@ -17,10 +17,14 @@ TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "I
 
 
 def torchtitan_parallelism(
-    c: Candidate, local_batch: int | None = None, global_batch: int | None = None
+    c: Candidate,
+    local_batch: int | None = None,
+    global_batch: int | None = None,
+    microbatches: int | None = None,
 ) -> str:
     """The TOML fragment of a torchtitan job config for layout `c` (torchtitan's
-    `config/job_config.py`, `Parallelism` and `Training`)."""
+    `config/job_config.py`, `Parallelism` and `Training`); a pipeline's microbatch size is
+    the local batch over the `microbatches` simulated (torchtitan's default, 1, without)."""
     lay = c.layout
     lines = [
         "[parallelism]",
@@ -32,7 +36,8 @@ def torchtitan_parallelism(
     ]
     if lay.pp > 1:
         lines.append(f'pipeline_parallel_schedule = "{TORCHTITAN_SCHEDULES[c.schedule]}"')
-        lines.append("pipeline_parallel_microbatch_size = 1")
+        size = local_batch // microbatches if local_batch and microbatches else 1
+        lines.append(f"pipeline_parallel_microbatch_size = {size}")
     if lay.tp > 1:
         lines.append("enable_async_tensor_parallel = false")
     if local_batch is not None:
