@@ -260,13 +260,13 @@ class PipelineSimBackend(Backend):
             measured[worst],
             stages=peaks,
             worst_stage=worst,
-            samples_per_second=self._throughput(measured),
+            samples_per_second=self._pipeline_rate(measured),
             throughput_source=measured[worst].throughput_source,
             step_flops=None,
             step_seconds=None,
         )
 
-    def _throughput(self, measured: list[Measurement]) -> float | None:
+    def _pipeline_rate(self, measured: list[Measurement]) -> float | None:
         """Samples a second through the pipeline (estimated): its slowest stage's rate, idle
         for the bubble's share of the step (`layout_costs.bubble_fraction`). Each rank's rate
         is its own step's on the roofline; rank 1 stands for the middle ones, alike."""
