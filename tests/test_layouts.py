@@ -159,6 +159,20 @@ def test_layouts_past_the_time_limit_are_listed_not_searched(monkeypatch):
 
 
 @pytest.mark.fast
+def test_the_interleaved_variant_keeps_the_time_limit_too(monkeypatch):
+    bench = FakeBench()
+    every, _ = layouts.layout_costs.candidates(16, "fsdp", SHAPE, 2048, None)
+    # The clock stands still while the candidates are swept, then passes the limit.
+    monkeypatch.setattr(
+        layouts.time, "monotonic", lambda: 0 if len(bench.analyzed) < len(every) else 10**6
+    )
+    search = layouts.search_layouts(BASE.replace(time_limit_seconds=100), bench, 16, _inputs())
+    variant = [r for r in search.rows if r.candidate.schedule == "interleaved-1f1b"]
+    assert [r.status for r in variant] == ["not searched"]
+    assert len(bench.analyzed) == len(every)
+
+
+@pytest.mark.fast
 def test_a_layout_whose_step_fails_is_listed_and_the_search_goes_on():
     bench = FakeBench(fail_pp=2)
     search = layouts.search_layouts(BASE, bench, 16, _inputs())

@@ -215,7 +215,11 @@ def search_layouts(settings: Settings, bench: Bench, gpus: int, inputs: Inputs) 
         piped.candidate, inputs.shape, settings.workload.seq_len
     )
     if variant:
-        rows = _ranked([*rows, _row(settings, bench, variant, inputs)])
+        if limit is not None and time.monotonic() - start > limit:
+            extra = _not_searched(variant, inputs, limit)
+        else:
+            extra = _row(settings, bench, variant, inputs)
+        rows = _ranked([*rows, extra])
     return LayoutSearch(
         gpus=gpus, rows=tuple(rows), states_bytes=inputs.states_bytes, refused_by_shape=refused,
         elapsed_seconds=time.monotonic() - start,
