@@ -3,8 +3,9 @@ the model, each one's largest per-GPU micro-batch, peak and estimated throughput
 
 For each candidate of memorymark/distributed/layout_costs.py a rank's share of the model's
 states (counted once, on the meta device) is checked against a GPU first: a layout it alone
-overflows is pruned unstepped. Every other one is swept in full (`bench.analyze`: the depth and
-batch replays make each sweep a few small traces), and its time per step is estimated as
+overflows is pruned unstepped. Every other one is swept (`bench.analyze`: the depth and batch
+replays make each sweep a few small traces) up to the local batch the target global batch asks
+of a rank, and its time per step is estimated as
 scale_out estimates it (compute from the simulated step's FLOPs on the GPU's roofline, FSDP's
 traffic over the data-parallel ranks overlapping it), plus what layout_costs says tensor,
 context and pipeline parallelism add: their traffic, which the compute waits for, and the
