@@ -476,8 +476,11 @@ def replay(
                     # so every later step replays as it did, its retries and peaks included.
                     # Where it retried, the loop runs to MAX_LOOP_STEPS as it always did, but
                     # the steps after this one are copied, not replayed.
-                    _repeat_last(retries, reserved, allocated, MAX_LOOP_STEPS - n - 1)
-                    allocator.alloc_retries += retries[-1] * (len(retries) - n - 1)
+                    if retries[-1]:
+                        copies = MAX_LOOP_STEPS - n - 1
+                        for figures in (retries, reserved, allocated):
+                            figures.extend([figures[-1]] * copies)
+                        allocator.alloc_retries += retries[-1] * copies
                     break
                 last = layout
     except AllocatorOutOfMemory as oom:
@@ -505,15 +508,6 @@ def replay(
         allocated_per_step=tuple(allocated),
         steps=len(retries),
     )
-
-
-def _repeat_last(retries: list[int], reserved: list[int], allocated: list[int], n: int) -> None:
-    """Each per-step figure's last value again, `n` more steps, where the last step retried
-    (a steady loop that does not retry stops where it settled, as it always did)."""
-    if n <= 0 or not retries[-1]:
-        return
-    for figures in (retries, reserved, allocated):
-        figures.extend([figures[-1]] * n)
 
 
 def _allocations(events: Iterable[int | None]) -> int:
