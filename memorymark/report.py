@@ -492,7 +492,7 @@ class Report:
             )
         h = self.settings.hardware
         if optimal is None and h.pp > 1:
-            smallest = h.microbatches or h.pp  # a pipeline's local batch splits into these
+            smallest = h.pipeline_microbatches  # a pipeline's local batch splits into these
             return (
                 f"No batch size trains on this {gpu}: even a local batch of {smallest} (one "
                 "sample a microbatch) runs out of memory on the worst pipeline stage."

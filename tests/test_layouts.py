@@ -63,8 +63,9 @@ def test_the_bubble_is_megatrons():
     assert layout_costs.bubble_fraction(8, 32, "gpipe") == pytest.approx(7 / 39)
     assert layout_costs.bubble_fraction(8, 32, "interleaved-1f1b", 2) == pytest.approx(3.5 / 35.5)
     assert layout_costs.bubble_fraction(1, 1, "1f1b") == 0.0
-    assert layout_costs.microbatches(4) == 4  # one per pipeline rank, as simulated
-    assert layout_costs.microbatches(4, 8) == 8
+    four = Settings(model="tiny-llama", dist="fsdp", gpus="8", pp=4)
+    assert four.hardware.pipeline_microbatches == 4  # one per pipeline rank, as simulated
+    assert four.replace(microbatches=8).hardware.pipeline_microbatches == 8
 
 
 @pytest.mark.fast

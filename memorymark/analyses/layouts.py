@@ -58,7 +58,7 @@ class LayoutRow:
     global_batch: int | None = None
     """per-GPU batch x data-parallel ranks x accumulation."""
     microbatches: int | None = None
-    """A pipeline's microbatches per local batch, as simulated (`layout_costs.microbatches`)."""
+    """A pipeline's microbatches per local batch, as simulated (`pipeline_microbatches`)."""
     peak_bytes: int | None = None
     """The (worst) rank's peak live bytes at that batch; where none fits, what the smallest
     batch stepped needs."""
@@ -390,10 +390,9 @@ def _capped(settings: Settings, c: Candidate) -> Settings:
     target = settings.search.target_batch
     if not target:
         return settings
-    hw = settings.hardware
     need = math.ceil(target / c.layout.dp)
     if c.layout.pp > 1:
-        multiple = layout_costs.microbatches(c.layout.pp, hw.microbatches)
+        multiple = settings.hardware.pipeline_microbatches
         need = multiple * math.ceil(need / multiple)
     return settings.replace(max_batch=min(settings.search.max_batch, need))
 
@@ -425,7 +424,7 @@ def estimate_row(report: Report, c: Candidate, inputs: Inputs, share: float) -> 
     local = best.batch_size
     target = s.search.target_batch
     accumulation = max(1, math.ceil(target / (local * lay.dp))) if target else s.workload.grad_accum
-    micro = layout_costs.microbatches(lay.pp, s.hardware.microbatches) if lay.pp > 1 else None
+    micro = s.hardware.pipeline_microbatches if lay.pp > 1 else None
     bubble = layout_costs.bubble_fraction(lay.pp, micro or 1, c.schedule, c.virtual_stages)
     # A pipeline's rate is its slowest stage's, the bubble already taken off (pipeline_sim).
     compute = local / best.samples_per_second

@@ -54,7 +54,7 @@ def check(settings: Settings) -> None:
         seq_len=None,
         pp_stages_per_rank=s.hardware.virtual_stages,
     )
-    microbatches = s.hardware.microbatches or s.hardware.pp
+    microbatches = s.hardware.pipeline_microbatches
     if s.hardware.pp_schedule == "1f1b" and microbatches < s.hardware.pp:
         # torch's Schedule1F1B refuses fewer (schedules.py, Schedule1F1B.__init__).
         raise ValueError(

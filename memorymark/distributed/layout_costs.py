@@ -123,15 +123,6 @@ def pruned(states_bytes: int, lay: layout.Layout, capacity_bytes: int) -> bool:
     return sharded_states(states_bytes, lay) > capacity_bytes
 
 
-def microbatches(pp: int, setting: int | None = None) -> int:
-    """Microbatches a pipeline of `pp` ranks splits a local batch into, as the simulation
-    splits it (memorymark/step/pipeline.py): the setting, else one per pipeline rank, the
-    fewest Schedule1F1B takes. Not torchtitan's default (microbatches of 1 sample): the
-    memory, the bubble and the job-config fragment of a layout's row all say one split, the
-    one simulated."""
-    return setting or pp
-
-
 def bubble_fraction(pp: int, microbatches: int, schedule: str, virtual_stages: int = 1) -> float:
     """Share of a pipeline step its GPUs sit idle: (p - 1) / (m + p - 1) for GPipe and 1F1B,
     the bubble divided by v for interleaved 1F1B (Narayanan et al. 2021, section 2.2)."""

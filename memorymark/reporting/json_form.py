@@ -198,7 +198,7 @@ def _pipeline_dict(r: Report) -> dict[str, Any] | None:
         "pp": h.pp,
         "schedule": h.pp_schedule,
         "virtual_stages": h.virtual_stages,
-        "microbatches": h.microbatches or h.pp,
+        "microbatches": h.pipeline_microbatches,
         "micro_batch": worst.micro_batch if worst else None,
         "stages": [stage.to_dict() for stage in stages],
         "worst_rank": worst.rank if worst else None,

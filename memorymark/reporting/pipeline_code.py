@@ -23,7 +23,7 @@ def torchtitan_fragment(settings: Settings, plan: TrainingPlan) -> str:
     """The layout as a torchtitan TOML job config's `[parallelism]` (and local batch)."""
     h = settings.hardware
     layout = h.layout()
-    microbatches = h.microbatches or h.pp
+    microbatches = h.pipeline_microbatches
     lines = [
         "[training]",
         f"local_batch_size = {plan.micro_batch}",
@@ -43,7 +43,7 @@ def program(settings: Settings, plan: TrainingPlan) -> str:
     h = settings.hardware
     layout = h.layout()
     shape, names = layout.mesh()
-    microbatches = h.microbatches or h.pp
+    microbatches = h.pipeline_microbatches
     schedule = f"Schedule{SCHEDULES[h.pp_schedule]}"
     dtype = _AUTOCAST_DTYPE.get(settings.workload.precision)
     sharded = layout.dp_shard > 1

@@ -300,6 +300,13 @@ class Hardware:
                 raise ValueError(f"hsdp needs the same GPUs in every node ({count} over {nodes})")
 
     @property
+    def pipeline_microbatches(self) -> int:
+        """Microbatches a pipeline step splits the local batch into: `microbatches`, else one
+        per pipeline rank (the fewest Schedule1F1B takes). torchtitan's default is
+        microbatches of 1 sample; every figure of a pipeline here is for this split."""
+        return self.microbatches or self.pp
+
+    @property
     def model_parallel(self) -> int:
         """GPUs one data-parallel rank spans: the tensor, context and pipeline degrees."""
         return self.tp * self.cp * self.pp

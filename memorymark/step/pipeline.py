@@ -217,7 +217,7 @@ class PipelineStep:
     def microbatches(self) -> int:
         """Microbatches a step splits the local batch into (default: one per pipeline rank,
         the fewest Schedule1F1B takes)."""
-        return self.settings.hardware.microbatches or self.pp
+        return self.settings.hardware.pipeline_microbatches
 
     def build_model(self, *, emulate_kernels: bool = False) -> nn.Module:
         """This rank's stages (a ModuleList, one `StageModule` each) of the catalog's model."""
