@@ -361,7 +361,9 @@ class Session:
         # A sweep a limit stopped measures nothing more: its partial answer is what is known.
         plan, fixes = plan and self.stopped_by is None, fixes and self.stopped_by is None
         if plan and report.optimal is not None:
-            planned, probes = self._plan(report.optimal.batch_size, report.global_batch, say)
+            planned, probes = self._plan(
+                report.optimal.batch_size, report.global_batch, report.replicas, say
+            )
             report = replace(report, plan=planned, plan_probes=probes)
         if (
             self.settings.workload.eval_batch is not None
@@ -526,18 +528,19 @@ class Session:
         return self.ways_out().answer()
 
     def _plan(
-        self, optimal_batch: int, target: int | None, say: Callable[[str], None]
+        self, optimal_batch: int, target: int | None, replicas: int, say: Callable[[str], None]
     ) -> tuple[TrainingPlan | None, tuple[Measurement, ...]]:
-        """The plan for `target` (once per target): divisors of it are checked with
-        accumulation on a backend of their own, since the sweep's steps did not accumulate
-        (`say` hears it first)."""
+        """The plan for global batch `target` over `replicas` data-parallel ranks (once per
+        target): divisors of a rank's share are checked with accumulation on a backend of their
+        own, since the sweep's steps did not accumulate (`say` hears it first)."""
         accumulating = self.settings.workload.grad_accum
         if target is None or self.training is not None:
             # A training job accumulates in its own step, which no setting can change: its
             # plan is the batch it was measured at.
             as_measured = TrainingPlan(
-                micro_batch=optimal_batch, accumulation_steps=accumulating, target_batch=None
-            )
+                micro_batch=optimal_batch, accumulation_steps=accumulating, target_batch=None,
+                data_parallel_ranks=replicas,
+            )  # fmt: skip
             return as_measured, ()
         if target not in self._plans:
             probes: list[Measurement] = []
@@ -560,6 +563,7 @@ class Session:
                     optimal_batch,
                     fits_accumulating,
                     accumulation_measured=accumulating > 1,
+                    replicas=replicas,
                 )
             self._plans[target] = plan, tuple(probes)
         return self._plans[target]

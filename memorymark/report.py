@@ -234,9 +234,13 @@ class Report:
         optimal = self.optimal
         if optimal is None:
             return None
-        # Ranks of one data-parallel group share a batch (tensor, context, pipeline parallel).
-        replicas = self.settings.hardware.layout(self.gpus).dp
-        return optimal.batch_size * replicas * self.settings.workload.grad_accum
+        return optimal.batch_size * self.replicas * self.settings.workload.grad_accum
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel ranks, each stepping its own batch: the ranks of one tensor, context
+        or pipeline parallel group share theirs."""
+        return self.settings.hardware.layout(self.gpus).dp
 
     @property
     def rules_note(self) -> str | None:
@@ -333,9 +337,11 @@ class Report:
         when it does not run (the plan keeps it with accumulation), else None."""
         if self.settings.search.target_batch is not None:
             return self.settings.search.target_batch
-        # The current global batch: each optimizer step sees current_batch x grad_accum.
+        # The current global batch: each optimizer step sees current_batch x grad_accum on
+        # every data-parallel rank.
         s = self.settings
-        return None if self.current_fits else s.search.current_batch * s.workload.grad_accum
+        current = s.search.current_batch * s.workload.grad_accum * self.replicas
+        return None if self.current_fits else current
 
     @property
     def waste_bytes(self) -> int | None:
@@ -621,7 +627,14 @@ class Report:
         target = self.global_batch
         if target is None or self.plan is not None or self.optimal is None:
             return None
+        if target % self.replicas:
+            return (
+                f"no plan reaches a global batch of {target}: it is not a multiple of the "
+                f"{self.replicas} data-parallel ranks, which step the same micro-batches"
+            )
+        share = "it" if self.replicas == 1 else f"a rank's share ({target // self.replicas})"
         return (
-            f"no plan reaches a global batch of {target}: no micro-batch that divides it fits "
-            "with gradient accumulation (every gradient stays alive through the next micro-batch)"
+            f"no plan reaches a global batch of {target}: no micro-batch that divides {share} "
+            "fits with gradient accumulation (every gradient stays alive through the next "
+            "micro-batch)"
         )

@@ -74,3 +74,20 @@ def test_no_plan_when_no_divisor_fits_with_accumulation(target):
 def test_a_prime_target_still_has_its_exact_plan_of_ones():
     plan = plan_for_target(97, 50, _fits_below(10, []))
     assert (plan.micro_batch, plan.accumulation_steps, plan.effective_batch) == (1, 97, 97)
+
+
+def test_a_global_target_is_shared_by_the_data_parallel_ranks():
+    # Llama-3.1-70B, FSDP 32 x TP 4 x PP 2 on 256 H100s: batch 4 fits a rank; 1024 samples
+    # are 32 ranks' 32 each, so 4 x 8 accumulation steps, not 4 x 256.
+    checked = []
+    plan = plan_for_target(1024, 4, _fits_below(4, checked), replicas=32)
+    assert (plan.micro_batch, plan.accumulation_steps, plan.data_parallel_ranks) == (4, 8, 32)
+    assert plan.effective_batch == 1024 and checked == [4]
+    assert plan.says() == (
+        "micro-batch 4 x 8 accumulation steps x 32 data-parallel ranks = 1024 samples"
+    )
+    assert plan.to_dict()["data_parallel_ranks"] == 32
+
+
+def test_a_target_the_ranks_cannot_share_evenly_has_no_plan():
+    assert plan_for_target(1000, 8, _fits_below(8, []), replicas=48) is None

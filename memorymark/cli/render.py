@@ -300,11 +300,7 @@ def _print_plan_and_fixes(r: Report, fixes: list[dict[str, Any]]) -> None:
     plan = r.plan
     if plan is not None and plan.target_batch is not None:
         checked = "checked with accumulation" if r.plan_probes else "fits"
-        print(
-            f"  for a global batch of {plan.target_batch}: micro-batch {plan.micro_batch} x "
-            f"{plan.accumulation_steps} accumulation steps = {plan.effective_batch} samples/step"
-            f" ({checked})"
-        )
+        print(f"  for a global batch of {plan.target_batch}: {plan.says()}/step ({checked})")
     elif r.plan_note:
         print(f"  {r.plan_note}")
     if r.fixes:

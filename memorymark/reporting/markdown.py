@@ -91,10 +91,14 @@ def _answer(d: dict[str, Any], r: Report) -> list[str]:
             (
                 f"Plan for a global batch of {plan['target_batch']}",
                 f"micro-batch {plan['micro_batch']} x {plan['accumulation_steps']} "
-                "accumulation steps",
+                f"accumulation steps{_ranks(plan.get('data_parallel_ranks', 1))}",
             )
         )
     return ["| Answer | |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
+
+
+def _ranks(replicas: int) -> str:
+    return f" x {replicas} data-parallel ranks" if replicas > 1 else ""
 
 
 def _ways_out(d: dict[str, Any], r: Report) -> list[str]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingPlan:
-    """How to reach a global batch on one GPU."""
+    """How to reach a global batch: per data-parallel rank, micro-batches accumulated."""
 
     micro_batch: int
     """Samples per forward/backward (per_device_train_batch_size)."""
@@ -26,17 +26,30 @@ class TrainingPlan:
     """Micro-batches whose gradients add up before each optimizer step."""
     target_batch: int | None
     """The global batch asked for; None when none was (the plan is then the optimal batch)."""
+    data_parallel_ranks: int = 1
+    """Data-parallel ranks, each stepping its own micro-batches (tensor, context and pipeline
+    ranks of one replica share its batch)."""
 
     @property
     def effective_batch(self) -> int:
-        """Samples per optimizer step: micro_batch x accumulation_steps."""
-        return self.micro_batch * self.accumulation_steps
+        """Samples per optimizer step: micro_batch x accumulation_steps x replicas."""
+        return self.micro_batch * self.accumulation_steps * self.data_parallel_ranks
+
+    def says(self) -> str:
+        """The product in words: "micro-batch 4 x 8 accumulation steps x 32 data-parallel
+        ranks = 1024 samples" (the ranks only where there are several)."""
+        ranks = f" x {self.data_parallel_ranks} data-parallel ranks" if self.data_parallel_ranks > 1 else ""
+        return (
+            f"micro-batch {self.micro_batch} x {self.accumulation_steps} accumulation steps"
+            f"{ranks} = {self.effective_batch} samples"
+        )
 
     def to_dict(self) -> dict[str, int | None]:
         """The plan as the JSON report's `plan` object."""
         return {
             "micro_batch": self.micro_batch,
             "accumulation_steps": self.accumulation_steps,
+            "data_parallel_ranks": self.data_parallel_ranks,
             "effective_batch": self.effective_batch,
             "target_batch": self.target_batch,
         }
@@ -54,20 +67,26 @@ def plan_for_target(
     fits_accumulating: Callable[[int], bool],
     *,
     accumulation_measured: bool = False,
+    replicas: int = 1,
 ) -> TrainingPlan | None:
     """The exact plan for `target_batch` with the largest micro-batch, or None when no divisor of
-    the target fits with accumulation.
+    the target's share of each of `replicas` data-parallel ranks fits with accumulation (or the
+    target is not a multiple of `replicas`: every rank steps the same micro-batches).
 
     `largest_fit` is the largest micro-batch measured to fit (with the settings' own
     accumulation). When `accumulation_measured`, those measurements already accumulated, so any
     divisor up to it fits; otherwise a divisor below the target is checked with
     `fits_accumulating(micro_batch)`.
     """
-    if target_batch <= largest_fit:
+    if target_batch % replicas:
+        return None
+    share = target_batch // replicas
+    if share <= largest_fit:
         return TrainingPlan(
-            micro_batch=target_batch, accumulation_steps=1, target_batch=target_batch
+            micro_batch=share, accumulation_steps=1, target_batch=target_batch,
+            data_parallel_ranks=replicas,
         )
-    candidates = divisors_up_to(target_batch, largest_fit)
+    candidates = divisors_up_to(share, largest_fit)
     # The largest divisor first: accumulating adds only the gradients kept through the next
     # micro-batch, so it usually fits too and one step settles the plan (each check builds and
     # steps the model afresh: 8 s for Llama-3.1-70B on 24 fake ranks). Bisect the rest if not.
@@ -82,5 +101,6 @@ def plan_for_target(
         return None
     micro = candidates[-1]
     return TrainingPlan(
-        micro_batch=micro, accumulation_steps=target_batch // micro, target_batch=target_batch
-    )
+        micro_batch=micro, accumulation_steps=share // micro, target_batch=target_batch,
+        data_parallel_ranks=replicas,
+    )  # fmt: skip

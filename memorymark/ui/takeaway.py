@@ -26,10 +26,7 @@ def plan_text(plan: TrainingPlan, checked_with_accumulation: bool = False) -> st
     """The batch plan in one sentence."""
     if plan.target_batch is None:
         if plan.accumulation_steps > 1:
-            return (
-                f"Micro-batch {plan.micro_batch} x {plan.accumulation_steps} accumulation "
-                f"steps = {plan.effective_batch} samples per optimizer step, as measured."
-            )
+            return f"{plan.says().capitalize()} per optimizer step, as measured."
         return (
             f"Micro-batch {plan.micro_batch}, no gradient accumulation. Set a target global "
             "batch in the sidebar to plan accumulation steps for it."
@@ -41,9 +38,8 @@ def plan_text(plan: TrainingPlan, checked_with_accumulation: bool = False) -> st
         else ""
     )
     return (
-        f"For a global batch of {plan.target_batch}: micro-batch {plan.micro_batch} x "
-        f"{plan.accumulation_steps} accumulation steps = {plan.effective_batch} samples per "
-        f"optimizer step, exactly.{checked}"
+        f"For a global batch of {plan.target_batch}: {plan.says()} per optimizer step, "
+        f"exactly.{checked}"
     )
 
 
