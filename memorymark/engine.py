@@ -185,7 +185,7 @@ class Session:
             raise ValueError("--gpus auto: find the count first (Session.with_min_gpus)")
         backend = self.open_backend()
         # A pipeline splits each local batch into its microbatches: only their multiples run.
-        multiple = s.hardware.pipeline_microbatches if s.hardware.pp > 1 else 1
+        multiple = s.hardware.micro_batch_multiple
         step = math.lcm(s.search.step, multiple)
         strategy = self._strategy(
             backend, step=step, max_batch=max(s.search.max_batch, step), floor=self._states_floor()
@@ -564,6 +564,7 @@ class Session:
                     fits_accumulating,
                     accumulation_measured=accumulating > 1,
                     replicas=replicas,
+                    multiple=self.settings.hardware.micro_batch_multiple,
                 )
             self._plans[target] = plan, tuple(probes)
         return self._plans[target]

@@ -633,6 +633,14 @@ class Report:
                 f"{self.replicas} data-parallel ranks, which step the same micro-batches"
             )
         share = "it" if self.replicas == 1 else f"a rank's share ({target // self.replicas})"
+        multiple = self.settings.hardware.micro_batch_multiple
+        if multiple > 1 and (target // self.replicas) % multiple:
+            return (
+                f"no plan reaches a global batch of {target}: {share} is not a multiple of the "
+                f"{multiple} microbatches a pipeline step splits each micro-batch into"
+            )
+        if multiple > 1:
+            share += f", a multiple of the pipeline's {multiple} microbatches,"
         return (
             f"no plan reaches a global batch of {target}: no micro-batch that divides {share} "
             "fits with gradient accumulation (every gradient stays alive through the next "

@@ -173,6 +173,31 @@ def test_a_pipeline_search_tries_multiples_of_its_microbatches(capsys):
     assert "even a local batch of 2" in report["verdict"]
 
 
+@pytest.mark.parametrize(
+    ("target", "plan", "note"),
+    [
+        # 24 over 2 data-parallel ranks is 12 each: 6 x 2, 6 a multiple of the 2 microbatches.
+        (24, {"micro_batch": 6, "accumulation_steps": 2, "data_parallel_ranks": 2}, None),
+        # 9 a rank has no even divisor: planning 3 crashed the accumulation check.
+        (18, None, "a rank's share (9) is not a multiple of the 2 microbatches"),
+    ],
+)
+def test_a_pipeline_s_plan_shares_the_target_in_multiples_of_its_microbatches(
+    capsys, target, plan, note
+):
+    code = main(["analyze", "tiny-llama", "--backend", "sim", "--gpus", "4", "--dist", "fsdp",
+                 "--pp", "2", "--seq-len", "64", "--max-batch", "8", "--current-batch", "8",
+                 "--target-batch", str(target), "--json"])  # fmt: skip
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["optimal_batch_size"] == 8
+    if plan is None:
+        assert report["plan"] is None and note in report["plan_note"]
+    else:
+        assert {k: report["plan"][k] for k in plan} == plan
+        assert report["plan"]["effective_batch"] == target
+
+
 def test_tensor_parallelism_splits_each_stage(llama4: str) -> None:
     # FSDP 2 x TP 2 x PP 2 on 8 GPUs against FSDP 2 x PP 2 on 4: each stage's blocks, and the
     # last stage's output layer, split over the tp ranks (the logits by vocabulary for

@@ -91,3 +91,10 @@ def test_a_global_target_is_shared_by_the_data_parallel_ranks():
 
 def test_a_target_the_ranks_cannot_share_evenly_has_no_plan():
     assert plan_for_target(1000, 8, _fits_below(8, []), replicas=48) is None
+
+
+def test_a_pipeline_plans_only_multiples_of_its_microbatches():
+    # 12 a rank, 5 fits: 4 x 3, not 3 x 4 or 6 (the pipeline splits each into 2 microbatches).
+    plan = plan_for_target(12, 5, _fits_below(5, []), multiple=2)
+    assert (plan.micro_batch, plan.accumulation_steps) == (4, 3)
+    assert plan_for_target(9, 8, _fits_below(8, []), multiple=2) is None

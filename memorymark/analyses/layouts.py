@@ -390,10 +390,8 @@ def _capped(settings: Settings, c: Candidate) -> Settings:
     target = settings.search.target_batch
     if not target:
         return settings
-    need = math.ceil(target / c.layout.dp)
-    if c.layout.pp > 1:
-        multiple = settings.hardware.pipeline_microbatches
-        need = multiple * math.ceil(need / multiple)
+    multiple = settings.hardware.micro_batch_multiple
+    need = multiple * math.ceil(target / c.layout.dp / multiple)
     return settings.replace(max_batch=min(settings.search.max_batch, need))
 
 

@@ -68,10 +68,13 @@ def plan_for_target(
     *,
     accumulation_measured: bool = False,
     replicas: int = 1,
+    multiple: int = 1,
 ) -> TrainingPlan | None:
     """The exact plan for `target_batch` with the largest micro-batch, or None when no divisor of
     the target's share of each of `replicas` data-parallel ranks fits with accumulation (or the
-    target is not a multiple of `replicas`: every rank steps the same micro-batches).
+    target is not a multiple of `replicas`: every rank steps the same micro-batches). Only
+    micro-batches that are multiples of `multiple` are planned: a pipeline splits each into
+    that many microbatches.
 
     `largest_fit` is the largest micro-batch measured to fit (with the settings' own
     accumulation). When `accumulation_measured`, those measurements already accumulated, so any
@@ -81,12 +84,12 @@ def plan_for_target(
     if target_batch % replicas:
         return None
     share = target_batch // replicas
-    if share <= largest_fit:
+    if share <= largest_fit and share % multiple == 0:
         return TrainingPlan(
             micro_batch=share, accumulation_steps=1, target_batch=target_batch,
             data_parallel_ranks=replicas,
         )
-    candidates = divisors_up_to(share, largest_fit)
+    candidates = [d for d in divisors_up_to(share, largest_fit) if d % multiple == 0]
     # The largest divisor first: accumulating adds only the gradients kept through the next
     # micro-batch, so it usually fits too and one step settles the plan (each check builds and
     # steps the model afresh: 8 s for Llama-3.1-70B on 24 fake ranks). Bisect the rest if not.

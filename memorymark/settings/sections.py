@@ -307,6 +307,12 @@ class Hardware:
         return self.microbatches or self.pp
 
     @property
+    def micro_batch_multiple(self) -> int:
+        """What every local batch a step runs is a multiple of: a pipeline's microbatches (it
+        splits the batch into them), else 1."""
+        return self.pipeline_microbatches if self.pp > 1 else 1
+
+    @property
     def model_parallel(self) -> int:
         """GPUs one data-parallel rank spans: the tensor, context and pipeline degrees."""
         return self.tp * self.cp * self.pp
