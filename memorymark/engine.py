@@ -172,9 +172,11 @@ class Session:
         with self.open_backend().session() as backend:
             return backend.resident_bytes()
 
-    def stream(self) -> Generator[Measurement, None, None]:
+    def stream(self, *, current: bool = True) -> Generator[Measurement, None, None]:
         """Yield each measurement of the sweep the moment it exists; the backend is released at
-        the end, however the consumer stops (use `contextlib.closing` to stop early).
+        the end, however the consumer stops (use `contextlib.closing` to stop early). The
+        current batch is stepped after the search where it did not (what it would need is the
+        report's), unless `current` is off: an analysis that reads only the answer skips it.
 
         The settings' time and probe limits end it early (`stopped_by` says which); a simulated
         model whose shortest sweep is estimated to outlast the time limit is refused
@@ -195,7 +197,8 @@ class Session:
             time_limit_seconds=s.search.time_limit_seconds, max_probes=s.search.max_probes
         )
         start = time.perf_counter()
-        probes = sweep(backend, strategy, also=(s.search.current_batch,), limits=limits)
+        also = (s.search.current_batch,) if current else ()
+        probes = sweep(backend, strategy, also=also, limits=limits)
         try:
             with contextlib.closing(probes):
                 for measurement in probes:
@@ -402,13 +405,19 @@ class Session:
         return finished and best_fit(searched) is None and self.training is None and not pipelined
 
     def analyze(
-        self, costs: Costs | None = None, *, fixes: bool = True, plan: bool = True
+        self,
+        costs: Costs | None = None,
+        *,
+        fixes: bool = True,
+        plan: bool = True,
+        current: bool = True,
     ) -> Report:
         """Run the whole sweep and return its report (for scripts that need no live progress);
-        `fixes` and `plan` as for `report`. `--gpus auto` first finds the GPU count."""
+        `fixes` and `plan` as for `report`, `current` as for `stream`. `--gpus auto` first
+        finds the GPU count."""
         if self.settings.hardware.gpu_count is None:
-            return self.with_min_gpus().analyze(costs, fixes=fixes, plan=plan)
-        for _ in self.stream():
+            return self.with_min_gpus().analyze(costs, fixes=fixes, plan=plan, current=current)
+        for _ in self.stream(current=current):
             pass
         return self.report(costs, fixes=fixes, plan=plan)
 
@@ -716,9 +725,11 @@ class _Bench:
             self._counted[settings] = states.counted_states(settings)
         return self._counted[settings]
 
-    def analyze(self, settings: Settings) -> Report:
-        """A whole sweep of `settings` in a Session of its own, with no ways out or plan."""
-        return Session(settings, cuda=self._cuda).analyze(fixes=False, plan=False)
+    def analyze(self, settings: Settings, *, current: bool = True) -> Report:
+        """A whole sweep of `settings` in a Session of its own, with no ways out or plan (and
+        without `current`, no step of the current batch the search did not take)."""
+        session = Session(settings, cuda=self._cuda)
+        return session.analyze(fixes=False, plan=False, current=current)
 
 
 def _refuse_unsimulated(settings: Settings) -> None:

@@ -41,6 +41,7 @@ class Bench(Protocol):
         parameter count), counted without a step (memorymark/backends/states.py)."""
         ...
 
-    def analyze(self, settings: Settings) -> Report:
-        """A whole sweep of `settings`, answered with no ways out and no plan."""
+    def analyze(self, settings: Settings, *, current: bool = True) -> Report:
+        """A whole sweep of `settings`, answered with no ways out and no plan; without
+        `current`, the settings' current batch is not stepped unless the search steps it."""
         ...

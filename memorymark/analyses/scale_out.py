@@ -155,7 +155,8 @@ def scale_out(
     samples_per_run: float,
     usd_per_hour: float,
 ) -> Iterator[ScaleOutRow]:
-    """One row per GPU count, as each count's sweep (`bench.analyze(settings)`) finishes."""
+    """One row per GPU count, as each count's sweep (`bench.analyze(settings)`) finishes.
+    A row reads the answer and batch 1, never the current batch: no step past the search."""
     for n in counts:
-        report = bench.analyze(with_gpus(settings, n))
+        report = bench.analyze(with_gpus(settings, n), current=False)
         yield row_from_report(report, param_count, samples_per_run, usd_per_hour)
