@@ -26,7 +26,8 @@ def plan_text(plan: TrainingPlan, checked_with_accumulation: bool = False) -> st
     """The batch plan in one sentence."""
     if plan.target_batch is None:
         if plan.accumulation_steps > 1:
-            return f"{plan.says().capitalize()} per optimizer step, as measured."
+            says = plan.says()
+            return f"{says[0].upper()}{says[1:]} per optimizer step, as measured."
         return (
             f"Micro-batch {plan.micro_batch}, no gradient accumulation. Set a target global "
             "batch in the sidebar to plan accumulation steps for it."
