@@ -101,6 +101,7 @@ class FakeBench:
     ):
         self.analyzed: list[str] = []
         self.max_batches: list[int] = []
+        self.steps: list[int] = []
         self.refuse_tp = refuse_tp
         self.fail_pp = fail_pp
         self.full_pp = full_pp
@@ -112,6 +113,7 @@ class FakeBench:
         hw = s.hardware
         self.analyzed.append(hw.layout().describe())
         self.max_batches.append(s.search.max_batch)
+        self.steps.append(s.search.step)
         if hw.tp == self.refuse_tp:
             raise ValueError("--tp 2 is not simulated yet")
         if hw.pp == self.fail_pp:
@@ -216,6 +218,17 @@ def test_the_layouts_rank_by_estimated_throughput_with_the_refused_last():
     schedules = [r.candidate.schedule for r in search.rows if r.candidate.layout.pp > 1]
     assert schedules.count("interleaved-1f1b") == 1
     assert json.loads(json.dumps(search.to_dict()))["best"]["time_source"] == "estimated"
+
+
+@pytest.mark.fast
+def test_a_sweep_starts_no_larger_than_the_local_batch_the_target_asks():
+    bench = FakeBench()
+    layouts.search_layouts(BASE.replace(target_batch=32), bench, 16, _inputs())
+    asked = dict(zip(bench.analyzed, zip(bench.max_batches, bench.steps, strict=True),
+                     strict=False))  # fmt: skip
+    assert asked["FSDP 16"] == (2, 2)  # 32 over 16 ranks: the grid's 8 would start past it
+    assert asked["FSDP 2 x TP 8"] == (16, 8)  # 16 asked: the grid keeps its step
+    assert asked["FSDP 8 x PP 2"] == (4, 4)  # 4 a rank, 2 microbatches each
 
 
 @pytest.mark.fast
