@@ -38,7 +38,8 @@ class TrainingPlan:
     def says(self) -> str:
         """The product in words: "micro-batch 4 x 8 accumulation steps x 32 data-parallel
         ranks = 1024 samples" (the ranks only where there are several)."""
-        ranks = f" x {self.data_parallel_ranks} data-parallel ranks" if self.data_parallel_ranks > 1 else ""
+        replicas = self.data_parallel_ranks
+        ranks = f" x {replicas} data-parallel ranks" if replicas > 1 else ""
         return (
             f"micro-batch {self.micro_batch} x {self.accumulation_steps} accumulation steps"
             f"{ranks} = {self.effective_batch} samples"
@@ -86,7 +87,9 @@ def plan_for_target(
     share = target_batch // replicas
     if share <= largest_fit and share % multiple == 0:
         return TrainingPlan(
-            micro_batch=share, accumulation_steps=1, target_batch=target_batch,
+            micro_batch=share,
+            accumulation_steps=1,
+            target_batch=target_batch,
             data_parallel_ranks=replicas,
         )
     candidates = [d for d in divisors_up_to(share, largest_fit) if d % multiple == 0]
