@@ -172,11 +172,13 @@ class Session:
         with self.open_backend().session() as backend:
             return backend.resident_bytes()
 
-    def stream(self, *, current: bool = True) -> Generator[Measurement, None, None]:
+    def stream(self, *, answer_only: bool = False) -> Generator[Measurement, None, None]:
         """Yield each measurement of the sweep the moment it exists; the backend is released at
         the end, however the consumer stops (use `contextlib.closing` to stop early). The
         current batch is stepped after the search where it did not (what it would need is the
-        report's), unless `current` is off: an analysis that reads only the answer skips it.
+        report's). With `answer_only` (a row of a layout or count table reads the answer and
+        nothing else), it is not, and a pipeline steps its least batch first: where that does
+        not fit, the row needs no other step.
 
         The settings' time and probe limits end it early (`stopped_by` says which); a simulated
         model whose shortest sweep is estimated to outlast the time limit is refused
@@ -193,11 +195,12 @@ class Session:
             backend, step=step, max_batch=max(s.search.max_batch, step), floor=self._states_floor()
         )
         strategy.multiple = multiple
+        strategy.least_first = answer_only and multiple > 1
         limits = SweepLimits(
             time_limit_seconds=s.search.time_limit_seconds, max_probes=s.search.max_probes
         )
         start = time.perf_counter()
-        also = (s.search.current_batch,) if current else ()
+        also = () if answer_only else (s.search.current_batch,)
         probes = sweep(backend, strategy, also=also, limits=limits)
         try:
             with contextlib.closing(probes):
@@ -410,14 +413,16 @@ class Session:
         *,
         fixes: bool = True,
         plan: bool = True,
-        current: bool = True,
+        answer_only: bool = False,
     ) -> Report:
         """Run the whole sweep and return its report (for scripts that need no live progress);
-        `fixes` and `plan` as for `report`, `current` as for `stream`. `--gpus auto` first
+        `fixes` and `plan` as for `report`, `answer_only` as for `stream`. `--gpus auto` first
         finds the GPU count."""
         if self.settings.hardware.gpu_count is None:
-            return self.with_min_gpus().analyze(costs, fixes=fixes, plan=plan, current=current)
-        for _ in self.stream(current=current):
+            return self.with_min_gpus().analyze(
+                costs, fixes=fixes, plan=plan, answer_only=answer_only
+            )
+        for _ in self.stream(answer_only=answer_only):
             pass
         return self.report(costs, fixes=fixes, plan=plan)
 
@@ -725,11 +730,11 @@ class _Bench:
             self._counted[settings] = states.counted_states(settings)
         return self._counted[settings]
 
-    def analyze(self, settings: Settings, *, current: bool = True) -> Report:
-        """A whole sweep of `settings` in a Session of its own, with no ways out or plan (and
-        without `current`, no step of the current batch the search did not take)."""
+    def analyze(self, settings: Settings, *, answer_only: bool = False) -> Report:
+        """A whole sweep of `settings` in a Session of its own, with no ways out or plan
+        (`answer_only` as for `Session.stream`)."""
         session = Session(settings, cuda=self._cuda)
-        return session.analyze(fixes=False, plan=False, current=current)
+        return session.analyze(fixes=False, plan=False, answer_only=answer_only)
 
 
 def _refuse_unsimulated(settings: Settings) -> None:

@@ -108,8 +108,8 @@ class FakeBench:
         self.needs = needs or {}  # tp -> the fewest GPUs its batch 1 runs on
         self.measured: list[tuple[int, int, int]] = []
 
-    def analyze(self, s: Settings, *, current: bool = True):
-        assert not current  # a row never reads the current batch
+    def analyze(self, s: Settings, *, answer_only: bool = False):
+        assert answer_only  # a row reads the answer alone
         hw = s.hardware
         self.analyzed.append(hw.layout().describe())
         self.max_batches.append(s.search.max_batch)

@@ -41,7 +41,8 @@ class Bench(Protocol):
         parameter count), counted without a step (memorymark/backends/states.py)."""
         ...
 
-    def analyze(self, settings: Settings, *, current: bool = True) -> Report:
-        """A whole sweep of `settings`, answered with no ways out and no plan; without
-        `current`, the settings' current batch is not stepped unless the search steps it."""
+    def analyze(self, settings: Settings, *, answer_only: bool = False) -> Report:
+        """A whole sweep of `settings`, answered with no ways out and no plan; `answer_only`
+        for a table's row, which reads the answer alone: the current batch is not stepped past
+        the search, and a pipeline steps its least batch first, stopping where it fails."""
         ...

@@ -373,8 +373,7 @@ def _row(settings: Settings, bench: Bench, c: Candidate, inputs: Inputs) -> Layo
             note=f"its share of the states alone ({gib(int(share))} GiB) passes a GPU",
         )  # fmt: skip
     try:
-        # A row reads the answer, never the current batch: no step past the search for it.
-        report = bench.analyze(_capped(layout_settings(settings, c), c), current=False)
+        report = bench.analyze(_capped(layout_settings(settings, c), c), answer_only=True)
     except (ValueError, RuntimeError) as exc:
         # Degrees the simulation does not run yet, or a step that failed on this layout alone
         # (the engine's StepError is a RuntimeError): one row says so, the search goes on.

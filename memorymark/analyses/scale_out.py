@@ -156,7 +156,7 @@ def scale_out(
     usd_per_hour: float,
 ) -> Iterator[ScaleOutRow]:
     """One row per GPU count, as each count's sweep (`bench.analyze(settings)`) finishes.
-    A row reads the answer and batch 1, never the current batch: no step past the search."""
+    A row reads the answer and batch 1 alone (`answer_only`)."""
     for n in counts:
-        report = bench.analyze(with_gpus(settings, n), current=False)
+        report = bench.analyze(with_gpus(settings, n), answer_only=True)
         yield row_from_report(report, param_count, samples_per_run, usd_per_hour)

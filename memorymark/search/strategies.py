@@ -24,7 +24,7 @@ it reads `Measurement` records.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 from memorymark.measurement import Measurement
 
@@ -44,6 +44,10 @@ class Strategy:
     """Two fitting steps whose allocation timelines predict live bytes at any batch (fast)."""
     multiple: int = 1
     """Every batch tried is a multiple of this (a pipeline's microbatches); `step` must be too."""
+    least_first: bool = False
+    """Step the least batch (`multiple`) first, and stop there when it does not fit: for a row
+    of many (a layout, a GPU count) that often fits nothing, where the grid's halving from its
+    first step would trace three failing steps to say so."""
 
     def __init__(
         self,
@@ -305,6 +309,8 @@ class FastStrategy(Strategy):
         if self.hopeless:
             yield 1
             return
+        if not (yield from self._least()):
+            return
         if self._borrowed:
             yield from self._converge(0, None, self._fits)
         else:
@@ -312,12 +318,22 @@ class FastStrategy(Strategy):
         if self.find_max:
             yield from self._max_phase()
 
+    def _least(self) -> Generator[int, None, bool]:
+        """With `least_first`, the least batch, once; False when it does not fit (nothing
+        else to try)."""
+        if self.least_first and self.multiple not in self.results:
+            yield self.multiple
+            return self._fits(self.multiple)
+        return True
+
     def _recommended(self) -> Iterator[int]:
         # Batch 1 often runs extra ops, so its timeline would not align with a larger one's.
         first = min(max(self.step, 2), self.max_grid)
-        yield first
+        if first not in self.results:
+            yield first
         if not self._fits(first):
-            yield from self._converge(0, first, self._fits)
+            below = [b for b in self.results if b < first and self._fits(b)]
+            yield from self._converge(max(below, default=0), first, self._fits)
             return
         if first >= self.max_grid:
             return
