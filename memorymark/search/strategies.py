@@ -24,7 +24,7 @@ it reads `Measurement` records.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 
 from memorymark.measurement import Measurement
 
@@ -44,10 +44,11 @@ class Strategy:
     """Two fitting steps whose allocation timelines predict live bytes at any batch (fast)."""
     multiple: int = 1
     """Every batch tried is a multiple of this (a pipeline's microbatches); `step` must be too."""
-    least_first: bool = False
-    """Step the least batch (`multiple`) first, and stop there when it does not fit: for a row
-    of many (a layout, a GPU count) that often fits nothing, where the grid's halving from its
-    first step would trace three failing steps to say so."""
+    least_next: bool = False
+    """Where the first grid point does not fit, step the least batch (`multiple`) next, and
+    stop there when it does not fit either: for a row of many (a layout, a GPU count) that
+    often fits nothing, where halving from the first grid point traces every failing step
+    down to it (8, 4, 2). A row that fits there pays nothing."""
 
     def __init__(
         self,
@@ -309,8 +310,6 @@ class FastStrategy(Strategy):
         if self.hopeless:
             yield 1
             return
-        if not (yield from self._least()):
-            return
         if self._borrowed:
             yield from self._converge(0, None, self._fits)
         else:
@@ -318,22 +317,17 @@ class FastStrategy(Strategy):
         if self.find_max:
             yield from self._max_phase()
 
-    def _least(self) -> Generator[int, None, bool]:
-        """With `least_first`, the least batch, once; False when it does not fit (nothing
-        else to try)."""
-        if self.least_first and self.multiple not in self.results:
-            yield self.multiple
-            return self._fits(self.multiple)
-        return True
-
     def _recommended(self) -> Iterator[int]:
         # Batch 1 often runs extra ops, so its timeline would not align with a larger one's.
         first = min(max(self.step, 2), self.max_grid)
-        if first not in self.results:
-            yield first
+        yield first
         if not self._fits(first):
-            below = [b for b in self.results if b < first and self._fits(b)]
-            yield from self._converge(max(below, default=0), first, self._fits)
+            least = self.multiple
+            if self.least_next and least < first:
+                yield least
+                if not self._fits(least):
+                    return
+            yield from self._converge(least if least in self.results else 0, first, self._fits)
             return
         if first >= self.max_grid:
             return

@@ -111,8 +111,6 @@ class SymbolicStrategy(FastStrategy):
             )
             yield 1
             return
-        if not (yield from self._least()):
-            return
         if self.confirmed:
             replays = self._search()
             if replays is None:
