@@ -176,9 +176,8 @@ class Session:
         """Yield each measurement of the sweep the moment it exists; the backend is released at
         the end, however the consumer stops (use `contextlib.closing` to stop early). The
         current batch is stepped after the search where it did not (what it would need is the
-        report's). With `answer_only` (a row of a layout or count table reads the answer and
-        nothing else), it is not, and where a pipeline's first grid point fails its least batch
-        is stepped next: where that fails too, the row needs no other step.
+        report's), unless `answer_only`: a row of a layout or count table reads the answer and
+        nothing else.
 
         The settings' time and probe limits end it early (`stopped_by` says which); a simulated
         model whose shortest sweep is estimated to outlast the time limit is refused
@@ -195,7 +194,6 @@ class Session:
             backend, step=step, max_batch=max(s.search.max_batch, step), floor=self._states_floor()
         )
         strategy.multiple = multiple
-        strategy.least_next = answer_only and multiple > 1
         limits = SweepLimits(
             time_limit_seconds=s.search.time_limit_seconds, max_probes=s.search.max_probes
         )

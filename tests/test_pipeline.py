@@ -173,13 +173,6 @@ def test_a_pipeline_search_tries_multiples_of_its_microbatches(capsys):
     assert "even a local batch of 2" in report["verdict"]
 
 
-def test_a_layout_row_s_pipeline_that_fits_nothing_steps_its_least_batch_next():
-    settings = Settings(model="tiny-llama", backend="sim", gpu_memory_gib=1.0, gpus="2", pp=2,
-                        seq_len=4096, max_batch=16)  # fmt: skip
-    row = Session(settings).analyze(fixes=False, plan=False, answer_only=True)
-    assert [m.batch_size for m in row.measurements] == [8, 2] and row.optimal is None
-
-
 @pytest.mark.parametrize(
     ("target", "plan", "note"),
     [

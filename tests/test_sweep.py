@@ -122,27 +122,6 @@ def test_nothing_fits_from_a_large_first_probe_halves_down_to_one(function_backe
     assert tried == [1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1]
 
 
-def _least_next(function_backend, timeline, capacity):
-    backend = function_backend(timeline, capacity)
-    strategy = FastStrategy(step=8, capacity_bytes=capacity)
-    strategy.multiple, strategy.least_next = 2, True  # a pipeline's 2 microbatches
-    best = best_fit(list(sweep(backend, strategy)))
-    return (best.batch_size if best else None), backend.tried
-
-
-def test_a_row_that_fits_nothing_steps_its_least_batch_after_the_first(function_backend):
-    # A layout's pipeline that fits nothing: 8, then its least batch, not 8, 4 and 2.
-    assert _least_next(function_backend, lambda b: (2000 + b,), 1000) == (None, [8, 2])
-
-
-def test_the_least_batch_is_stepped_only_where_the_first_fails(function_backend):
-    # Fitting at the first grid point: the search is the grid's, no step more.
-    assert _least_next(function_backend, affine_two_phases, 1000) == (128, [8, 16, 128, 136])
-    # Failing there: the least batch, then the search between it and the first, never again.
-    best, tried = _least_next(function_backend, lambda b: (100 + 200 * b,), 1000)
-    assert best == 4 and tried[:2] == [8, 2] and len(set(tried)) == len(tried)
-
-
 def test_the_cap_stops_the_search(function_backend):
     best, tried, _ = run(function_backend, FastStrategy, affine_two_phases, 10**9, max_batch=64)
     assert best == 64

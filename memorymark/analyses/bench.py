@@ -44,6 +44,5 @@ class Bench(Protocol):
     def analyze(self, settings: Settings, *, answer_only: bool = False) -> Report:
         """A whole sweep of `settings`, answered with no ways out and no plan; `answer_only`
         for a table's row, which reads the answer alone: the current batch is not stepped past
-        the search, and a pipeline's least batch is stepped right after a failing first grid point,
-        the search stopping where it fails too."""
+        the search."""
         ...

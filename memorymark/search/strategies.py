@@ -44,11 +44,6 @@ class Strategy:
     """Two fitting steps whose allocation timelines predict live bytes at any batch (fast)."""
     multiple: int = 1
     """Every batch tried is a multiple of this (a pipeline's microbatches); `step` must be too."""
-    least_next: bool = False
-    """Where the first grid point does not fit, step the least batch (`multiple`) next, and
-    stop there when it does not fit either: for a row of many (a layout, a GPU count) that
-    often fits nothing, where halving from the first grid point traces every failing step
-    down to it (8, 4, 2). A row that fits there pays nothing."""
 
     def __init__(
         self,
@@ -322,12 +317,7 @@ class FastStrategy(Strategy):
         first = min(max(self.step, 2), self.max_grid)
         yield first
         if not self._fits(first):
-            least = self.multiple
-            if self.least_next and least < first:
-                yield least
-                if not self._fits(least):
-                    return
-            yield from self._converge(least if least in self.results else 0, first, self._fits)
+            yield from self._converge(0, first, self._fits)
             return
         if first >= self.max_grid:
             return
