@@ -85,20 +85,10 @@ def _answer(d: dict[str, Any], r: Report) -> list[str]:
         rows.append(_evaluation_row(d["eval"], r))
     if r.compile_gap is not None:
         rows.append((f"Compiled and eager ({r.memory_source})", escape(r.compile_gap.verdict())))
-    plan = d["plan"]
-    if plan and plan["target_batch"] is not None:
-        rows.append(
-            (
-                f"Plan for a global batch of {plan['target_batch']}",
-                f"micro-batch {plan['micro_batch']} x {plan['accumulation_steps']} "
-                f"accumulation steps{_ranks(plan.get('data_parallel_ranks', 1))}",
-            )
-        )
+    plan = r.plan
+    if plan is not None and plan.target_batch is not None:
+        rows.append((f"Plan for a global batch of {plan.target_batch}", plan.factors()))
     return ["| Answer | |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
-
-
-def _ranks(replicas: int) -> str:
-    return f" x {replicas} data-parallel ranks" if replicas > 1 else ""
 
 
 def _ways_out(d: dict[str, Any], r: Report) -> list[str]:

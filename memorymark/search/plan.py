@@ -35,15 +35,18 @@ class TrainingPlan:
         """Samples per optimizer step: micro_batch x accumulation_steps x replicas."""
         return self.micro_batch * self.accumulation_steps * self.data_parallel_ranks
 
-    def says(self) -> str:
-        """The product in words: "micro-batch 4 x 8 accumulation steps x 32 data-parallel
-        ranks = 1024 samples" (the ranks only where there are several)."""
+    def factors(self) -> str:
+        """The factors in words: "micro-batch 4 x 8 accumulation steps x 32 data-parallel
+        ranks" (the ranks only where there are several)."""
         replicas = self.data_parallel_ranks
         ranks = f" x {replicas} data-parallel ranks" if replicas > 1 else ""
         return (
-            f"micro-batch {self.micro_batch} x {self.accumulation_steps} accumulation steps"
-            f"{ranks} = {self.effective_batch} samples"
+            f"micro-batch {self.micro_batch} x {self.accumulation_steps} accumulation steps{ranks}"
         )
+
+    def says(self) -> str:
+        """The product in words: `factors()` "= 1024 samples"."""
+        return f"{self.factors()} = {self.effective_batch} samples"
 
     def to_dict(self) -> dict[str, int | None]:
         """The plan as the JSON report's `plan` object."""
